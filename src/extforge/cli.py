@@ -1,0 +1,91 @@
+"""The `extforge` command line: one subcommand per concern, each in extforge.commands.<name>.
+
+A command module provides:
+    HELP: str                                  one line for `extforge --help`
+    configure(parser: argparse.ArgumentParser) -> None
+    run(args: argparse.Namespace) -> int       an exit code from extforge.errors
+Command modules import their heavy dependencies (rattler, elftools) inside run(), so
+`extforge verify` in a Slurm prolog does not pay for what it does not use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import EXIT_CANNOT_RUN, ExtforgeError
+from .ui import console, emit_json, setup_logging
+
+# Order is the order `extforge --help` lists them in: the pipeline first, diagnostics last.
+COMMANDS = (
+    "mirror",
+    "sources",
+    "plan",
+    "build",
+    "audit",
+    "publish",
+    "lock",
+    "install",
+    "verify",
+    "status",
+    "doctor",
+    "explain",
+)
+
+
+def _load(name: str):
+    return importlib.import_module(f"extforge.commands.{name}")
+
+
+def build_parser(available: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=0, help="more detail (-vv for debug)")
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+    parser = argparse.ArgumentParser(
+        prog="extforge",
+        description="Build CUDA extensions for PyTorch as conda packages that match their torch, "
+        "prove it with an audit, publish them to a channel and lock environments for every node.",
+    )
+    parser.add_argument("--version", action="version", version=f"extforge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in available if available is not None else COMMANDS:
+        try:
+            module = _load(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"extforge.commands.{name}":
+                raise
+            continue
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
+        module.configure(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only the named subcommand is imported and configured, keeping start-up small.
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([first] if first in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help(sys.stderr)
+        return EXIT_CANNOT_RUN
+    setup_logging(args.verbose)
+    try:
+        return int(args._module.run(args))
+    except ExtforgeError as exc:
+        if args.json:
+            emit_json(exc.to_json())
+        console.print(exc.render(), markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `extforge` subcommand; see extforge.cli for the contract."""

@@ -1,0 +1,69 @@
+"""Console output: quiet by default, -v for detail, progress on long work, JSON for machines.
+
+Human output goes to stderr through rich so stdout stays clean for `--json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+console = Console(stderr=True, highlight=False)
+log = logging.getLogger("extforge")
+
+
+def setup_logging(verbosity: int) -> None:
+    """0 = warnings and step lines only, 1 = info (-v), 2+ = debug (-vv)."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
+    log.setLevel(level)
+
+
+def emit_json(obj: Any) -> None:
+    """Write one JSON document to stdout (the only thing a `--json` run prints there)."""
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+@contextmanager
+def step(title: str, *, quiet: bool = False) -> Iterator[dict[str, float]]:
+    """Print one line per pipeline step with its duration; yields a dict that receives `seconds`."""
+    timing: dict[str, float] = {}
+    start = time.monotonic()
+    if not quiet:
+        console.print(f"[bold]→[/bold] {title} …")
+    try:
+        yield timing
+    except BaseException:
+        timing["seconds"] = time.monotonic() - start
+        if not quiet:
+            console.print(f"[red]✗[/red] {title} failed after {timing['seconds']:.1f} s")
+        raise
+    timing["seconds"] = time.monotonic() - start
+    if not quiet:
+        console.print(f"[green]✓[/green] {title} ({timing['seconds']:.1f} s)")
+
+
+def progress(transient: bool = True) -> Progress:
+    """A progress display for long loops (mirroring packages, auditing many files)."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=transient,
+        disable=not console.is_terminal,
+    )
