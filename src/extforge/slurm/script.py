@@ -1,0 +1,109 @@
+"""sbatch scripts, generated purely from a variant, the planner's request and paths.
+
+A job builds one variant with `extforge build`, publishes what it built, and records its
+exit status in a file next to its log: clusters without Slurm accounting (no sacct) keep
+no record of a finished job, and `extforge status` must still tell success from failure.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from .config import SlurmConfig
+from .matrix import Variant
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Where one variant's job keeps its script, log, exit status and build output."""
+
+    script: Path
+    log: Path
+    exit_file: Path
+    output_dir: Path
+
+    @classmethod
+    def under(cls, root: Path, variant_id: str) -> JobFiles:
+        return cls(
+            script=root / "scripts" / f"{variant_id}.sbatch",
+            log=root / "logs" / f"{variant_id}.log",
+            exit_file=root / "exit" / f"{variant_id}.exit",
+            output_dir=root / "out" / variant_id,
+        )
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    variant: Variant
+    recipe: Path
+    channels: tuple[str, ...]  # what the build solves against
+    publish_to: str  # the channel the package goes to when it built and passed its audit
+    variant_files: tuple[Path, ...]
+    files: JobFiles
+    resources: tuple[str, ...]  # sbatch options from the planner, e.g. --cpus-per-task=16
+    extforge: tuple[str, ...]  # argv prefix that runs extforge on a node
+    env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
+
+
+def sbatch_options(job: BuildJob, config: SlurmConfig) -> list[str]:
+    opts = [f"--job-name=extforge:{job.variant.id}", f"--output={job.files.log}", "--nodes=1", "--ntasks=1"]
+    resources = list(job.resources)
+    if config.time:
+        resources = [r for r in resources if not r.startswith(("--time=", "-t"))] + [f"--time={config.time}"]
+    opts += resources
+    for flag, value in (("--partition", config.partition), ("--account", config.account), ("--qos", config.qos)):
+        if value:
+            opts.append(f"{flag}={value}")
+    opts += list(config.extra_args)
+    return opts
+
+
+def _cmd(argv: list[str] | tuple[str, ...]) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
+    v = job.variant
+    q = shlex.quote
+    build = [*job.extforge, "build", str(job.recipe), "--output-dir", str(job.files.output_dir)]
+    for channel in job.channels:
+        build += ["--channel", channel]
+    for f in job.variant_files:
+        build += ["--variant-config", str(f)]
+    build += v.build_args
+    outputs = " ".join(q(f"{job.files.output_dir}/{o}") for o in v.outputs)
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {o}" for o in sbatch_options(job, config)),
+        f"# extforge {__version__}: variant {v.id}",
+        *(f"#   {k} = {val}" for k, val in v.values),
+        "set -euo pipefail",
+        f"exit_file={q(str(job.files.exit_file))}",
+        # Written last, atomically: its presence means the job ran to the end, its content how.
+        "trap 'rc=$?; echo $rc > \"$exit_file.tmp\"; mv \"$exit_file.tmp\" \"$exit_file\"' EXIT",
+        'echo "extforge: $(date -Is) job ${SLURM_JOB_ID:-?} on $(hostname)"',
+        *(f"export {k}={q(val)}" for k, val in job.env),
+        *config.setup,
+        # A retried variant must publish what this attempt built, not a stale file.
+        "rm -f " + " ".join(q(f"{job.files.output_dir}/{o}{ext}") for o in v.outputs for ext in (".conda", ".tar.bz2")),
+        _cmd(build),
+        "published=0",
+        f"for stem in {outputs}; do",
+        '  for pkg in "$stem.conda" "$stem.tar.bz2"; do',
+        '    if [ -f "$pkg" ]; then',
+        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}",
+        "      published=$((published + 1))",
+        "    fi",
+        "  done",
+        "done",
+        f'if [ "$published" -ne {len(v.outputs)} ]; then',
+        f'  echo "extforge: expected {len(v.outputs)} package(s) in {job.files.output_dir}, found $published" >&2',
+        "  exit 3",
+        "fi",
+        'echo "extforge: published $published package(s)"',
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""What became of each variant's job: the per-build state file, squeue/sacct, exit files.
+
+sacct only knows finished jobs where Slurm accounting storage is configured, and squeue
+forgets a job minutes after it ends (MinJobAge). So a job writes its exit status into a
+file, and the state is read in order: channel (published?), squeue, exit file, sacct.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import ExtforgeError
+
+STATE_NAME = "state.json"
+SCHEMA = 1
+
+# Slurm job states that mean the job may still do something.
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+
+
+@dataclass
+class JobRecord:
+    variant_id: str
+    job_id: str
+    values: dict[str, str]
+    outputs: list[str]  # "<subdir>/<name>-<version>-<build>" stems in the channel
+    log: str
+    exit_file: str
+    script: str
+    submitted: str  # ISO time
+
+
+@dataclass
+class BuildState:
+    """`<output-dir>/slurm/state.json`: what was submitted for a recipe, so a re-run adds only what is missing."""
+
+    recipe: str
+    channel: str
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "recipe": self.recipe, "channel": self.channel, "jobs": {k: asdict(v) for k, v in self.jobs.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> BuildState:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"unknown state schema {data.get('schema')!r}")
+        return cls(data["recipe"], data["channel"], {k: JobRecord(**v) for k, v in data["jobs"].items()})
+
+
+def state_path(root: Path) -> Path:
+    return root / STATE_NAME
+
+
+def load_state(root: Path) -> BuildState | None:
+    path = state_path(root)
+    if not path.is_file():
+        return None
+    try:
+        return BuildState.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExtforgeError(
+            f"the Slurm state file {path} is unreadable",
+            str(exc),
+            "move it away: the next `extforge build --slurm` re-submits what is not in the channel",
+        ) from exc
+
+
+def save_state(root: Path, state: BuildState) -> None:
+    path = state_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- Slurm query output (pure parsers) -------------------------------------------------
+
+SQUEUE_FORMAT = "%i|%T|%r|%N"
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    job_id: str
+    state: str  # Slurm's state name, e.g. RUNNING, FAILED, OUT_OF_MEMORY
+    reason: str
+    nodes: str
+    exit_code: str | None = None  # "rc:signal", from sacct only
+
+
+def parse_squeue(text: str) -> dict[str, QueueEntry]:
+    """`squeue -h -o '%i|%T|%r|%N' --states=all` → entries by job id."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 4 and parts[0]:
+            out[parts[0]] = QueueEntry(parts[0], parts[1], parts[2], parts[3])
+    return out
+
+
+def parse_sacct(text: str) -> dict[str, QueueEntry]:
+    """`sacct -n -P -X -o JobID,State,ExitCode,NodeList` → entries by job id.
+
+    sacct writes states like "CANCELLED by 0"; only the first word is the state.
+    """
+    out = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 4 and parts[0]:
+            state = parts[1].split()[0] if parts[1] else ""
+            out[parts[0]] = QueueEntry(parts[0], state, "", parts[3], parts[2])
+    return out
+
+
+def parse_sbatch_parsable(text: str) -> str:
+    """`sbatch --parsable` prints "<jobid>" or "<jobid>;<cluster>"."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id = line.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"unexpected sbatch output {text!r}")
+    return job_id
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError as exc:
+        raise ExtforgeError(
+            f"{argv[0]} not found",
+            "Slurm's client commands are not on PATH on this host",
+            "run on a login node of the cluster, or load its Slurm module",
+        ) from exc
+
+
+def query_squeue(job_ids: list[str]) -> dict[str, QueueEntry]:
+    if not job_ids:
+        return {}
+    proc = _run(["squeue", "-h", "--states=all", "-o", SQUEUE_FORMAT, f"--jobs={','.join(job_ids)}"])
+    if proc.returncode != 0:
+        # squeue refuses a list of only forgotten jobs with "Invalid job id specified".
+        if "Invalid job id" in proc.stderr:
+            return {}
+        raise ExtforgeError("squeue failed", proc.stderr.strip(), "check that slurmctld is reachable (`sinfo`)")
+    return parse_squeue(proc.stdout)
+
+
+def query_sacct(job_ids: list[str]) -> dict[str, QueueEntry]:
+    """Finished jobs from accounting; empty where the cluster keeps none."""
+    if not job_ids:
+        return {}
+    proc = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList", f"--jobs={','.join(job_ids)}"])
+    return parse_sacct(proc.stdout) if proc.returncode == 0 else {}
+
+
+# --- per-variant verdict (pure) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VariantStatus:
+    variant_id: str
+    state: str  # published | pending | running | failed | built | lost | not-submitted
+    job_id: str | None
+    detail: str
+    log: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.state in {"published", "failed", "lost", "built", "not-submitted"}
+
+
+def read_exit_code(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def classify(
+    record: JobRecord | None,
+    variant_id: str,
+    published: bool,
+    queue: QueueEntry | None,
+    exit_code: int | None,
+    accounting: QueueEntry | None,
+) -> VariantStatus:
+    """One variant's state from everything known about it, most authoritative first."""
+    job = record.job_id if record else None
+    log = record.log if record else None
+    if published:
+        return VariantStatus(variant_id, "published", job, "in the channel", log)
+    if record is None:
+        return VariantStatus(variant_id, "not-submitted", None, "no job submitted yet", None)
+    if queue and queue.state in ACTIVE:
+        state = "pending" if queue.state == "PENDING" else "running"
+        where = f"on {queue.nodes}" if queue.nodes and state == "running" else f"reason {queue.reason}"
+        return VariantStatus(variant_id, state, job, f"{queue.state} {where}".strip(), log)
+    if exit_code is not None:
+        if exit_code == 0:
+            return VariantStatus(variant_id, "built", job, "job succeeded but the package is not in this channel", log)
+        return VariantStatus(variant_id, "failed", job, f"exit code {exit_code}", log)
+    ended = queue or accounting
+    if ended:
+        # The job ended without its exit trap running: Slurm killed it.
+        return VariantStatus(variant_id, "failed", job, f"Slurm state {ended.state}" + (f" ({ended.reason})" if ended.reason and ended.reason != "None" else ""), log)
+    return VariantStatus(variant_id, "lost", job, "job is gone from Slurm and left no exit status (cancelled, or killed before it started)", log)
+
+
+def published_in(channel: Path | None, outputs: list[str]) -> bool:
+    if channel is None:
+        return False
+    return all((channel / f"{o}.conda").is_file() or (channel / f"{o}.tar.bz2").is_file() for o in outputs)
+
+
+def channel_dir(channel: str) -> Path | None:
+    """A local folder for a channel given as a path or file:// URL; None for remote channels."""
+    if channel.startswith("file://"):
+        return Path(channel[len("file://"):])
+    if "://" in channel:
+        return None
+    return Path(channel).expanduser().resolve()
+
+
+def collect(state: BuildState, variant_ids: list[str] | None = None) -> list[VariantStatus]:
+    """Ask Slurm (once per command, for all jobs) and the filesystem about every variant."""
+    ids = variant_ids if variant_ids is not None else list(state.jobs)
+    channel = channel_dir(state.channel)
+    records = {i: state.jobs.get(i) for i in ids}
+    pending = [r for r in records.values() if r and not published_in(channel, r.outputs)]
+    queue = query_squeue([r.job_id for r in pending]) if pending else {}
+    no_exit = [r.job_id for r in pending if r.job_id not in queue and read_exit_code(Path(r.exit_file)) is None]
+    accounting = query_sacct(no_exit) if no_exit else {}
+    out = []
+    for vid, r in records.items():
+        out.append(
+            classify(
+                r,
+                vid,
+                published_in(channel, r.outputs) if r else False,
+                queue.get(r.job_id) if r else None,
+                read_exit_code(Path(r.exit_file)) if r else None,
+                accounting.get(r.job_id) if r else None,
+            )
+        )
+    return out
