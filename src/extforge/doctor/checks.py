@@ -1,0 +1,266 @@
+"""From facts to findings: pure logic, so each rule is tested with facts written by hand."""
+
+from __future__ import annotations
+
+import os
+
+from .model import Facts, Finding, Nvcc
+
+# flash-attn's setup.py refuses older toolkits ("FlashAttention is only supported on CUDA 11.7 and above").
+FLASH_ATTN_MIN_NVCC = (11, 7)
+
+
+def major_minor(version: str | None) -> tuple[int, int] | None:
+    if not version:
+        return None
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+
+
+def build_nvcc(facts: Facts) -> Nvcc | None:
+    """The nvcc a torch extension build runs: $CUDA_HOME/bin/nvcc as torch resolves CUDA_HOME."""
+    want = facts.cuda_home.nvcc if facts.cuda_home else None
+    if not want:
+        return None
+    real = os.path.realpath(want)
+    return next((n for n in facts.nvccs if n.path == want or (n.real_path or n.path) == real), None)
+
+
+def best_nvcc(facts: Facts) -> Nvcc | None:
+    """The toolkit a build should use: torch's CUDA major.minor, else its major, else the newest."""
+    usable = [n for n in facts.nvccs if n.toolkit_root and major_minor(n.version)]
+    if not usable:
+        return None
+    want = major_minor(facts.torch.cuda) if facts.torch else None
+
+    def rank(n: Nvcc) -> tuple[int, tuple[int, int]]:
+        mm = major_minor(n.version) or (0, 0)
+        return (2 if mm == want else 1 if want and mm[0] == want[0] else 0, mm)
+
+    return max(usable, key=rank)
+
+
+def use_toolkit(n: Nvcc) -> str:
+    return f"export CUDA_HOME={n.toolkit_root} PATH={n.toolkit_root}/bin:$PATH"
+
+
+def diagnose(facts: Facts) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in (_torch, _nvcc, _driver, _compiler, _flash_attn):
+        findings.extend(rule(facts))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(findings, key=lambda f: order[f.severity])
+
+
+def _torch(facts: Facts) -> list[Finding]:
+    t = facts.torch
+    if t is None or t.cuda:
+        return []
+    return [
+        Finding(
+            "warning",
+            f"torch {t.version} is a CPU build",
+            "torch.version.cuda is None: CUDA extensions such as flash-attn cannot be built or run against it.",
+            "install a CUDA build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu130",
+        )
+    ]
+
+
+def _install_toolkit(cuda: str | None) -> str:
+    version = f" {cuda}" if cuda else ""
+    return (
+        f"install the CUDA toolkit{version} (e.g. conda install -c nvidia cuda-nvcc{'=' + cuda if cuda else ''}) "
+        "and run: export CUDA_HOME=<its root> PATH=<its root>/bin:$PATH"
+    )
+
+
+def _nvcc(facts: Facts) -> list[Finding]:
+    tc = facts.torch.cuda if facts.torch else None
+    torch_cuda = major_minor(tc)
+    home = facts.cuda_home
+    used = build_nvcc(facts)
+    best = best_nvcc(facts)
+    out: list[Finding] = []
+    if used is None or used.version is None:
+        if torch_cuda is None and not facts.nvccs:
+            return []
+        where = home.nvcc if home and home.nvcc else "no CUDA_HOME"
+        why = f"torch resolves CUDA_HOME to {home.path} ({home.reason})" if home and home.path else (
+            home.reason if home else "CUDA_HOME unknown")
+        out.append(
+            Finding(
+                "error" if torch_cuda else "warning",
+                "no working nvcc for extension builds",
+                f"{why}, but {where} does not run. Builds of CUDA extensions fail before compiling.",
+                use_toolkit(best) if best else _install_toolkit(tc),
+            )
+        )
+        return out
+    mm = major_minor(used.version)
+    assert mm is not None
+    if best is not None and major_minor(best.version) != mm:
+        fix = use_toolkit(best)
+    elif torch_cuda and torch_cuda != mm:
+        fix = _install_toolkit(tc)
+    else:
+        fix = use_toolkit(best) if best else _install_toolkit(tc)
+    via = f"CUDA_HOME={home.path} ({home.reason})" if home else ""
+    if mm < FLASH_ATTN_MIN_NVCC:
+        out.append(
+            Finding(
+                "error",
+                f"the nvcc builds use is CUDA {used.version}, older than 11.7",
+                f"{used.path} is the build's nvcc ({via}); flash-attn's setup.py stops with "
+                "\"FlashAttention is only supported on CUDA 11.7 and above\".",
+                fix,
+            )
+        )
+    elif torch_cuda and mm[0] != torch_cuda[0]:
+        out.append(
+            Finding(
+                "error",
+                f"nvcc {used.version} does not match torch's CUDA {tc}",
+                f"{used.path} is the build's nvcc ({via}); torch.utils.cpp_extension refuses a different "
+                "CUDA major version (\"The detected CUDA version ... mismatches the version that was used "
+                "to compile PyTorch\").",
+                fix,
+            )
+        )
+    elif torch_cuda and mm != torch_cuda:
+        out.append(
+            Finding(
+                "warning",
+                f"nvcc {used.version} differs from torch's CUDA {tc} in the minor version",
+                f"{used.path} is the build's nvcc ({via}); torch only warns, and kernels built with it usually "
+                "load, but the exact toolkit avoids surprises.",
+                fix,
+            )
+        )
+    if home and home.path and not home.has_headers:
+        out.append(
+            Finding(
+                "warning",
+                f"CUDA_HOME resolves to {home.path}, which has no include/cuda_runtime.h",
+                f"torch derives CUDA_HOME from {home.reason} and adds {home.path}/include and "
+                f"{home.path}/lib64 to every compile and link; host files that include CUDA headers fail.",
+                fix,
+            )
+        )
+    first_on_path = next((n for n in facts.nvccs if any(v.startswith("PATH[") for v in n.found_via)), None)
+    if first_on_path and first_on_path.version and first_on_path.version != used.version:
+        out.append(
+            Finding(
+                "warning",
+                f"the nvcc on PATH ({first_on_path.version}) is not the one builds use ({used.version})",
+                f"`nvcc` runs {first_on_path.path}, while torch builds run {used.path}; CMake projects and "
+                "manual checks (nvcc -V) see the other toolkit.",
+                fix,
+            )
+        )
+    return out
+
+
+def _driver(facts: Facts) -> list[Finding]:
+    d, t = facts.driver, facts.torch
+    if d is None:
+        return []
+    if d.driver_version is None:
+        return [
+            Finding(
+                "info",
+                "no NVIDIA driver on this machine",
+                f"{d.source}. Building needs no GPU; running CUDA kernels does.",
+                "run GPU checks on a GPU node: srun --gres=gpu:1 extforge doctor",
+            )
+        ]
+    out: list[Finding] = []
+    need, have = major_minor(t.cuda if t else None), major_minor(d.max_cuda)
+    if need and have and need > have:
+        same_major = need[0] == have[0]
+        out.append(
+            Finding(
+                "warning" if same_major else "error",
+                f"driver {d.driver_version} supports CUDA up to {d.max_cuda}; torch needs {t.cuda if t else ''}",
+                "CUDA minor version compatibility lets most kernels run, but PTX JIT and new APIs fail."
+                if same_major
+                else "the CUDA runtime refuses to start: \"CUDA driver version is insufficient for CUDA runtime version\".",
+                f"update the NVIDIA driver to one supporting CUDA {t.cuda if t else ''}, or install a torch built for CUDA <= {d.max_cuda}",
+            )
+        )
+    if t and t.arch_list:
+        for gpu in d.gpus:
+            if gpu.sm not in t.arch_list:
+                out.append(
+                    Finding(
+                        "error",
+                        f"torch {t.version} has no kernels for {gpu.name} ({gpu.sm})",
+                        f"torch was built for {' '.join(t.arch_list)}; CUDA calls fail with "
+                        "\"no kernel image is available for execution on the device\".",
+                        f"install a torch build that lists {gpu.sm} in torch.cuda.get_arch_list()",
+                    )
+                )
+    return out
+
+
+def _compiler(facts: Facts) -> list[Finding]:
+    c, t = facts.compiler, facts.torch
+    if c is None:
+        return []
+    if c.path is None:
+        return [
+            Finding(
+                "error" if t and t.cuda else "warning",
+                f"no C++ compiler: {c.command} is not on PATH",
+                "torch.utils.cpp_extension compiles host code with $CXX (default c++).",
+                "install g++ (apt install g++, or conda install gxx) or set CXX",
+            )
+        ]
+    if t and c.default_cxx11_abi is not None and c.default_cxx11_abi != t.cxx11_abi:
+        flag = int(t.cxx11_abi)
+        return [
+            Finding(
+                "warning",
+                f"{c.command} defaults to _GLIBCXX_USE_CXX11_ABI={int(c.default_cxx11_abi)}, torch uses {flag}",
+                "torch.utils.cpp_extension passes torch's flag, so extensions built through it match; "
+                "C++ built any other way (CMake, a static library linked in) gets the compiler's default and "
+                "fails at import with an `undefined symbol` naming std::string.",
+                f'export CXXFLAGS="-D_GLIBCXX_USE_CXX11_ABI={flag} $CXXFLAGS"',
+            )
+        ]
+    return []
+
+
+def _flash_attn(facts: Facts) -> list[Finding]:
+    fa = facts.flash_attn
+    if fa is None:
+        return []
+    out: list[Finding] = []
+    reinstall = (
+        f"pip uninstall -y flash-attn && FLASH_ATTENTION_FORCE_BUILD=TRUE "
+        f"pip install --no-build-isolation --no-cache-dir flash-attn=={fa.version}"
+    )
+    generic = any(tag.endswith("-none-any") for tag in fa.wheel_tags)
+    if fa.extension is None:
+        how = f"a generic wheel ({', '.join(fa.wheel_tags)})" if generic else f"installed by {fa.installer}"
+        out.append(
+            Finding(
+                "error",
+                f"flash-attn {fa.version} has no flash_attn_2_cuda extension",
+                f"the package is {how} and ships Python code only, or its build failed or was skipped; "
+                "`import flash_attn` raises \"No module named 'flash_attn_2_cuda'\".",
+                reinstall,
+            )
+        )
+    elif fa.audit_verdict and fa.audit_verdict != "pass":
+        out.append(
+            Finding(
+                "error",
+                f"flash-attn {fa.version} fails the audit against the installed torch ({fa.audit_verdict})",
+                "; ".join(fa.audit_problems) or "see: extforge audit " + fa.extension,
+                reinstall,
+            )
+        )
+    return out
