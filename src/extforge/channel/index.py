@@ -1,0 +1,77 @@
+"""Re-index a channel folder with rattler so readers only ever see complete repodata.
+
+rattler's indexer writes repodata.json in place. Readers on other nodes (solvers, installers)
+may read while we write, so we index a shadow copy of the channel (hard links to the
+package files, plus the current repodata.json so indexing stays incremental) and rename
+each finished repodata.json over the live one: a reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+from .hashing import fsync_dir
+
+# Every channel needs these two even when empty; conda clients ask for both.
+REQUIRED_SUBDIRS = ("noarch", "linux-64")
+TEMP_PREFIX = ".extforge-"
+PACKAGE_SUFFIXES = (".conda", ".tar.bz2")
+
+
+def is_package_file(name: str) -> bool:
+    return name.endswith(PACKAGE_SUFFIXES) and not name.startswith(".")
+
+
+def subdirs(channel: Path) -> list[str]:
+    found = {p.name for p in channel.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    return sorted(found | set(REQUIRED_SUBDIRS))
+
+
+def remove_leftovers(channel: Path) -> list[Path]:
+    """Delete temp files and shadow index folders of publishers that died mid-way.
+
+    Only call this while holding the publish lock: then no live publisher owns them.
+    """
+    removed = []
+    candidates = list(channel.glob(f"{TEMP_PREFIX}index-*")) + list(channel.glob(f"*/{TEMP_PREFIX}tmp-*"))
+    for path in candidates:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def reindex(channel: Path) -> None:
+    """Index every subdir of a channel folder and atomically replace its repodata.json files."""
+    from rattler.index import index_fs
+
+    shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
+    shutil.rmtree(shadow, ignore_errors=True)
+    try:
+        names = subdirs(channel)
+        for sd in names:
+            live = channel / sd
+            live.mkdir(exist_ok=True)
+            (shadow / sd).mkdir(parents=True)
+            for entry in os.scandir(live):
+                if is_package_file(entry.name):
+                    os.link(entry.path, shadow / sd / entry.name)
+            if (live / "repodata.json").exists():
+                shutil.copyfile(live / "repodata.json", shadow / sd / "repodata.json")
+        asyncio.run(index_fs(shadow, write_zst=False, write_shards=False))
+        for sd in names:
+            new = shadow / sd / "repodata.json"
+            with new.open("rb") as fh:
+                os.fsync(fh.fileno())
+            os.chmod(new, 0o644)
+            os.replace(new, channel / sd / "repodata.json")
+            # A stale .zst from another tool would shadow the fresh json for HTTP clients.
+            (channel / sd / "repodata.json.zst").unlink(missing_ok=True)
+            fsync_dir(channel / sd)
+    finally:
+        shutil.rmtree(shadow, ignore_errors=True)

@@ -1,0 +1,247 @@
+"""Publish packages to a channel folder (atomic, locked, logged) or upload them to a server.
+
+A channel folder is usually on NFS, written by several publishers and read by many solvers
+at once. Under an exclusive POSIX lock (fcntl.lockf, which NFS forwards to the server's lock
+manager) a publisher: removes leftovers of publishers that died, refuses a file name that
+exists with other bytes, copies each package to a temp name, fsyncs, renames it into place,
+re-indexes (index.reindex replaces repodata atomically) and appends to the publish log.
+A SIGKILL at any point leaves the old or the new state plus temp files the next publish removes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..errors import ExtforgeError
+from .hashing import fsync_dir, sha256_file
+from .index import TEMP_PREFIX, reindex, remove_leftovers
+
+LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
+LOG_NAME = "publish-log.jsonl"
+# Server kinds reachable through py-rattler-build's upload functions, written as a URL prefix.
+SERVERS = ("prefix", "quetz", "artifactory")
+
+
+@dataclass(frozen=True)
+class AuditGate:
+    verdict: str  # the audit's verdict, or "not-audited" when no audit ran
+    ok: bool
+    report: dict | None = None
+
+
+@dataclass
+class PublishedPackage:
+    file: str
+    subdir: str
+    sha256: str
+    status: str  # "published" | "already-present" | "uploaded"
+    audit: str
+    audit_override: str | None = None
+
+
+@dataclass
+class PublishResult:
+    channel: str
+    packages: list[PublishedPackage] = field(default_factory=list)
+    leftovers_removed: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def audit_gate(path: Path) -> AuditGate:
+    """Run extforge's binary audit on a package when the audit module is available."""
+    try:
+        from ..audit import audit_package  # type: ignore[attr-defined]
+    except ImportError:
+        return AuditGate("not-audited", True)
+    report = audit_package(path)
+    return AuditGate(str(report.verdict), bool(report.ok), report.to_json())
+
+
+@contextmanager
+def channel_lock(channel: Path) -> Iterator[None]:
+    with open(channel / LOCK_NAME, "a+") as fh:
+        fcntl.lockf(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(fh, fcntl.LOCK_UN)
+
+
+def _subdir_of(path: Path) -> str:
+    from rattler import IndexJson
+
+    try:
+        return IndexJson.from_package_archive(path).subdir or "noarch"
+    except Exception as exc:  # rattler raises its own types for unreadable archives
+        raise ExtforgeError(
+            f"cannot read {path.name} as a conda package",
+            str(exc),
+            "pass the .conda or .tar.bz2 files rattler-build wrote",
+        ) from exc
+
+
+def _copy_in(src: Path, dest: Path) -> str:
+    """Copy to a temp name next to dest, fsync, rename; return the sha256 of what was copied."""
+    tmp = dest.parent / f"{TEMP_PREFIX}tmp-{os.getpid()}-{dest.name}.part"
+    with tmp.open("wb") as out:
+        digest = sha256_file(src, copy_to=out)
+        out.flush()
+        os.fsync(out.fileno())
+    # rattler-build writes 0600; every node of the cluster must be able to read the channel.
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)
+    return digest
+
+
+def _append_log(channel: Path, entries: list[dict]) -> None:
+    fd = os.open(channel / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def parse_channel(channel: Path | str) -> tuple[str, str]:
+    """("folder", path) or (server kind, https URL) from what the user passed as --channel.
+
+    A server is named by a prefix on its URL (quetz+https://host/channel); prefix.dev URLs
+    are recognised as they are. Plain http(s) URLs are rejected: a folder served over HTTP
+    is read-only, publish to the folder itself.
+    """
+    text = str(channel)
+    scheme, _, rest = text.partition("+")
+    if rest and scheme in SERVERS:
+        return scheme, rest
+    url = urlparse(text)
+    if url.scheme == "file":
+        return "folder", url.path
+    if url.scheme in ("http", "https"):
+        if url.hostname == "prefix.dev":
+            return "prefix", text
+        raise ExtforgeError(
+            f"cannot publish to {text}",
+            "a channel folder served over HTTP is read-only, and no server kind was named",
+            "publish to the folder path the HTTP server serves, or name the server: "
+            + ", ".join(f"{s}+https://HOST/CHANNEL" for s in SERVERS),
+        )
+    return "folder", text
+
+
+def _upload(kind: str, url: str, files: list[Path]) -> None:
+    import rattler_build
+
+    parsed = urlparse(url)
+    channel_name = parsed.path.rstrip("/").rsplit("/", 1)[-1]
+    server = f"{parsed.scheme}://{parsed.netloc}"
+    api_key = os.environ.get("EXTFORGE_UPLOAD_API_KEY")
+    fn = {
+        "prefix": rattler_build.upload_package_to_prefix,
+        "quetz": rattler_build.upload_package_to_quetz,
+        "artifactory": rattler_build.upload_package_to_artifactory,
+    }[kind]
+    key_arg = {"token": api_key} if kind == "artifactory" else {"api_key": api_key}
+    try:
+        fn([str(f) for f in files], server, channel_name, **key_arg)
+    except Exception as exc:  # rattler_build.UploadError and network errors
+        raise ExtforgeError(
+            f"upload to {url} failed",
+            str(exc),
+            "check the URL and credentials (EXTFORGE_UPLOAD_API_KEY or rattler's auth file)",
+        ) from exc
+
+
+def publish(
+    packages: list[Path],
+    channel: Path | str,
+    *,
+    allow_audit_failure: str | None = None,
+    audit: bool = True,
+) -> PublishResult:
+    start = time.monotonic()
+    packages = [Path(p).resolve() for p in packages]
+    for p in packages:
+        if not p.is_file():
+            raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
+
+    gates: dict[Path, AuditGate] = {}
+    for p in packages:
+        gate = audit_gate(p) if audit else AuditGate("skipped", True)
+        if not gate.ok and not allow_audit_failure:
+            raise ExtforgeError(
+                f"package {p.name} failed its audit (verdict {gate.verdict})",
+                "a package that fails the binary audit can crash or mis-run on the cluster",
+                "fix the build; or publish anyway with --allow-audit-failure \"<reason>\" (logged)",
+                exit_code=1,
+            )
+        gates[p] = gate
+
+    kind, where = parse_channel(channel)
+    result = PublishResult(channel=str(channel))
+    if kind != "folder":
+        _upload(kind, where, packages)
+        for p in packages:
+            result.packages.append(
+                PublishedPackage(p.name, _subdir_of(p), sha256_file(p), "uploaded", gates[p].verdict, _override(gates[p], allow_audit_failure))
+            )
+        result.seconds = time.monotonic() - start
+        return result
+
+    root = Path(where).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    planned = [(p, _subdir_of(p), sha256_file(p)) for p in packages]
+    with channel_lock(root):
+        result.leftovers_removed = len(remove_leftovers(root))
+        # Check the whole batch before writing anything: a refusal leaves the channel as it was.
+        for p, subdir, digest in planned:
+            dest = root / subdir / p.name
+            if dest.exists() and sha256_file(dest) != digest:
+                raise ExtforgeError(
+                    f"{subdir}/{p.name} already exists in {root} with different content",
+                    "a published file name is immutable: nodes and lock files that saw the old bytes would break",
+                    "bump the build number (recipe build.number) and rebuild",
+                    exit_code=1,
+                )
+        log = []
+        for p, subdir, digest in planned:
+            dest = root / subdir / p.name
+            dest.parent.mkdir(exist_ok=True)
+            status = "already-present" if dest.exists() else "published"
+            if status == "published":
+                _copy_in(p, dest)
+            override = _override(gates[p], allow_audit_failure)
+            result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
+            log.append(
+                {
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "user": getpass.getuser(),
+                    "host": socket.gethostname(),
+                    "file": f"{subdir}/{p.name}",
+                    "sha256": digest,
+                    "status": status,
+                    "audit": gates[p].verdict,
+                    "audit_override": override,
+                }
+            )
+        reindex(root)
+        _append_log(root, log)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _override(gate: AuditGate, reason: str | None) -> str | None:
+    return reason if (reason and not gate.ok) else None
