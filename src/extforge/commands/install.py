@@ -1,0 +1,39 @@
+"""extforge install: create an environment exactly as pixi.lock says, verified, without a solve."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import EXIT_OK
+
+HELP = "install a locked environment into a prefix (no solve; every package hash-checked before linking)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env", metavar="ENV", help="environment name in the lock")
+    parser.add_argument("--prefix", type=Path, required=True, help="where to create it (must be new or empty)")
+    parser.add_argument("--lock", type=Path, default=Path("pixi.lock"), help="the lock file (default: ./pixi.lock)")
+    parser.add_argument(
+        "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
+    )
+    parser.epilog = "exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), 2 could not run"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..channel.install import install_env
+    from ..channel.lock import require_current
+    from ..channel.manifest import read_manifest
+    from ..ui import console, emit_json, step
+
+    lock_path = args.lock.resolve()
+    manifest_path = args.manifest or lock_path.parent / "pixi.toml"
+    if args.manifest or manifest_path.is_file():
+        require_current(read_manifest(manifest_path), lock_path, [args.env])
+    with step(f"install {args.env} into {args.prefix}", quiet=args.json):
+        result = install_env(lock_path, args.env, args.prefix)
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
+    return EXIT_OK

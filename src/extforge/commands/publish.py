@@ -1,0 +1,41 @@
+"""extforge publish: add packages to a channel folder (atomic, locked, logged) or a server."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import EXIT_OK
+
+HELP = "publish built packages to a channel folder (or prefix.dev/Quetz/Artifactory) after their audit"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("packages", nargs="+", type=Path, metavar="PKG", help=".conda or .tar.bz2 files")
+    parser.add_argument(
+        "--channel",
+        required=True,
+        metavar="DIR|URL",
+        help="a channel folder (path or file://), https://prefix.dev/CHANNEL, quetz+https://HOST/CHANNEL "
+        "or artifactory+https://HOST/CHANNEL (key in $EXTFORGE_UPLOAD_API_KEY or rattler's auth file)",
+    )
+    parser.add_argument(
+        "--allow-audit-failure", metavar="REASON", help="publish packages that fail the audit; the reason goes to the publish log"
+    )
+    parser.add_argument("--no-audit", action="store_true", help="do not run the audit (recorded as 'skipped')")
+    parser.epilog = "exit code: 0 published, 1 refused (audit failure, name exists with other bytes), 2 could not run"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..channel.publish import publish
+    from ..ui import console, emit_json, step
+
+    with step(f"publish {len(args.packages)} package(s) to {args.channel}", quiet=args.json):
+        result = publish(args.packages, args.channel, allow_audit_failure=args.allow_audit_failure, audit=not args.no_audit)
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        for p in result.packages:
+            note = f" (audit override: {p.audit_override})" if p.audit_override else ""
+            console.print(f"  {p.status:16} {p.subdir}/{p.file}  audit {p.audit}{note}", markup=False)
+    return EXIT_OK

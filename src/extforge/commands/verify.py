@@ -1,0 +1,33 @@
+"""extforge verify: is this environment intact and can this node run it?"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "verify an installed environment: packages vs lock, every file's sha256, node admission (driver, GPU archs, glibc)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prefix", type=Path, metavar="PREFIX")
+    parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
+    parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock")
+    parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
+    parser.epilog = "exit code: 0 all checks pass or skip, 1 a check failed, 2 could not run"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..channel.verify import verify_prefix
+    from ..ui import console, emit_json
+
+    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads)
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        marks = {"pass": "[green]✓[/green]", "fail": "[red]✗[/red]", "skip": "[dim]-[/dim]"}
+        for c in report.checks:
+            console.print(f"{marks[c.verdict]} {c.name}: {c.summary}")
+            for f in c.findings:
+                console.print(f"    {f}", markup=False, soft_wrap=True)
+        console.print(f"{'ok' if report.ok else 'FAILED'} ({report.seconds:.2f} s)")
+    return report.exit_code
