@@ -130,7 +130,7 @@ def parse_sbatch_parsable(text: str) -> str:
     return job_id
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
     except FileNotFoundError as exc:
@@ -144,7 +144,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def query_squeue(job_ids: list[str]) -> dict[str, QueueEntry]:
     if not job_ids:
         return {}
-    proc = _run(["squeue", "-h", "--states=all", "-o", SQUEUE_FORMAT, f"--jobs={','.join(job_ids)}"])
+    proc = run_slurm(["squeue", "-h", "--states=all", "-o", SQUEUE_FORMAT, f"--jobs={','.join(job_ids)}"])
     if proc.returncode != 0:
         # squeue refuses a list of only forgotten jobs with "Invalid job id specified".
         if "Invalid job id" in proc.stderr:
@@ -157,7 +157,7 @@ def query_sacct(job_ids: list[str]) -> dict[str, QueueEntry]:
     """Finished jobs from accounting; empty where the cluster keeps none."""
     if not job_ids:
         return {}
-    proc = _run(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList", f"--jobs={','.join(job_ids)}"])
+    proc = run_slurm(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList", f"--jobs={','.join(job_ids)}"])
     return parse_sacct(proc.stdout) if proc.returncode == 0 else {}
 
 

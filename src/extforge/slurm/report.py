@@ -1,0 +1,43 @@
+"""Per-variant state as rows for people (a table on stderr) and machines (--json)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..ui import console
+from .state import VariantStatus
+from .submit import diagnose, log_tail
+
+STYLE = {"published": "green", "built": "yellow", "pending": "cyan", "running": "cyan", "failed": "red", "lost": "red"}
+
+
+def status_rows(statuses: list[VariantStatus]) -> list[dict]:
+    """One dict per variant; failed ones carry their log tail and explain's diagnosis."""
+    rows = []
+    for s in statuses:
+        row = {"variant": s.variant_id, "state": s.state, "job_id": s.job_id, "detail": s.detail, "log": s.log}
+        if s.state in {"failed", "lost"}:
+            tail = log_tail(s.log)
+            row["log_tail"] = tail
+            row["diagnosis"] = diagnose(tail)
+        rows.append(row)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("variant", "state", "job", "detail"):
+        table.add_column(col)
+    for r in rows:
+        style = STYLE.get(r["state"], "")
+        table.add_row(r["variant"], f"[{style}]{r['state']}[/{style}]" if style else r["state"], r["job_id"] or "-", r["detail"])
+    console.print(table)
+    for r in rows:
+        if "log_tail" not in r:
+            continue
+        console.print(f"\n[red]✗ {r['variant']}[/red] (job {r['job_id']}, log {r['log']}):", highlight=False)
+        console.print(r["log_tail"] or "(log is empty)", markup=False)
+        for d in r["diagnosis"]:
+            console.print(f"[bold]diagnosis:[/bold] {d.get('title') or d.get('id')}: {d.get('cause', '')}")
+            if d.get("fix"):
+                console.print(f"  fix: {d['fix']}", markup=False)

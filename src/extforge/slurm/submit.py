@@ -1,0 +1,185 @@
+"""`extforge build --slurm`: one sbatch job per variant that is not yet built or in flight."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import paths
+from ..errors import ExtforgeError
+from ..machine import Machine
+from .config import SlurmConfig
+from .matrix import Variant, expand, recipe_file, variant_files
+from .nodes import build_node_type, partition_nodes
+from .script import BuildJob, JobFiles, render_build_script
+from .state import BuildState, JobRecord, VariantStatus, collect, load_state, now_iso, parse_sbatch_parsable, run_slurm, save_state
+
+LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    recipe: Path  # recipe directory or recipe.yaml
+    channels: tuple[str, ...]
+    publish_to: str
+    output_dir: Path
+    variant_configs: tuple[Path, ...]
+    overrides: dict[str, str]
+    config: SlurmConfig
+
+    @property
+    def root(self) -> Path:
+        """Scripts, logs, exit files and the state file of this build's jobs."""
+        return self.output_dir / "slurm"
+
+
+@dataclass
+class SubmitResult:
+    submitted: list[JobRecord] = field(default_factory=list)
+    skipped: list[VariantStatus] = field(default_factory=list)
+    scripts: dict[str, str] = field(default_factory=dict)  # variant id → script text
+
+
+def parse_memory(text: str) -> int:
+    """'128G', '512M', '1T' or bytes → bytes (the same spelling as `extforge plan --memory`)."""
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError as exc:
+        raise ExtforgeError(f"bad memory size {text!r}", "expected e.g. 128G or 512M", "fix node_memory / --node-memory") from exc
+
+
+def node_type(config: SlurmConfig) -> Machine:
+    """The build node to plan for: configured, else the partition's smallest node."""
+    if config.node_cores and config.node_memory:
+        return Machine(config.node_cores, parse_memory(config.node_memory), None, "slurm config", "slurm config")
+    try:
+        found = build_node_type(partition_nodes(config.partition))
+    except ExtforgeError as exc:
+        raise ExtforgeError(
+            "cannot tell how big a build node is",
+            f"{exc.what}: {exc.why}",
+            "pass --node-cores and --node-memory (or set node_cores/node_memory in slurm.toml)",
+        ) from exc
+    return Machine(
+        config.node_cores or found.cores,
+        parse_memory(config.node_memory) if config.node_memory else found.memory_bytes,
+        None,
+        found.cores_source,
+        found.memory_source,
+    )
+
+
+def planned_resources(machine: Machine, profile: str | None, archs: list[str] | None) -> tuple[str, ...]:
+    """sbatch resource options for one variant, exactly as `extforge plan` computes them."""
+    try:
+        from ..plan import plan_build, slurm_request
+    except ImportError as exc:
+        raise ExtforgeError("the build planner is unavailable", str(exc), "install a complete extforge") from exc
+    kwargs: dict = {}
+    if profile:
+        kwargs["profile"] = profile
+    if archs:
+        kwargs["archs"] = archs
+    return tuple(slurm_request(plan_build(machine, **kwargs)).sbatch_args())
+
+
+def extforge_argv(config: SlurmConfig) -> tuple[str, ...]:
+    # The interpreter running us: on a cluster a venv on the shared filesystem every node sees.
+    return tuple(shlex.split(config.extforge)) if config.extforge else (sys.executable, "-m", "extforge")
+
+
+def make_job(req: BuildRequest, variant: Variant, files: list[Path], machine: Machine) -> BuildJob:
+    return BuildJob(
+        variant=variant,
+        recipe=req.recipe.resolve(),
+        channels=req.channels,
+        publish_to=req.publish_to,
+        variant_files=tuple(files),
+        files=JobFiles.under(req.root.resolve(), variant.id),
+        resources=planned_resources(machine, req.config.profile, variant.archs()),
+        extforge=extforge_argv(req.config),
+        # Source and compile caches live under the cache root: one shared root for all jobs.
+        env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
+    )
+
+
+def sbatch(script: Path) -> str:
+    proc = run_slurm(["sbatch", "--parsable", str(script)])
+    if proc.returncode != 0:
+        raise ExtforgeError(f"sbatch refused {script.name}", proc.stderr.strip(), "fix the partition/account/options in slurm.toml or the flags")
+    try:
+        return parse_sbatch_parsable(proc.stdout)
+    except ValueError as exc:
+        raise ExtforgeError("sbatch gave no job id", str(exc), "run the script by hand with sbatch to see why") from exc
+
+
+def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
+    """Submit every variant that is neither published, in flight nor already built."""
+    recipe = recipe_file(req.recipe)
+    files = variant_files(recipe, list(req.variant_configs))
+    variants = expand(recipe, files, req.overrides)
+    state = load_state(req.root) or BuildState(str(recipe), req.publish_to)
+    state.channel = req.publish_to
+    known = {s.variant_id: s for s in collect(state, [v.id for v in variants if v.id in state.jobs])}
+    result = SubmitResult()
+    todo = [v for v in variants if v.id not in known or known[v.id].state in {"failed", "lost"}]
+    result.skipped = [s for s in known.values() if s.variant_id not in {v.id for v in todo}]
+    if not todo:
+        return result
+    machine = node_type(req.config)
+    for v in todo:
+        job = make_job(req, v, files, machine)
+        text = render_build_script(job, req.config)
+        result.scripts[v.id] = text
+        if dry_run:
+            continue
+        for d in (job.files.script.parent, job.files.log.parent, job.files.exit_file.parent, job.files.output_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        job.files.script.write_text(text)
+        job.files.exit_file.unlink(missing_ok=True)
+        job_id = sbatch(job.files.script)
+        record = JobRecord(v.id, job_id, dict(v.values), list(v.outputs), str(job.files.log), str(job.files.exit_file), str(job.files.script), now_iso())
+        state.jobs[v.id] = record
+        # Saved after every submission: an interrupted run must not lose track of live jobs.
+        save_state(req.root, state)
+        result.submitted.append(record)
+    return result
+
+
+def wait_for(root: Path, ids: list[str], timeout: float, poll: float = 2.0) -> list[VariantStatus]:
+    """Poll until every variant is done (published, failed, ...) or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = load_state(root)
+        statuses = collect(state, ids) if state else []
+        if all(s.done for s in statuses) or time.monotonic() >= deadline:
+            return statuses
+        time.sleep(poll)
+
+
+def log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> str:
+    if not path:
+        return ""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def diagnose(text: str) -> list[dict]:
+    """`extforge explain`'s findings for a failed job's log; empty where explain is not installed."""
+    try:
+        from .. import explain
+    except ImportError:
+        return []
+    return explain_findings(explain, text)
+
+
+def explain_findings(explain, text: str) -> list[dict]:
+    findings = explain.explain(text)
+    return [f.to_json() if hasattr(f, "to_json") else dict(f) for f in findings]

@@ -1,0 +1,150 @@
+"""Pure parts of the Slurm support: config, variant narrowing, scripts, Slurm output parsers."""
+
+from pathlib import Path
+
+import pytest
+
+from extforge.errors import ExtforgeError
+from extforge.slurm.config import load, merge, parse_config
+from extforge.slurm.matrix import Variant, narrow, parse_overrides
+from extforge.slurm.nodes import build_node_type, parse_sinfo
+from extforge.slurm.script import BuildJob, JobFiles, render_build_script, sbatch_options
+from extforge.slurm.state import JobRecord, QueueEntry, classify, parse_sacct, parse_sbatch_parsable, parse_squeue
+from extforge.slurm.verify import rows_from_run, split_labelled
+
+VARIANT = Variant(
+    name="demo-ext", version="0.1.0", build_string="cuda130_torch214_py311_habc_0", subdir="linux-64",
+    values=(("cuda_archs", "80;90"), ("python", "3.11")), outputs=("linux-64/demo-ext-0.1.0-cuda130_torch214_py311_habc_0",),
+)
+
+
+def job(resources=("--cpus-per-task=16", "--mem=120G", "--time=00:40:00")) -> BuildJob:
+    return BuildJob(
+        variant=VARIANT, recipe=Path("/r/demo-ext"), channels=("file:///mirror",), publish_to="/shared/ch",
+        variant_files=(Path("/r/demo-ext/variants.yaml"),), files=JobFiles.under(Path("/o/slurm"), VARIANT.id),
+        resources=resources, extforge=("/venv/bin/python", "-m", "extforge"), env=(("EXTFORGE_CACHE", "/shared/cache"),),
+    )
+
+
+def test_config_file_then_flags_win(tmp_path):
+    f = tmp_path / "slurm.toml"
+    f.write_text('partition = "gpu"\naccount = "proj"\nextra_args = ["--constraint=h100"]\nsetup = "module load cuda"\n')
+    cfg = load(f, {"partition": "debug", "account": None, "extra_args": []})
+    assert (cfg.partition, cfg.account, cfg.extra_args, cfg.setup) == ("debug", "proj", ("--constraint=h100",), ("module load cuda",))
+    assert cfg.sources["partition"] == "flag" and cfg.sources["account"] == str(f)
+
+
+def test_config_rejects_unknown_keys_and_missing_explicit_file(tmp_path):
+    with pytest.raises(ExtforgeError, match="unknown settings: partiton"):
+        parse_config('partiton = "gpu"', "slurm.toml")
+    with pytest.raises(ExtforgeError, match="does not exist"):
+        load(tmp_path / "nope.toml", {})
+    assert parse_config('[slurm]\naccount = "a"', "x") == {"account": "a"}
+    assert merge({}, {}, None).partition is None
+
+
+def test_narrow_keeps_zip_partners_aligned():
+    values, _ = narrow({"python": ["3.11", "3.12"], "pytorch": ["2.13", "2.14"], "arch": ["90"]}, [["python", "pytorch"]], {"python": "3.12"})
+    assert values == {"python": ["3.12"], "pytorch": ["2.14"], "arch": ["90"]}
+    with pytest.raises(ExtforgeError, match="not in the variant matrix"):
+        narrow({"python": ["3.11"], "pytorch": ["2.13"]}, [["python", "pytorch"]], {"python": "3.9"})
+    assert parse_overrides(["a=1", "b = 2"]) == {"a": "1", "b": "2"}
+    with pytest.raises(ExtforgeError):
+        parse_overrides(["novalue"])
+
+
+def test_variant_id_args_and_archs():
+    assert VARIANT.id == "demo-ext-0.1.0-cuda130_torch214_py311_habc_0"
+    assert VARIANT.build_args == ["--variant", "cuda_archs=80;90", "--variant", "python=3.11"]
+    assert VARIANT.archs() == ["80", "90"]
+
+
+def test_sbatch_script_requests_resources_logs_and_publishes():
+    from extforge.slurm.config import SlurmConfig
+
+    cfg = SlurmConfig(partition="gpu", account="proj", extra_args=("--constraint=h100",), setup=("module load cuda/13.0",))
+    text = render_build_script(job(), cfg)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    sb = [line.removeprefix("#SBATCH ") for line in lines if line.startswith("#SBATCH")]
+    assert sb == [
+        f"--job-name=extforge:{VARIANT.id}", f"--output=/o/slurm/logs/{VARIANT.id}.log", "--nodes=1", "--ntasks=1",
+        "--cpus-per-task=16", "--mem=120G", "--time=00:40:00", "--partition=gpu", "--account=proj", "--constraint=h100",
+    ]
+    build = next(line for line in lines if " build " in line)
+    assert build.split() == [
+        "/venv/bin/python", "-m", "extforge", "build", "/r/demo-ext", "--output-dir", f"/o/slurm/out/{VARIANT.id}",
+        "--channel", "file:///mirror", "--variant-config", "/r/demo-ext/variants.yaml",
+        "--variant", "'cuda_archs=80;90'", "--variant", "python=3.11",
+    ]
+    assert "export EXTFORGE_CACHE=/shared/cache" in lines and "module load cuda/13.0" in lines
+    assert lines.index("module load cuda/13.0") < lines.index(build)
+    assert any(" publish " in line and "--channel /shared/ch" in line for line in lines)
+    assert f"exit_file=/o/slurm/exit/{VARIANT.id}.exit" in lines
+
+
+def test_time_from_config_replaces_planner_time():
+    from extforge.slurm.config import SlurmConfig
+
+    opts = sbatch_options(job(), SlurmConfig(time="8:00:00"))
+    assert "--time=8:00:00" in opts and "--time=00:40:00" not in opts
+
+
+def test_script_runs_under_bash_and_records_failure(tmp_path):
+    """The generated script itself: a failing build step leaves its exit status in the exit file."""
+    import subprocess
+
+    fake = tmp_path / "fake-extforge"
+    fake.write_text('#!/bin/sh\necho "fake $*"; [ "$1" = build ] && exit 7; exit 0\n')
+    fake.chmod(0o755)
+    j = job()
+    j = BuildJob(**{**j.__dict__, "files": JobFiles.under(tmp_path, VARIANT.id), "extforge": (str(fake),)})
+    (tmp_path / "exit").mkdir()
+    script = tmp_path / "job.sh"
+    from extforge.slurm.config import SlurmConfig
+
+    script.write_text(render_build_script(j, SlurmConfig()))
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 7
+    assert (tmp_path / "exit" / f"{VARIANT.id}.exit").read_text().strip() == "7"
+
+
+def test_slurm_output_parsers():
+    assert parse_sbatch_parsable("1234\n") == "1234"
+    assert parse_sbatch_parsable("77;cluster2") == "77"
+    with pytest.raises(ValueError):
+        parse_sbatch_parsable("sbatch: error: invalid partition")
+    q = parse_squeue("12|RUNNING|None|gpu01\n13|PENDING|Resources|\n")
+    assert q["12"].state == "RUNNING" and q["13"].reason == "Resources"
+    s = parse_sacct("12|CANCELLED by 0|0:15|gpu01\n13|OUT_OF_MEMORY|0:125|gpu02\n")
+    assert (s["12"].state, s["13"].state, s["13"].exit_code) == ("CANCELLED", "OUT_OF_MEMORY", "0:125")
+    nodes = parse_sinfo("gpu01|16|128000|idle\ngpu02|32|256000|mixed\ngpu03|16|128000|down*\ngpu01|16|128000|idle\n")
+    assert [n.name for n in nodes] == ["gpu01", "gpu02", "gpu03"]
+    assert [n.usable for n in nodes] == [True, True, False]
+    m = build_node_type(nodes)
+    assert (m.cores, m.memory_bytes) == (16, 128000 * 1024**2)
+
+
+def test_classify_order_of_evidence():
+    rec = JobRecord("v", "12", {}, ["noarch/v-1-0"], "/l", "/e", "/s", "t")
+    assert classify(rec, "v", True, QueueEntry("12", "FAILED", "", ""), 3, None).state == "published"
+    assert classify(None, "v", False, None, None, None).state == "not-submitted"
+    assert classify(rec, "v", False, QueueEntry("12", "PENDING", "Priority", ""), None, None).state == "pending"
+    assert classify(rec, "v", False, QueueEntry("12", "RUNNING", "None", "n1"), None, None).detail == "RUNNING on n1"
+    assert classify(rec, "v", False, None, 0, None).state == "built"
+    assert classify(rec, "v", False, QueueEntry("12", "FAILED", "NonZeroExitCode", "n1"), 1, None).detail == "exit code 1"
+    timeout = classify(rec, "v", False, None, None, QueueEntry("12", "TIMEOUT", "", "n1", "0:0"))
+    assert (timeout.state, timeout.detail) == ("failed", "Slurm state TIMEOUT")
+    assert classify(rec, "v", False, None, None, None).state == "lost"
+
+
+def test_verify_rows_from_labelled_srun_output():
+    ok = '{"ok": true, "checks": [{"name": "files", "verdict": "pass", "summary": "3 files"}]}'
+    bad = '{"ok": false, "checks": [{"name": "admission", "verdict": "fail", "summary": "GPU arch", "findings": ["sm_80 not compiled in"]}]}'
+    stdout = "0: @node n1\n1: @node n2\n" + "".join(f"0: {line}\n" for line in ok.splitlines()) + f"1: {bad}\n0: @exit 0\n1: @exit 1\n"
+    stderr = "1: some human output\nsrun: error: n3: task 2: Exited with exit code 1\n"
+    tasks, messages = split_labelled(stdout, stderr)
+    assert tasks[1].stderr == ["some human output"] and messages == ["srun: error: n3: task 2: Exited with exit code 1"]
+    rows = rows_from_run(["n1", "n2", "n3"], stdout, stderr)
+    assert [(r.node, r.verdict) for r in rows] == [("n1", "pass"), ("n2", "fail"), ("n3", "error")]
+    assert rows[1].reasons == ["admission: GPU arch", "  sm_80 not compiled in"]
