@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds flash-attn against the host environment's PyTorch. Shared by recipe.yaml
+# (rattler-build) and meta.yaml (conda-build), so both produce the same package.
+set -euo pipefail
+
+py_tag=$("${PYTHON}" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+
+# --- C++ ABI: the host torch decides, never the compiler's default -------------------------
+torch_abi=$("${PYTHON}" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
+# Older torch adds -D_GLIBCXX_USE_CXX11_ABI=<n> itself; newer torch passes nothing and relies
+# on the compiler. Either way, what reaches the compilers must equal torch's ABI.
+cpp_ext_abi=$("${PYTHON}" - <<'PY'
+from torch.utils import cpp_extension as ce
+flags: list[str] = []
+add = getattr(ce, "_add_gnu_cpp_abi_flag", None)
+if add is not None:
+    add(flags)
+print(next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
+PY
+)
+if [[ -n "${cpp_ext_abi}" && "${cpp_ext_abi}" != "${torch_abi}" ]]; then
+    echo "error: torch.utils.cpp_extension passes _GLIBCXX_USE_CXX11_ABI=${cpp_ext_abi}" \
+         "but torch._C._GLIBCXX_USE_CXX11_ABI is ${torch_abi}" >&2
+    exit 1
+fi
+compiler_default_abi=$(echo '#include <string>' | "${CXX}" -x c++ -dM -E - \
+    | awk '$2 == "_GLIBCXX_USE_CXX11_ABI" {print $3}')
+# Pass torch's value explicitly to g++ (CPPFLAGS reaches cpp_extension's compile line)
+# and to nvcc (NVCC_APPEND_FLAGS reaches every nvcc call, host and device side).
+export CPPFLAGS="${CPPFLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${torch_abi}"
+export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${torch_abi}"
+if [[ "${torch_abi}" == "1" ]]; then
+    export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE
+fi
+
+# --- Link: a symbol missing from the build-time libtorch fails here, not on a user's node ----
+libpython=""
+read -r py_libdir py_soname < <("${PYTHON}" -c 'import sysconfig as s; print(s.get_config_var("LIBDIR"), s.get_config_var("INSTSONAME") or "-")')
+if [[ -e "${py_libdir}/${py_soname}" ]]; then
+    libpython="${py_soname}"
+    # --as-needed (conda-forge's default LDFLAGS) would drop libpython, listed before the objects.
+    export LDFLAGS="${LDFLAGS:-} -Wl,--no-undefined -L${py_libdir} -Wl,--push-state,--no-as-needed -l:${py_soname} -Wl,--pop-state"
+else
+    echo "warning: no shared libpython at ${py_libdir}/${py_soname}; linking without --no-undefined" >&2
+fi
+
+# --- Compile cache (extforge.compile_cache) ----------------------------------------------------
+# torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
+export TORCH_NO_COMPILER_WRAPPER=1
+if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
+    nvcc="${CUDA_HOME:+${CUDA_HOME}/bin/nvcc}"
+    nvcc="${nvcc:-$(command -v nvcc)}"
+    export PYTORCH_NVCC="${EXTFORGE_COMPILER_LAUNCHER} ${nvcc}"
+    # torch runs `which $CXX` and `$CXX -v`, so CXX stays one executable: a wrapper script.
+    real_cxx=$(command -v "${CXX}")
+    wrap_dir="${SRC_DIR}/.extforge-bin"
+    mkdir -p "${wrap_dir}"
+    printf '#!/bin/sh\nexec %s %s "$@"\n' "${EXTFORGE_COMPILER_LAUNCHER}" "${real_cxx}" > "${wrap_dir}/$(basename "${real_cxx}")"
+    chmod +x "${wrap_dir}/$(basename "${real_cxx}")"
+    export CXX="${wrap_dir}/$(basename "${real_cxx}")"
+    if [[ "$(basename "${EXTFORGE_COMPILER_LAUNCHER}")" == sccache* ]]; then
+        # sccache cannot cache nvcc calls that write depfiles (-MD).
+        export TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1
+    fi
+    for v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
+        [[ -z "${!v:-}" ]] && unset "${v}"
+    done
+fi
+
+echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
+     "archs ${FLASH_ATTN_CUDA_ARCHS}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
+
+"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+
+ext=$(ls "${SP_DIR}"/flash_attn_2_cuda.cpython-*.so)
+if [[ -n "${libpython}" ]]; then
+    # libpython was only there for the link check; at run time the interpreter provides
+    # Python's symbols, as for every extension module (a static python must not load a 2nd copy).
+    patchelf --remove-needed "${libpython}" "${ext}"
+fi
+
+mkdir -p "${PREFIX}/share/extforge/build"
+"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
+import json, os, sys
+import torch
+ext, abi, compiler_default, libpython = sys.argv[1:]
+print(json.dumps({
+    "schema": 1,
+    "name": "flash-attn",
+    "extension": os.path.basename(ext),
+    "cxx11_abi": abi == "1",
+    "compiler_default_cxx11_abi": compiler_default == "1" if compiler_default else None,
+    "torch": torch.__version__,
+    "torch_cuda": torch.version.cuda,
+    "cuda_archs": os.environ["FLASH_ATTN_CUDA_ARCHS"].split(";"),
+    "linked_no_undefined": bool(libpython),
+    "max_jobs": int(os.environ["MAX_JOBS"]),
+    "nvcc_threads": int(os.environ["NVCC_THREADS"]),
+}, indent=2, sort_keys=True))
+PY
