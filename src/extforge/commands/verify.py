@@ -13,10 +13,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
     parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock")
     parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
+    from ..slurm.cli import add_verify_options
+
+    add_verify_options(parser)
     parser.epilog = "exit code: 0 all checks pass or skip, 1 a check failed, 2 could not run"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.slurm:
+        from ..slurm.cli import verify_slurm
+
+        return verify_slurm(args)
     from ..channel.verify import verify_prefix
     from ..ui import console, emit_json
 

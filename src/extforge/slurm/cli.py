@@ -111,10 +111,19 @@ def submit_build(args: argparse.Namespace) -> int:
     return code
 
 
-def verify_slurm(args: argparse.Namespace, verify_argv: list[str]) -> int:
-    """Run `extforge verify <verify_argv> --json` on every node; one verdict row per node."""
+def verify_slurm(args: argparse.Namespace) -> int:
+    """Run `extforge verify PREFIX --json` on every node; one verdict row per node."""
     from ..ui import console, emit_json
     from .verify import print_node_rows, verify_on_nodes
+
+    # Absolute paths: the tasks start in the same directory only where it is shared.
+    verify_argv = [str(Path(args.prefix).resolve())]
+    if getattr(args, "env", None):
+        verify_argv += ["--env", args.env]
+    if getattr(args, "lock", None):
+        verify_argv += ["--lock", str(Path(args.lock).resolve())]
+    if getattr(args, "threads", None):
+        verify_argv += ["--threads", str(args.threads)]
 
     rows = verify_on_nodes(slurm_config(args), verify_argv, nodelist=args.nodelist)
     if args.json:
