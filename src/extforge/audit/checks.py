@@ -1,0 +1,205 @@
+"""The per-module checks: libraries, symbols, C++ ABI, GPU code, platform floor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .abi import AbiEvidence, abi_evidence, uses_old_string
+from .demangle import demangle_all
+from .elf import ElfObject, Symbol
+from .fatbin import arch_coverage, arch_number, arch_sets, parse_fatbin
+from .glibc import baseline, exceeds, floors
+from .policy import is_torch_library, owner_library, policy
+from .report import Finding, ModuleFacts
+from .resolve import Resolution, Resolver, TargetEnv
+
+_RUNTIME_LIBS = ("libstdc++.so", "libgcc_s.so", "libc.so", "libm.so")
+
+
+@dataclass
+class Context:
+    """What every module of one audit is checked against."""
+
+    env: TargetEnv
+    resolver: Resolver
+    archs: list[str] | None  # promised GPU archs ("sm_90"); None: report only
+    glibc: str | None  # the node's glibc floor; None: report only
+
+
+@dataclass
+class ModuleAudit:
+    facts: ModuleFacts
+    findings: list[Finding]
+    target_cxx11_abi: bool | None  # of the C++ libraries this module links to in the target
+
+
+def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool) -> ModuleAudit:
+    findings: list[Finding] = []
+    resolution = ctx.resolver.resolve(obj)
+    evidence = abi_evidence([s.name for s in obj.undefined] + list(obj.exports))
+    target_abi, abi_source = target_cxx11_abi(ctx, resolution)
+    facts = ModuleFacts(
+        path=rel, is_extension=is_extension, needed=list(obj.needed), cxx11_abi=evidence.cxx11_abi,
+        floors=floors(v for versions in obj.version_needs.values() for v in versions),
+        undefined=len(obj.undefined), unresolved=len(resolution.unresolved),
+    )
+    findings += library_findings(rel, resolution)
+    findings += symbol_findings(ctx, rel, resolution, evidence.cxx11_abi, target_abi)
+    findings += abi_findings(rel, evidence, target_abi, abi_source, resolution.unresolved)
+    findings += gpu_findings(ctx, obj, rel, facts)
+    findings += platform_findings(ctx, obj, rel, facts, resolution)
+    return ModuleAudit(facts, findings, target_abi)
+
+
+def library_findings(rel: str, resolution: Resolution) -> list[Finding]:
+    return [
+        Finding("error", "libraries",
+                f"{rel}: {name} (needed by {by}) is not found in the target environment",
+                module=rel, library=name,
+                cause="the target lacks a library the module was linked against",
+                fix="install the package that provides it into the target, or audit against the right prefix "
+                    "(--against PREFIX)")
+        for name, by in resolution.missing
+    ]
+
+
+def _expected_library(sym: Symbol, demangled: str) -> str | None:
+    return sym.from_file or owner_library(demangled)
+
+
+def classify(sym: Symbol, demangled: str, library: str | None, module_abi: bool | None,
+             target_abi: bool | None) -> str:
+    """'versioned', 'abi', 'torch_skew' or 'missing': the likely reason a symbol is unresolved."""
+    if sym.version:
+        return "versioned"
+    strings = uses_old_string(demangled) or "__cxx11" in demangled
+    if strings and module_abi is not None and target_abi is not None and module_abi != target_abi:
+        return "abi"
+    if library and is_torch_library(library):
+        return "torch_skew"
+    return "missing"
+
+
+def symbol_findings(ctx: Context, rel: str, resolution: Resolution, module_abi: bool | None,
+                    target_abi: bool | None) -> list[Finding]:
+    names = demangle_all(s.name for s in resolution.unresolved)
+    texts = policy()
+    findings = []
+    for sym in resolution.unresolved:
+        demangled = names[sym.name]
+        library = _expected_library(sym, demangled)
+        kind = classify(sym, demangled, library, module_abi, target_abi)
+        values = {"module_abi": _abi_int(module_abi), "target_abi": _abi_int(target_abi),
+                  "target_abi_int": _abi_int(target_abi), "library": library or "its library",
+                  "torch": ctx.env.torch or "unknown", "version": sym.version or ""}
+        shown = f"{demangled}@{sym.version}" if sym.version else demangled
+        findings.append(Finding(
+            "error", "symbols", f"{rel}: unresolved {shown}", module=rel, symbol=shown, library=library,
+            cause=texts["causes"][kind].format(**values), fix=texts["fixes"][kind].format(**values),
+        ))
+    for sym in resolution.assumed_interpreter[:1]:
+        findings.append(Finding("info", "symbols",
+                                f"{rel}: {len(resolution.assumed_interpreter)} Python C-API symbol(s) "
+                                "left to the loading interpreter (the target has no bin/python)", module=rel))
+    return findings
+
+
+def target_cxx11_abi(ctx: Context, resolution: Resolution) -> tuple[bool | None, str | None]:
+    """The string ABI of the C++ libraries the module links to: torch's libc10 when present."""
+    libs = [o for o in resolution.closure[1:] if not ctx.env.is_system(o.path.resolve())
+            and not o.path.name.startswith(_RUNTIME_LIBS)]
+    c10 = [o for o in libs if o.path.name == "libc10.so"]
+    for lib in c10 or libs:
+        value = abi_evidence(lib.exports).cxx11_abi
+        if value is not None:
+            return value, lib.path.name
+    return None, None
+
+
+def abi_findings(rel: str, evidence: AbiEvidence, target_abi: bool | None, source: str | None,
+                 unresolved: list[Symbol]) -> list[Finding]:
+    module_abi = evidence.cxx11_abi
+    if evidence.mixed:
+        offending = evidence.old[0]
+        return [Finding(
+            "warning", "abi", f"{rel} uses both C++ string ABIs", module=rel,
+            symbol=demangle_all([offending])[offending],
+            cause="objects compiled with different _GLIBCXX_USE_CXX11_ABI settings were linked together",
+            fix="compile every object of the module with the target torch's _GLIBCXX_USE_CXX11_ABI",
+        )]
+    if module_abi is None or target_abi is None or module_abi == target_abi:
+        return []
+    wrong = evidence.old if target_abi else evidence.cxx11
+    unresolved_names = {s.name for s in unresolved}
+    # Name the symbol that actually breaks loading when there is one.
+    offending = next((n for n in wrong if n in unresolved_names), wrong[0])
+    demangled = demangle_all([offending])[offending]
+    return [Finding(
+        "error", "abi",
+        f"{rel} was compiled with _GLIBCXX_USE_CXX11_ABI={_abi_int(module_abi)}, the target's {source} uses "
+        f"{_abi_int(target_abi)}: {demangled}",
+        module=rel, symbol=demangled, library=source,
+        cause="the module and the target's C++ libraries disagree on std::string's layout and mangling",
+        fix=f"rebuild with -D_GLIBCXX_USE_CXX11_ABI={_abi_int(target_abi)} "
+            "(torch.compiled_with_cxx11_abi() in the target environment)",
+    )]
+
+
+def gpu_findings(ctx: Context, obj: ElfObject, rel: str, facts: ModuleFacts) -> list[Finding]:
+    sec = obj.sections.get(".nv_fatbin")
+    if sec is None or obj._map is None:
+        return []
+    entries = parse_fatbin(obj._map, sec.offset, sec.offset + sec.size)
+    facts.sass_archs, facts.ptx_archs = arch_sets(entries)
+    if not ctx.archs:
+        return []
+    sass = [arch_number(a) for a in facts.sass_archs]
+    ptx = [arch_number(a) for a in facts.ptx_archs]
+    has = ", ".join(facts.sass_archs + facts.ptx_archs) or "no GPU code"
+    findings = []
+    for arch in ctx.archs:
+        coverage = arch_coverage(arch_number(arch), sass, ptx)
+        if coverage == "missing":
+            findings.append(Finding(
+                "error", "gpu", f"{rel}: promised {arch} but has no SASS or PTX for it (has {has})",
+                module=rel, arch=arch, cause="the build's arch list (TORCH_CUDA_ARCH_LIST / -gencode) left it out",
+                fix=f"add -gencode arch=compute_{arch_number(arch)},code=sm_{arch_number(arch)} to the build",
+            ))
+        elif coverage == "ptx":
+            findings.append(Finding(
+                "warning", "gpu", f"{rel}: {arch} is served only by PTX (has {has})", module=rel, arch=arch,
+                cause="the driver JIT-compiles the PTX at first use: a slow first start, maybe slower kernels",
+                fix=f"add SASS for it: -gencode arch=compute_{arch_number(arch)},code=sm_{arch_number(arch)}",
+            ))
+    return findings
+
+
+def platform_findings(ctx: Context, obj: ElfObject, rel: str, facts: ModuleFacts,
+                      resolution: Resolution) -> list[Finding]:
+    if ctx.glibc is None:
+        return []
+    limits = baseline(ctx.glibc)
+    # libstdc++ shipped by the target environment (conda's libstdcxx) is not bounded by the
+    # node's distro; whether it is new enough is the symbol check's business.
+    own_cxx = any(o.path.name.startswith("libstdc++.so") and not ctx.env.is_system(o.path.resolve())
+                  for o in resolution.closure[1:])
+    findings = []
+    for family, required in sorted(facts.floors.items()):
+        limit = limits.get(family)
+        if limit is None or (own_cxx and family != "GLIBC") or not exceeds(required, limit):
+            continue
+        tag = f"{family}_{required}"
+        users = [s.name for s in obj.undefined if s.version == tag]
+        shown = demangle_all(users[:1]).get(users[0], users[0]) if users else tag
+        findings.append(Finding(
+            "error", "platform",
+            f"{rel} needs {tag} but a node with glibc {ctx.glibc} provides {family} {limit}: {shown}",
+            module=rel, symbol=shown,
+            cause="it was built on a newer distro or toolchain than the oldest node it must run on",
+            fix="build in an older sysroot (conda's sysroot_linux-64 / manylinux image) or raise the glibc floor",
+        ))
+    return findings
+
+
+def _abi_int(value: bool | None) -> str:
+    return {True: "1", False: "0", None: "?"}[value]

@@ -1,0 +1,101 @@
+"""GPU code inside a host binary: the `.nv_fatbin` section's fatbin containers.
+
+Layout (little endian), as written by nvcc/fatbinary and read by the CUDA driver:
+  container header, 16 bytes: u32 magic 0xBA55ED50, u16 version, u16 header size,
+                              u64 size of the entries that follow
+  entry header, `header size` bytes (64, longer for newer archs):
+      u16 kind (1 = PTX, 2 = ELF/cubin), u16 version, u32 header size,
+      u64 padded payload size, u32 -, u32 payload size, u32 -, u32 -,
+      u32 sm arch (e.g. 90), u32 -, u32 -, u64 flags, ...
+The payload follows its entry header; only headers are read, never payloads, so a
+200 MB section costs a few hundred small reads from the mapped file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+FATBIN_MAGIC = 0xBA55ED50
+_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+KIND_PTX, KIND_ELF = 1, 2
+# Compressed payloads: 0x2000 marks the LZ4-style compression of CUDA <= 12,
+# 0x8000 the zstd compression introduced with CUDA 12.8/13.
+FLAG_COMPRESSED = 0x2000 | 0x8000
+_CONTAINER = struct.Struct("<IHHQ")
+_ENTRY = struct.Struct("<HHIQIIIIIIIQ")
+
+
+@dataclass(frozen=True)
+class FatbinEntry:
+    kind: str  # "sass" or "ptx"
+    arch: int  # 90 for sm_90 / compute_90
+    compressed: bool
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{'sm' if self.kind == 'sass' else 'compute'}_{self.arch}"
+
+
+def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None) -> list[FatbinEntry]:
+    """Every entry of every container in buf[start:end] (a `.nv_fatbin` section)."""
+    end = len(buf) if end is None else end
+    entries: list[FatbinEntry] = []
+    pos = start
+    while pos + _CONTAINER.size <= end:
+        magic, _version, header_size, fat_size = _CONTAINER.unpack_from(buf, pos)
+        if magic != FATBIN_MAGIC:
+            # Containers are padded to an alignment: skip to the next magic.
+            pos = buf.find(_MAGIC_BYTES, pos + 1, end)
+            if pos < 0:
+                break
+            continue
+        entry_pos = pos + header_size
+        container_end = min(end, pos + header_size + fat_size)
+        while entry_pos + _ENTRY.size <= container_end:
+            (kind, _ev, entry_header, padded, _u0, payload, _u1, _u2, arch, _u3, _u4, flags) = _ENTRY.unpack_from(
+                buf, entry_pos
+            )
+            if entry_header == 0:
+                break
+            if kind in (KIND_PTX, KIND_ELF):
+                entries.append(
+                    FatbinEntry("ptx" if kind == KIND_PTX else "sass", arch, bool(flags & FLAG_COMPRESSED), payload)
+                )
+            entry_pos += entry_header + padded
+        pos = max(container_end, pos + 1)
+    return entries
+
+
+def arch_sets(entries: Iterable[FatbinEntry]) -> tuple[list[str], list[str]]:
+    """(SASS archs "sm_XX", PTX archs "compute_XX"), sorted by arch number."""
+    sass = sorted({e.arch for e in entries if e.kind == "sass"})
+    ptx = sorted({e.arch for e in entries if e.kind == "ptx"})
+    return [f"sm_{a}" for a in sass], [f"compute_{a}" for a in ptx]
+
+
+def arch_number(arch: str) -> int:
+    """'sm_90', 'sm_90a', 'compute_90', '90', '9.0' -> 90."""
+    text = arch.strip().lower()
+    for prefix in ("sm_", "compute_"):
+        text = text.removeprefix(prefix)
+    text = text.rstrip("af").replace(".", "")
+    if not text.isdigit():
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    return int(text)
+
+
+def arch_coverage(promised: int, sass: Iterable[int], ptx: Iterable[int]) -> str:
+    """'sass' if a cubin runs natively, 'ptx' if only JIT from PTX can serve it, else 'missing'.
+
+    A cubin runs on GPUs of the same major arch with an equal or higher minor
+    (sm_80 code runs on sm_86); PTX JIT-compiles for any arch at or above its own.
+    """
+    if any(s // 10 == promised // 10 and s <= promised for s in sass):
+        return "sass"
+    if any(p <= promised for p in ptx):
+        return "ptx"
+    return "missing"

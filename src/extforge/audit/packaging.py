@@ -1,0 +1,215 @@
+"""Open an audit target (a .conda/.tar.bz2 package, a wheel, a prefix, a single .so)
+and find the ELF files to audit in it.
+
+Packages are streamed: only shared objects, symlinks between them and the metadata
+are extracted to a temporary folder; Python sources are counted, not written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+import zstandard
+
+from ..errors import ExtforgeError
+from .elf import is_elf
+from .report import Finding
+
+EXT_MODULE = re.compile(r"\.(cpython-\d+[^.]*|abi3|pypy[^.]*)\.so$")
+_SHARED = re.compile(r"\.so(\.\d+)*$")
+
+
+@dataclass
+class Payload:
+    kind: str  # "conda", "wheel", "prefix", "directory", "so"
+    source: Path
+    root: Path  # where the files lie (a temporary folder for archives)
+    elf_files: list[Path] = field(default_factory=list)
+    python_files: int = 0
+    name: str | None = None
+    version: str | None = None
+    build: str | None = None
+    depends: list[str] = field(default_factory=list)
+    wheel_tags: list[str] = field(default_factory=list)
+
+    @property
+    def extension_modules(self) -> list[Path]:
+        return [p for p in self.elf_files if is_extension_module(p)]
+
+    def relative(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return path.name
+
+
+def is_extension_module(path: Path) -> bool:
+    return bool(EXT_MODULE.search(path.name))
+
+
+def pinned_glibc(depends: list[str]) -> str | None:
+    """'__glibc >=2.28,<3.0.a0' in a package's depends -> '2.28'."""
+    for dep in depends:
+        if m := re.match(r"__glibc\s*>=\s*([\d.]+)", dep):
+            return m.group(1)
+    return None
+
+
+@contextmanager
+def open_target(path: Path) -> Iterator[Payload]:
+    if not path.exists():
+        raise ExtforgeError(f"{path} does not exist", "", "pass a .conda/.tar.bz2 package, a wheel, a prefix or a .so")
+    if path.is_dir():
+        yield _scan_directory(path)
+        return
+    name = path.name
+    if name.endswith((".conda", ".tar.bz2", ".whl")):
+        with tempfile.TemporaryDirectory(prefix="extforge-audit-") as tmp:
+            root = Path(tmp)
+            if name.endswith(".conda"):
+                payload = _extract_conda(path, root)
+            elif name.endswith(".tar.bz2"):
+                payload = _extract_tar_bz2(path, root)
+            else:
+                payload = _extract_wheel(path, root)
+            payload.elf_files = sorted(p for p in payload.elf_files if p.is_file() and not p.is_symlink() and is_elf(p))
+            yield payload
+        return
+    if is_elf(path):
+        yield Payload("so", path, path.parent, elf_files=[path])
+        return
+    raise ExtforgeError(
+        f"cannot audit {path}",
+        "it is not a .conda/.tar.bz2 package, a wheel, a directory or an ELF shared object",
+        "pass one of those",
+    )
+
+
+def _scan_directory(root: Path) -> Payload:
+    sites = sorted(root.glob("lib/python3*/site-packages"))
+    if sites or (root / "conda-meta").is_dir():
+        # An installed prefix: its extension modules; libraries are checked as their dependencies.
+        payload = Payload("prefix", root, root)
+        for site in sites:
+            for p in site.rglob("*.so"):
+                if is_extension_module(p) and p.is_file() and not p.is_symlink() and is_elf(p):
+                    payload.elf_files.append(p)
+            payload.python_files += sum(1 for _ in site.rglob("*.py"))
+    else:
+        payload = Payload("directory", root, root)
+        for p in root.rglob("*"):
+            if _SHARED.search(p.name) and p.is_file() and not p.is_symlink() and is_elf(p):
+                payload.elf_files.append(p)
+            elif p.suffix == ".py":
+                payload.python_files += 1
+    payload.elf_files.sort()
+    return payload
+
+
+def _extract_members(tar: tarfile.TarFile, root: Path, payload: Payload, metadata: set[str]) -> None:
+    """Extract shared objects and the named metadata files from a streamed tar."""
+    for member in tar:
+        name = member.name.lstrip("./")
+        if name.endswith(".py"):
+            payload.python_files += 1
+        if name in metadata or _SHARED.search(name) and (member.isfile() or member.issym()):
+            tar.extract(member, root, filter="data")
+            if member.isfile() and _SHARED.search(name):
+                payload.elf_files.append(root / name)
+
+
+def _read_index(payload: Payload, root: Path) -> None:
+    index = root / "info" / "index.json"
+    if index.is_file():
+        meta = json.loads(index.read_text())
+        payload.name, payload.version, payload.build = meta.get("name"), meta.get("version"), meta.get("build")
+        payload.depends = list(meta.get("depends", []))
+
+
+def _zstd_tar(fileobj: IO[bytes]) -> tarfile.TarFile:
+    return tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(fileobj), mode="r|")
+
+
+def _extract_conda(path: Path, root: Path) -> Payload:
+    payload = Payload("conda", path, root)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for member in zf.namelist():
+                if member.endswith(".tar.zst") and member.startswith(("pkg-", "info-")):
+                    with zf.open(member) as raw, _zstd_tar(raw) as tar:
+                        _extract_members(tar, root, payload, {"info/index.json"})
+    except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError) as exc:
+        raise ExtforgeError(f"{path} is not a readable .conda package", str(exc), "rebuild or re-download it") from exc
+    _read_index(payload, root)
+    return payload
+
+
+def _extract_tar_bz2(path: Path, root: Path) -> Payload:
+    payload = Payload("conda", path, root)
+    try:
+        with tarfile.open(path, mode="r|bz2") as tar:
+            _extract_members(tar, root, payload, {"info/index.json"})
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ExtforgeError(f"{path} is not a readable .tar.bz2 package", str(exc), "rebuild or re-download it") from exc
+    _read_index(payload, root)
+    return payload
+
+
+def _extract_wheel(path: Path, root: Path) -> Payload:
+    payload = Payload("wheel", path, root)
+    parts = path.name[: -len(".whl")].split("-")
+    if len(parts) >= 5:
+        payload.name, payload.version = parts[0], parts[1]
+        payload.wheel_tags = [f"{parts[-3]}-{parts[-2]}-{parts[-1]}"]
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for member in zf.namelist():
+                if member.endswith(".py"):
+                    payload.python_files += 1
+                elif _SHARED.search(member):
+                    zf.extract(member, root)
+                    payload.elf_files.append(root / member)
+                elif PurePosixPath(member).name == "WHEEL" and member.count("/") == 1:
+                    tags = [line.split(":", 1)[1].strip() for line in zf.read(member).decode().splitlines()
+                            if line.startswith("Tag:")]
+                    payload.wheel_tags = tags or payload.wheel_tags
+    except zipfile.BadZipFile as exc:
+        raise ExtforgeError(f"{path} is not a readable wheel", str(exc), "rebuild or re-download it") from exc
+    return payload
+
+
+def packaging_findings(payload: Payload) -> list[Finding]:
+    """A CUDA extension package must carry compiled code where its Python expects it."""
+    findings: list[Finding] = []
+    for tag in payload.wheel_tags:
+        _py, abi, plat = tag.split("-")
+        if abi == "none" or plat == "any":
+            findings.append(Finding(
+                "error", "packaging", f"wheel is tagged {tag}, which cannot carry compiled kernels",
+                cause="the build produced a pure-Python wheel (the extension was not compiled or not included)",
+                fix="build the extension (e.g. FLASH_ATTENTION_FORCE_BUILD=TRUE) so the wheel gets a "
+                    "cpXY-cpXY-linux_x86_64 tag and its .so",
+            ))
+    if not payload.elf_files:
+        findings.append(Finding(
+            "error", "packaging", f"{payload.source.name} contains no ELF shared object to audit",
+            cause="ships Python code but no extension module" if payload.python_files else "the package is empty",
+            fix="check that the build compiled the extension and installed it into the package",
+        ))
+    elif payload.python_files and not payload.extension_modules and payload.kind in ("conda", "wheel"):
+        findings.append(Finding(
+            "error", "packaging",
+            f"{payload.source.name} ships {payload.python_files} Python file(s) but no Python extension module",
+            cause="the extension module was not built or was installed outside the package",
+            fix="check the build script installs the compiled *.cpython-*.so next to its Python code",
+        ))
+    return findings

@@ -1,0 +1,209 @@
+"""Where a module's libraries and symbols come from in a target environment.
+
+Library search follows the dynamic loader: the requester's RPATH (only when it has
+no RUNPATH), its RUNPATH, then the target prefix's lib dirs, the torch lib dir
+inside site-packages (an extension finds libc10.so because `import torch` loaded it
+first), the nvidia wheels' lib dirs, then the system dirs. Symbol lookup walks the
+global scope (the interpreter and its libraries) and then the module's DT_NEEDED
+closure breadth-first, honouring symbol versions.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .elf import ElfObject, Symbol, open_elf
+from .policy import is_interpreter_symbol
+
+_MULTIARCH = f"{platform.machine()}-linux-gnu"
+SYSTEM_DIRS = tuple(
+    Path(d)
+    for d in (f"/lib/{_MULTIARCH}", f"/usr/lib/{_MULTIARCH}", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+)
+
+
+@dataclass
+class TargetEnv:
+    """The environment a module must load in: a prefix, a site-packages, or a bare lib dir."""
+
+    root: Path | None
+    lib_dirs: list[Path] = field(default_factory=list)
+    interpreter: Path | None = None
+    torch_lib: Path | None = None
+    torch: str | None = None  # "2.14.1+cu130" or "2.14.1 cuda130_py311_h..._0"
+    cuda_version: str | None = None
+
+    def is_system(self, path: Path) -> bool:
+        return any(path.is_relative_to(d) for d in SYSTEM_DIRS) and not (
+            self.root is not None and path.is_relative_to(self.root)
+        )
+
+
+def target_env(root: Path | None) -> TargetEnv:
+    """Find the lib dirs, interpreter and torch of `root` (None: the system alone)."""
+    if root is None:
+        return TargetEnv(None)
+    root = root.resolve()
+    env = TargetEnv(root)
+    if (root / "libc10.so").is_file():  # a torch/lib folder given directly
+        env.lib_dirs.append(root)
+        env.torch_lib = root
+        _read_torch_version(env, root.parent)
+        return env
+    env.lib_dirs.extend(d for d in (root / "lib", root / "lib64") if d.is_dir())
+    site_dirs = [root, *sorted(root.glob("lib/python3*/site-packages"))]
+    for site in site_dirs:
+        if env.torch_lib is None and (site / "torch" / "lib").is_dir():
+            env.torch_lib = site / "torch" / "lib"
+            env.lib_dirs.append(env.torch_lib)
+            _read_torch_version(env, site / "torch")
+        env.lib_dirs.extend(sorted(site.glob("nvidia/*/lib")))
+    for name in ("python3", "python"):
+        candidate = root / "bin" / name
+        if candidate.exists():
+            env.interpreter = candidate.resolve()
+            break
+    _read_conda_torch(env, root)
+    return env
+
+
+def _read_torch_version(env: TargetEnv, torch_dir: Path) -> None:
+    # torch/version.py is plain assignments; read, never import (the tool never imports torch).
+    try:
+        text = (torch_dir / "version.py").read_text()
+    except OSError:
+        return
+    if m := re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M):
+        env.torch = m.group(1)
+    if m := re.search(r"^cuda(?::[^=]*)?\s*=\s*['\"]([^'\"]+)", text, re.M):
+        env.cuda_version = m.group(1)
+
+
+def _read_conda_torch(env: TargetEnv, root: Path) -> None:
+    for record in sorted((root / "conda-meta").glob("pytorch-*.json")):
+        try:
+            meta = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("name") == "pytorch":
+            env.torch = f"{meta['version']} {meta.get('build', '')}".strip()
+
+
+@dataclass
+class Resolution:
+    closure: list[ElfObject]  # the module first, then its libraries breadth-first
+    missing: list[tuple[str, str]]  # (library name, the object that needs it)
+    unresolved: list[Symbol]
+    assumed_interpreter: list[Symbol]  # Py* symbols left to the loading interpreter
+
+
+class Resolver:
+    """Loads each library once per audit; a package's modules share their closures."""
+
+    def __init__(self, env: TargetEnv):
+        self.env = env
+        self._objects: dict[Path, ElfObject] = {}
+        self._global: list[ElfObject] | None = None
+
+    def load(self, path: Path) -> ElfObject:
+        key = path.resolve()
+        if key not in self._objects:
+            self._objects[key] = open_elf(path)
+        return self._objects[key]
+
+    def close(self) -> None:
+        for obj in self._objects.values():
+            obj.close()
+        self._objects.clear()
+
+    def find_library(self, name: str, requester: ElfObject) -> Path | None:
+        if "/" in name:
+            path = Path(name)
+            return path if path.is_file() else None
+        dirs: list[Path] = []
+        if not requester.runpath:
+            dirs += _expand(requester.rpath, requester)
+        dirs += _expand(requester.runpath, requester)
+        dirs += self.env.lib_dirs
+        dirs += SYSTEM_DIRS
+        for d in dirs:
+            candidate = d / name
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def closure(self, root: ElfObject) -> tuple[list[ElfObject], list[tuple[str, str]]]:
+        order = [root]
+        seen = {root.path.resolve()}
+        names_seen: set[str] = set()
+        missing: list[tuple[str, str]] = []
+        queue = deque([root])
+        while queue:
+            obj = queue.popleft()
+            for name in obj.needed:
+                if name in names_seen:  # the loader matches an already loaded SONAME
+                    continue
+                names_seen.add(name)
+                path = self.find_library(name, obj)
+                if path is None:
+                    missing.append((name, obj.path.name))
+                    continue
+                if path.resolve() in seen:
+                    continue
+                seen.add(path.resolve())
+                lib = self.load(path)
+                order.append(lib)
+                queue.append(lib)
+        return order, missing
+
+    def global_scope(self) -> list[ElfObject]:
+        if self._global is None:
+            self._global = []
+            if self.env.interpreter is not None:
+                self._global, _ = self.closure(self.load(self.env.interpreter))
+        return self._global
+
+    def resolve(self, module: ElfObject) -> Resolution:
+        closure, missing = self.closure(module)
+        scope = [o for o in self.global_scope() + closure[1:]]
+        unresolved: list[Symbol] = []
+        assumed: list[Symbol] = []
+        for sym in module.undefined:
+            if sym.weak or _defined_in(sym, scope):
+                continue
+            if self.env.interpreter is None and is_interpreter_symbol(sym.name):
+                assumed.append(sym)
+            else:
+                unresolved.append(sym)
+        return Resolution(closure, missing, unresolved, assumed)
+
+
+def _expand(paths: list[str], requester: ElfObject) -> list[Path]:
+    origin = str(requester.path.parent)
+    lib = "lib64" if "64" in platform.machine() else "lib"
+    out = []
+    for p in paths:
+        p = p.replace("${ORIGIN}", origin).replace("$ORIGIN", origin).replace("${LIB}", lib).replace("$LIB", lib)
+        out.append(Path(p))
+    return out
+
+
+def _defined_in(sym: Symbol, scope: list[ElfObject]) -> bool:
+    for obj in scope:
+        definitions = obj.lookup(sym.name)
+        if not definitions:
+            continue
+        if sym.version is None:
+            # An unversioned reference binds to the default definition (name@@VER or unversioned).
+            if any(not hidden for _v, hidden in definitions):
+                return True
+        elif any(v == sym.version for v, _h in definitions) or (
+            not obj.version_defs and sym.from_file in (obj.soname, obj.path.name)
+        ):
+            return True
+    return False
