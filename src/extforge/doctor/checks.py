@@ -144,8 +144,8 @@ def _nvcc(facts: Facts) -> list[Finding]:
             Finding(
                 "warning",
                 f"CUDA_HOME resolves to {home.path}, which has no include/cuda_runtime.h",
-                f"torch derives CUDA_HOME from {home.reason} and adds {home.path}/include and "
-                f"{home.path}/lib64 to every compile and link; host files that include CUDA headers fail.",
+                f"torch derives CUDA_HOME from {home.reason} and compiles with -I{home.path}/include and "
+                f"links with -L{home.path}/lib(64); host code that includes CUDA headers or links cudart fails.",
                 fix,
             )
         )

@@ -1,0 +1,66 @@
+"""extforge explain: recognise a known failure in an error message or a build/import log."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+
+HELP = "recognise a known failure (undefined symbol, OOM kill, nvcc/driver mismatch, ...) in a message or log"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "text",
+        nargs="?",
+        help="the error message, or the path of a log file; '-' or nothing reads stdin",
+    )
+    parser.add_argument("--file", "-f", type=Path, help="read the log from this file")
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="interpreter of the environment that failed: its torch's CXX11 ABI tells an ABI mismatch from version skew",
+    )
+    parser.epilog = "exit code: 0 recognised, 1 unknown text, 2 no input or unreadable file"
+
+
+def _read_input(args: argparse.Namespace) -> str:
+    if args.file is not None:
+        try:
+            return args.file.read_text(errors="replace")
+        except OSError as exc:
+            raise ExtforgeError(f"cannot read {args.file}", str(exc), "pass an existing log file") from exc
+    if args.text and args.text != "-":
+        # A short argument that names a file is a log to read; anything else is the message itself.
+        path = Path(args.text)
+        if len(args.text) < 4096 and "\n" not in args.text and path.is_file():
+            return path.read_text(errors="replace")
+        return args.text
+    if args.text == "-" or not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise ExtforgeError(
+        "nothing to explain",
+        "no message, --file or piped input was given",
+        "extforge explain 'ImportError: ... undefined symbol: ...'  or  extforge explain build.log  or  cmd 2>&1 | extforge explain",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..explain import explain_text
+    from ..ui import console, emit_json
+
+    text = _read_input(args)
+    torch_abi = None
+    if args.python:
+        from ..doctor.target import probe_target
+
+        target = probe_target(args.python)
+        torch_abi = target.torch.cxx11_abi if target.torch else None
+    result = explain_text(text, torch_abi=torch_abi)
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        console.print(result.render(), markup=False, soft_wrap=True)
+    return EXIT_OK if result.recognised else EXIT_FINDINGS
