@@ -1,0 +1,66 @@
+"""`extforge mirror`: build the local upstream channel (conda-forge names, offline inputs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "build a local upstream channel (python, pytorch, compilers) from pip, wheels or an environment"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--channel", type=Path, required=True, help="channel folder to write (created)")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument(
+        "--from-pip",
+        action="store_true",
+        help="pip download torch and its dependencies (the default)",
+    )
+    src.add_argument("--from-wheels", type=Path, metavar="DIR", help="a folder of wheels (torch and its dependencies)")
+    src.add_argument(
+        "--from-env",
+        metavar="PYTHON",
+        help="the python of an environment with torch installed (offline nodes): package it as is",
+    )
+    parser.add_argument(
+        "--torch", default="torch", metavar="SPEC", help="with --from-pip: the torch requirement (default: torch)"
+    )
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another distribution to repackage, with its dependencies (repeatable)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import mirror, ui
+
+    with ui.step("reading mirror inputs", quiet=args.json):
+        if args.from_env:
+            inputs = mirror.from_env(args.from_env)
+        elif args.from_wheels:
+            inputs = mirror.from_wheels(args.from_wheels)
+        else:
+            inputs = mirror.from_pip(mirror.pip_requirements(args.torch, args.extra))
+    with ui.step(f"mirroring {inputs.description} into {args.channel}", quiet=args.json), ui.progress() as bar:
+        task = bar.add_task("packages", total=None)
+
+        def on_package(job, pkg) -> None:
+            if pkg is None:
+                bar.update(task, description=f"{job.name} {job.version}")
+            else:
+                bar.advance(task)
+                ui.log.info("%s %s %s (%s)", pkg.name, pkg.version, pkg.build, "cached" if pkg.cached else f"{pkg.seconds:.1f} s")
+
+        result = mirror.build_mirror(args.channel, inputs, args.extra, on_package=on_package)
+    if args.json:
+        ui.emit_json(result.to_json())
+    else:
+        ui.console.print(
+            f"channel {result.channel.resolve().as_uri()}: {len(result.packages)} packages "
+            f"({sum(not p.cached for p in result.packages)} built, {sum(p.cached for p in result.packages)} cached), "
+            f"variants in {result.variants_file}"
+        )
+    return 0

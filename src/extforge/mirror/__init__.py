@@ -1,0 +1,138 @@
+"""`extforge mirror`: a local upstream channel with conda-forge's package names, built offline.
+
+Public API: build_mirror(channel, inputs, extras) -> MirrorResult, with inputs from
+inputs.from_env / from_wheels / from_pip.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..build import prepare_rattler_environment
+from ..ui import log
+from .channel import CachedPackage, build_job, place
+from .deps import closure, marker_environment
+from .inputs import MirrorInputs, from_env, from_pip, from_wheels
+from .python_pkg import python_abi_job, python_job
+from .recipes import PackageJob
+from .toolchain import Toolchain, compiler_jobs, detect, headers_job
+from .torch_pkg import as_pytorch, find_torch, torch_facts
+from .wheels import dist_job
+
+__all__ = ["MirrorResult", "build_mirror", "from_env", "from_pip", "from_wheels", "pip_requirements", "plan_jobs"]
+
+# What conda-forge-style CUDA extension recipes put in build/host besides the compilers.
+BASE_DISTS = ("torch", "pip", "setuptools", "wheel", "packaging", "ninja")
+VARIANTS_FILE = "variants.yaml"
+
+
+@dataclass
+class MirrorResult:
+    channel: Path
+    variants: dict[str, str]
+    variants_file: Path
+    packages: list[CachedPackage]
+    missing: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "channel": str(self.channel),
+            "channel_url": self.channel.resolve().as_uri(),
+            "variants_file": str(self.variants_file),
+            "variants": self.variants,
+            "seconds": round(self.seconds, 1),
+            "built": sum(not p.cached for p in self.packages),
+            "cached": sum(p.cached for p in self.packages),
+            "missing_dependencies": self.missing,
+            "packages": [
+                {
+                    "name": p.name,
+                    "version": p.version,
+                    "build": p.build,
+                    "subdir": p.subdir,
+                    "file": str(self.channel / p.subdir / p.path.name),
+                    "cached": p.cached,
+                    "seconds": round(p.seconds, 1),
+                }
+                for p in self.packages
+            ],
+        }
+
+
+def plan_jobs(
+    inputs: MirrorInputs, extras: list[str], toolchain: Toolchain
+) -> tuple[list[PackageJob], dict[str, str], dict[str, str]]:
+    """Every package of the channel, the variant values it satisfies, and dependencies not found."""
+    torch = find_torch(inputs)
+    facts = torch_facts(torch)
+    interp = inputs.interpreter
+    env = marker_environment(interp.short, interp.version)
+    roots = [r for r in BASE_DISTS if r == "torch" or r in inputs.artifacts] + list(extras)
+    graph = closure(roots, {k: a.info for k, a in inputs.artifacts.items()}, env)
+    jobs = [python_job(interp), python_abi_job(interp)]
+    for name in graph.order:
+        job = dist_job(inputs.artifacts[name], graph.depends[name], interp)
+        if name == "torch":
+            job = as_pytorch(job, facts, interp.short)
+        jobs.append(job)
+    jobs += compiler_jobs(toolchain)
+    cuda = toolchain.cuda_short or facts.cuda
+    if toolchain.cuda_short:
+        jobs.append(headers_job(inputs, toolchain.cuda_short))
+    variants = {
+        "python": interp.short,
+        "pytorch": torch.version.split("+")[0],
+        "c_compiler": "gcc",
+        "c_compiler_version": toolchain.gcc_major,
+        "cxx_compiler": "gxx",
+        "cxx_compiler_version": toolchain.gcc_major,
+    }
+    if cuda and toolchain.cuda_short:
+        variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": cuda}
+    missing = {k: v for k, v in graph.missing.items() if k not in BASE_DISTS or k == "torch"}
+    return jobs, variants, missing
+
+
+def pip_requirements(torch_spec: str, extras: list[str]) -> list[str]:
+    return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *extras]
+
+
+def variants_yaml(variants: dict[str, str]) -> str:
+    lines = ["# Written by `extforge mirror`: the variant values this channel's packages satisfy."]
+    lines += [f'{k}: ["{v}"]' for k, v in variants.items()]
+    return "\n".join(lines) + "\n"
+
+
+def build_mirror(
+    channel: Path,
+    inputs: MirrorInputs,
+    extras: list[str] = (),  # type: ignore[assignment]
+    *,
+    toolchain: Toolchain | None = None,
+    on_package: Callable[[PackageJob, CachedPackage | None], None] | None = None,
+) -> MirrorResult:
+    """Build (or take from the cache) every package and write an indexed channel at `channel`."""
+    start = time.monotonic()
+    prepare_rattler_environment()
+    jobs, variants, missing = plan_jobs(inputs, list(extras), toolchain or detect())
+    for name, asked_by in missing.items():
+        log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)
+    channel.mkdir(parents=True, exist_ok=True)
+    log_file = channel / "mirror-build.log"
+    built: list[CachedPackage] = []
+    for job in jobs:
+        if on_package:
+            on_package(job, None)
+        pkg = build_job(job, log_file)
+        built.append(pkg)
+        if on_package:
+            on_package(job, pkg)
+    place(built, channel)
+    variants_file = channel / VARIANTS_FILE
+    variants_file.write_text(variants_yaml(variants))
+    variants_file.chmod(0o644)
+    return MirrorResult(channel, variants, variants_file, built, missing, time.monotonic() - start)

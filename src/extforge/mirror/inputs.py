@@ -1,0 +1,182 @@
+"""Where mirrored artifacts come from: an installed environment, a folder of wheels, or pip."""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from .. import paths
+from ..errors import ExtforgeError
+from .deps import DistInfo
+
+PROBE_SCRIPT = Path(__file__).with_name("_probe_env.py")
+
+
+@dataclass
+class Interpreter:
+    """The CPython that becomes the channel's `python` package (a venv's base interpreter)."""
+
+    version: str  # 3.11.7
+    executable: str
+    base_prefix: str
+    stdlib: str
+    include: str
+    ldlibrary: str
+    libdir: str
+    multiarch: str
+    debian_site: bool
+    prefix: str = ""
+    site_packages: list[str] = field(default_factory=list)
+
+    @property
+    def short(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+    @property
+    def site_rel(self) -> str:
+        return f"lib/python{self.short}/site-packages"
+
+    @property
+    def python_rel(self) -> str:
+        return f"bin/python{self.short}"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Interpreter:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass
+class Artifact:
+    """One Python distribution available to mirror: a wheel file or an installed dist."""
+
+    name: str  # canonical
+    display_name: str
+    version: str
+    requires_dist: list[str]
+    tags: list[str]
+    wheel: Path | None = None
+    installed: dict[str, Any] | None = None  # the probe's record of an installed dist
+
+    @property
+    def info(self) -> DistInfo:
+        return DistInfo(self.name, self.version, self.requires_dist)
+
+    @property
+    def is_pure(self) -> bool:
+        return all(t.endswith("-any") for t in self.tags) if self.tags else True
+
+
+@dataclass
+class MirrorInputs:
+    interpreter: Interpreter
+    artifacts: dict[str, Artifact]
+    description: str
+
+
+def probe(python: str, *, dists: bool) -> dict[str, Any]:
+    """Ask `python` about itself (and its installed dists) without importing anything of it."""
+    cmd = [python, "-I", str(PROBE_SCRIPT)] + (["--dists"] if dists else [])
+    try:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+    except FileNotFoundError as exc:
+        raise ExtforgeError(
+            f"python {python} does not exist",
+            "--from-env needs the python of an environment that has torch installed",
+            "pass the interpreter path, e.g. --from-env /path/to/venv/bin/python3",
+        ) from exc
+    except subprocess.CalledProcessError as exc:
+        raise ExtforgeError(
+            f"could not run {python} to describe its environment",
+            (exc.stderr or "").strip().splitlines()[-1:][0] if exc.stderr else f"exit code {exc.returncode}",
+            "check that the path is a working Python >= 3.8",
+        ) from exc
+    return json.loads(out.stdout)
+
+
+def from_env(python: str) -> MirrorInputs:
+    data = probe(python, dists=True)
+    interp = Interpreter.from_json(data["python"])
+    artifacts: dict[str, Artifact] = {}
+    for d in data["dists"]:
+        name = canonicalize_name(d["name"])
+        artifacts[name] = Artifact(name, d["name"], d["version"], d["requires_dist"], d["tags"], installed=d)
+    return MirrorInputs(interp, artifacts, f"the environment of {python}")
+
+
+def wheel_metadata(path: Path) -> tuple[str, str, list[str], list[str]]:
+    """(name, version, Requires-Dist lines, WHEEL tags) read from a wheel's dist-info."""
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        meta_name = next(n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(zf.read(meta_name).decode("utf-8", "replace"), headersonly=True)
+        wheel_txt = zf.read(meta_name.replace("/METADATA", "/WHEEL")).decode()
+    tags = [line.split(":", 1)[1].strip() for line in wheel_txt.splitlines() if line.startswith("Tag:")]
+    return meta["Name"], meta["Version"], meta.get_all("Requires-Dist") or [], tags
+
+
+def wheel_fits(filename: str, py_short: str) -> bool:
+    """Whether a wheel installs on CPython `py_short` on linux-64."""
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    cp = "cp" + py_short.replace(".", "")
+    for tag in tags:
+        py_ok = tag.interpreter in (cp, "py3", f"py{py_short.replace('.', '')}") or (
+            tag.abi == "abi3" and tag.interpreter.startswith("cp3") and int(tag.interpreter[3:]) <= int(cp[3:])
+        )
+        abi_ok = tag.abi in (cp, "abi3", "none")
+        plat_ok = tag.platform == "any" or tag.platform.endswith("x86_64") and "linux" in tag.platform
+        if py_ok and abi_ok and plat_ok:
+            return True
+    return False
+
+
+def from_wheels(wheel_dir: Path, python: str = sys.executable) -> MirrorInputs:
+    if not wheel_dir.is_dir():
+        raise ExtforgeError(
+            f"wheel folder {wheel_dir} does not exist",
+            "--from-wheels reads *.whl files from a folder",
+            "pass a folder that holds torch and its dependency wheels (e.g. filled by `pip download`)",
+        )
+    interp = Interpreter.from_json(probe(python, dists=False)["python"])
+    best: dict[str, Artifact] = {}
+    for whl in sorted(wheel_dir.glob("*.whl")):
+        if not wheel_fits(whl.name, interp.short):
+            continue
+        name, version, requires, tags = wheel_metadata(whl)
+        key = canonicalize_name(name)
+        if key in best and Version(best[key].version) >= Version(version):
+            continue
+        best[key] = Artifact(key, name, version, requires, tags, wheel=whl)
+    return MirrorInputs(interp, best, f"the wheels in {wheel_dir}")
+
+
+def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInputs:
+    """`pip download` the requirements (native tags) into a folder keyed by the request."""
+    key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
+    wheel_dir = paths.cache_root() / "mirror" / "wheels" / key
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    # Native tags only: an explicit --platform list missed wheels tagged only manylinux_2_25.
+    cmd = [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheel_dir), *requirements]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ExtforgeError(
+            "pip could not download the wheels to mirror",
+            (proc.stderr.strip().splitlines() or ["no output"])[-1],
+            "check the package index pip uses (pip config list), or use --from-wheels DIR "
+            "with wheels you already have, or --from-env PYTHON with an installed torch",
+        )
+    inputs = from_wheels(wheel_dir, python)
+    inputs.description = f"pip ({' '.join(requirements)})"
+    return inputs
