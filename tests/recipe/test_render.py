@@ -1,0 +1,105 @@
+"""recipe/flash-attn/recipe.yaml renders for every variant of both variant files (no build)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
+
+VARIANT_FILES = ["variants.yaml", "variants-offline.yaml"]
+BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)_h[0-9a-f]{7}_(\d+)$")
+
+
+def _render(recipe_dir: Path, variant_file: str) -> list[tuple[dict, dict]]:
+    recipe = Stage0Recipe.from_file(recipe_dir / "recipe.yaml")
+    variants = recipe.render(
+        VariantConfig.from_file(recipe_dir / variant_file),
+        RenderConfig(platform=PlatformConfig(target_platform="linux-64")),
+    )
+    return [(v.variant, v.recipe.to_dict()) for v in variants]
+
+
+@pytest.fixture(scope="module", params=VARIANT_FILES)
+def rendered(request, recipe_dir: Path) -> list[tuple[dict, dict]]:
+    return _render(recipe_dir, request.param)
+
+
+def _zip_rows(recipe_dir: Path, variant_file: str) -> int:
+    config = VariantConfig.from_file(recipe_dir / variant_file)
+    return len(config.get_values("python"))
+
+
+@pytest.mark.parametrize("variant_file", VARIANT_FILES)
+def test_one_rendered_variant_per_row(recipe_dir: Path, variant_file: str) -> None:
+    assert len(_render(recipe_dir, variant_file)) == _zip_rows(recipe_dir, variant_file) >= 2
+
+
+def test_build_strings_name_the_variant_and_are_distinct(rendered) -> None:
+    strings = [r["build"]["string"] for _, r in rendered]
+    assert len(set(strings)) == len(strings), strings
+    for variant, r in rendered:
+        m = BUILD_STRING.match(r["build"]["string"])
+        assert m, r["build"]["string"]
+        cuda, torch, py, number = m.groups()
+        assert cuda == variant["cuda_compiler_version"].replace(".", "")
+        assert torch == "".join(variant["pytorch"].split(".")[:2])
+        assert py == "".join(variant["python"].split(".")[:2])
+        assert int(number) == r["build"]["number"]
+
+
+def test_pytorch_pinned_to_one_exact_build(rendered) -> None:
+    for variant, r in rendered:
+        host = r["requirements"]["host"]
+        # Host: exactly the variant's torch release, a CUDA build of it.
+        assert f"pytorch {variant['pytorch']}.* cuda*" in host
+        # Run: the exact version AND build string the host solve picked (resolved at build time).
+        run = r["requirements"]["run"]
+        pins = [d["pin_compatible"] for d in run if isinstance(d, dict) and "pin_compatible" in d]
+        assert {"name": "pytorch", "exact": True} in pins
+        assert f"cuda-version {variant['cuda_compiler_version']}.*" in host
+        assert any(p["name"] == "cuda-version" for p in pins)
+        cuda_major = variant["cuda_compiler_version"].split(".")[0]
+        assert f"__cuda >={cuda_major}" in run
+
+
+def test_build_env_forces_source_build_with_variant_archs(rendered) -> None:
+    for variant, r in rendered:
+        env = r["build"]["script"]["env"]
+        assert env["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+        assert env["FLASH_ATTENTION_SKIP_CUDA_BUILD"] == "FALSE"
+        assert env["FLASH_ATTN_CUDA_ARCHS"] == variant["flash_attn_cuda_archs"]
+        assert "TORCH_CUDA_ARCH_LIST" not in env  # upstream's setup.py ignores it
+        assert r["build"]["script"]["file"] == "build.sh"
+
+
+def test_default_archs_cover_a100_and_h100(recipe_dir: Path) -> None:
+    for _, r in _render(recipe_dir, "variants.yaml"):
+        assert {"80", "90"} <= set(r["build"]["script"]["env"]["FLASH_ATTN_CUDA_ARCHS"].split(";"))
+
+
+def test_source_is_the_pinned_sdist_with_offline_cache_first(rendered) -> None:
+    for _, r in rendered:
+        (source,) = r["source"]
+        assert source["sha256"] == "1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d"
+        local, pypi = source["url"]
+        assert local.startswith("file://") and local.endswith(
+            "/sha256/1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d/flash_attn-2.8.3.tar.gz"
+        )
+        assert pypi == "https://pypi.org/packages/source/f/flash-attn/flash_attn-2.8.3.tar.gz"
+
+
+def test_source_cache_location_comes_from_environment(recipe_dir: Path, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("EXTFORGE_SOURCES", str(tmp_path))
+    (_, r), *_ = _render(recipe_dir, "variants-offline.yaml")
+    assert r["source"][0]["url"][0].startswith(f"file://{tmp_path}/sha256/")
+
+
+def test_recipe_tests_check_import_extension_and_wheel_tag(rendered, recipe_dir: Path) -> None:
+    _, r = rendered[0]
+    kinds = {next(iter(t)): t[next(iter(t))] for t in r["tests"]}
+    assert {"flash_attn", "flash_attn_2_cuda"} <= set(kinds["python"]["imports"])
+    assert any("flash_attn_2_cuda" in f and f.endswith(".so") for f in kinds["package_contents"]["files"])
+    assert "check_package.py" in str(kinds["script"])
+    assert "none-any" in (recipe_dir / "check_package.py").read_text()
