@@ -6,7 +6,7 @@ from rich.table import Table
 
 from ..ui import console
 from .state import VariantStatus
-from .submit import diagnose, log_tail
+from .submit import diagnose, read_log, tail
 
 STYLE = {"published": "green", "built": "yellow", "pending": "cyan", "running": "cyan", "failed": "red", "lost": "red"}
 
@@ -17,9 +17,9 @@ def status_rows(statuses: list[VariantStatus]) -> list[dict]:
     for s in statuses:
         row = {"variant": s.variant_id, "state": s.state, "job_id": s.job_id, "detail": s.detail, "log": s.log}
         if s.state in {"failed", "lost"}:
-            tail = log_tail(s.log)
-            row["log_tail"] = tail
-            row["diagnosis"] = diagnose(tail)
+            text = read_log(s.log)
+            row["log_tail"] = tail(text)
+            row["diagnosis"] = diagnose(text)
         rows.append(row)
     return rows
 
@@ -37,7 +37,9 @@ def print_rows(rows: list[dict]) -> None:
             continue
         console.print(f"\n[red]✗ {r['variant']}[/red] (job {r['job_id']}, log {r['log']}):", highlight=False)
         console.print(r["log_tail"] or "(log is empty)", markup=False)
-        for d in r["diagnosis"]:
-            console.print(f"[bold]diagnosis:[/bold] {d.get('title') or d.get('id')}: {d.get('cause', '')}")
-            if d.get("fix"):
-                console.print(f"  fix: {d['fix']}", markup=False)
+        diagnosis = r["diagnosis"] or {}
+        for d in diagnosis.get("diagnoses", []):
+            console.print(f"[bold]diagnosis {d['id']}:[/bold] {d['title']}")
+            console.print(f"  cause: {d['cause']}\n  fix:   {d['fix']}", markup=False)
+        if diagnosis and not diagnosis.get("recognised"):
+            console.print(f"diagnosis: {diagnosis.get('advice', 'unknown')}", markup=False)

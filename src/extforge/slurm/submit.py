@@ -162,24 +162,27 @@ def wait_for(root: Path, ids: list[str], timeout: float, poll: float = 2.0) -> l
         time.sleep(poll)
 
 
-def log_tail(path: str | None, lines: int = LOG_TAIL_LINES) -> str:
+def read_log(path: str | None, limit: int = 256 * 1024) -> str:
+    """The end of a job log (the part that explains a failure), '' when missing."""
     if not path:
         return ""
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
 
 
-def diagnose(text: str) -> list[dict]:
-    """`extforge explain`'s findings for a failed job's log; empty where explain is not installed."""
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def diagnose(log_text: str) -> dict | None:
+    """`extforge explain`'s verdict on a failed job's log; None where explain is not installed."""
     try:
-        from .. import explain
+        from ..explain import explain_text
     except ImportError:
-        return []
-    return explain_findings(explain, text)
-
-
-def explain_findings(explain, text: str) -> list[dict]:
-    findings = explain.explain(text)
-    return [f.to_json() if hasattr(f, "to_json") else dict(f) for f in findings]
+        return None
+    return explain_text(log_text).to_json()
