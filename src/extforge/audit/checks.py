@@ -153,12 +153,10 @@ def gpu_findings(ctx: Context, obj: ElfObject, rel: str, facts: ModuleFacts) -> 
     facts.sass_archs, facts.ptx_archs = arch_sets(entries)
     if not ctx.archs:
         return []
-    sass = [arch_number(a) for a in facts.sass_archs]
-    ptx = [arch_number(a) for a in facts.ptx_archs]
     has = ", ".join(facts.sass_archs + facts.ptx_archs) or "no GPU code"
     findings = []
     for arch in ctx.archs:
-        coverage = arch_coverage(arch_number(arch), sass, ptx)
+        coverage = arch_coverage(arch, facts.sass_archs, facts.ptx_archs)
         if coverage == "missing":
             findings.append(Finding(
                 "error", "gpu", f"{rel}: promised {arch} but has no SASS or PTX for it (has {has})",

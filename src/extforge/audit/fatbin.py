@@ -18,6 +18,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..channel.admission import arch_runs_on
+
 FATBIN_MAGIC = 0xBA55ED50
 _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 KIND_PTX, KIND_ELF = 1, 2
@@ -88,14 +90,13 @@ def arch_number(arch: str) -> int:
     return int(text)
 
 
-def arch_coverage(promised: int, sass: Iterable[int], ptx: Iterable[int]) -> str:
-    """'sass' if a cubin runs natively, 'ptx' if only JIT from PTX can serve it, else 'missing'.
-
-    A cubin runs on GPUs of the same major arch with an equal or higher minor
-    (sm_80 code runs on sm_86); PTX JIT-compiles for any arch at or above its own.
-    """
-    if any(s // 10 == promised // 10 and s <= promised for s in sass):
+def arch_coverage(promised: str, sass: Iterable[str], ptx: Iterable[str]) -> str:
+    """'sass' if a cubin runs natively on the promised arch, 'ptx' if only JIT from PTX can
+    serve it, else 'missing' (same rules as node admission: sm_80 code runs on sm_86)."""
+    number = arch_number(promised)
+    cc = f"{number // 10}.{number % 10}"
+    if any(arch_runs_on(s, cc) for s in sass):
         return "sass"
-    if any(p <= promised for p in ptx):
+    if any(arch_runs_on(p, cc, ptx=True) for p in ptx):
         return "ptx"
     return "missing"

@@ -55,6 +55,9 @@ def target_env(root: Path | None) -> TargetEnv:
         env.torch_lib = root
         _read_torch_version(env, root.parent)
         return env
+    # A plain folder of libraries is its own lib dir.
+    if next(root.glob("*.so*"), None) is not None:
+        env.lib_dirs.append(root)
     env.lib_dirs.extend(d for d in (root / "lib", root / "lib64") if d.is_dir())
     site_dirs = [root, *sorted(root.glob("lib/python3*/site-packages"))]
     for site in site_dirs:

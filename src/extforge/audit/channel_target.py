@@ -1,0 +1,64 @@
+"""The target environment of a package when none is given: its pinned pytorch, installed
+from a channel into a cached prefix (solve + install with rattler, like pixi does)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from ..errors import ExtforgeError
+from ..paths import cache_root, rattler_cache_dir
+
+TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
+# A build host has no __cuda; the package's pytorch run-depends on it.
+DEFAULT_CUDA = "13.0"
+
+
+def torch_specs(depends: list[str]) -> list[str]:
+    """The package's run requirements on torch, e.g. ['pytorch ==2.14.1 cuda130_py311_h1480fd6_0']."""
+    return [d for d in depends if d.split()[0] in TORCH_NAMES]
+
+
+def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
+    specs = torch_specs(depends)
+    if not specs:
+        raise ExtforgeError(
+            "the package does not depend on pytorch, so there is no pinned torch to audit against",
+            f"its depends are: {', '.join(depends) or 'none'}",
+            "pass --against PREFIX with the environment the package must run in",
+        )
+    key = hashlib.sha256("\n".join([channel, *sorted(specs)]).encode()).hexdigest()[:16]
+    prefix = cache_root() / "audit-targets" / key
+    if (prefix / "conda-meta").is_dir():
+        return prefix
+    tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        asyncio.run(_solve_install(specs, channel, tmp))
+    except ExtforgeError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tmp.rename(prefix)
+    return prefix
+
+
+async def _solve_install(specs: list[str], channel: str, prefix: Path) -> None:
+    from rattler import BuildString, GenericVirtualPackage, PackageName, Version, install, solve
+
+    def vp(name: str, version: str) -> GenericVirtualPackage:
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
+
+    virtual = [vp("__unix", "0"), vp("__linux", "5.0"), vp("__glibc", "2.28"),
+               vp("__cuda", os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)), vp("__archspec", "1")]
+    try:
+        records = await solve([channel], specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
+        await install(records, target_prefix=prefix, cache_dir=rattler_cache_dir(), show_progress=False)
+    except Exception as exc:  # rattler's SolverError / FetchRepoDataError / InstallerError
+        raise ExtforgeError(
+            f"cannot install the package's pinned torch from {channel}",
+            f"{exc}\n  specs: {', '.join(specs)}",
+            "check that the channel holds that exact pytorch build, or pass --against PREFIX",
+        ) from exc

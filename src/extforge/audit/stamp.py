@@ -1,0 +1,131 @@
+"""Audit metadata inside packages: share/extforge/audit/<name>.json (docs/architecture.md).
+
+`extforge build` stamps what it built so `extforge verify` can admit a node from the
+installed prefix alone. The file is added to the package payload and listed in
+info/paths.json and info/files like any other file, so conda and rattler install,
+verify and remove it normally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from ..channel.admission import AUDIT_DIR, read_audit_records
+from ..errors import ExtforgeError
+from .report import AuditReport
+
+SCHEMA = 1
+ZSTD_LEVEL = 15  # rattler-build's default for .conda members
+
+
+def stamp_record(report: AuditReport) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "name": report.name,
+        "version": report.version,
+        "build": report.build,
+        "sass_archs": report.sass_archs,
+        "ptx_archs": report.ptx_archs,
+        "cxx11_abi": report.cxx11_abi,
+        "glibc_floor": report.floor("GLIBC"),
+        "glibcxx_floor": report.floor("GLIBCXX"),
+        "torch": report.torch,
+        "cuda_version": report.cuda_version,
+        "verdict": report.verdict,
+    }
+
+
+def stamp_package(path: Path, report: AuditReport) -> dict[str, Any]:
+    """Write the report's record into the package at `path` (replaced in place, atomically)."""
+    path = Path(path)
+    if not report.name:
+        raise ExtforgeError(f"cannot stamp {path}", "the audit report has no package name (info/index.json)",
+                            "stamp only .conda/.tar.bz2 packages built by rattler-build or conda-build")
+    record = stamp_record(report)
+    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    stamp = _Stamp(f"{AUDIT_DIR}/{report.name}.json", data)
+    tmp = path.with_name(f".{path.name}.stamp{os.getpid()}")
+    try:
+        if path.name.endswith(".conda"):
+            _stamp_conda(path, tmp, stamp)
+        elif path.name.endswith(".tar.bz2"):
+            with tarfile.open(path, "r|bz2") as src, tarfile.open(tmp, "w:bz2") as dst:
+                _copy_tar(src, dst, stamp, add_payload=True)
+        else:
+            raise ExtforgeError(f"cannot stamp {path}", "only .conda and .tar.bz2 packages carry audit metadata",
+                                "stamp the conda package, not a wheel or a prefix")
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except (tarfile.TarError, zipfile.BadZipFile, zstandard.ZstdError, OSError) as exc:
+        raise ExtforgeError(f"cannot stamp {path}", str(exc), "rebuild the package; it may be damaged") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return record
+
+
+def read_stamps(prefix: Path) -> list[dict[str, Any]]:
+    """The audit records of every stamped package installed in `prefix`."""
+    return read_audit_records(Path(prefix))
+
+
+class _Stamp:
+    def __init__(self, relpath: str, data: bytes):
+        self.relpath = relpath
+        self.data = data
+        self.entry = {"_path": relpath, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                      "size_in_bytes": len(data)}
+
+    def patch(self, name: str, content: bytes) -> bytes:
+        if name == "info/paths.json":
+            meta = json.loads(content)
+            paths = [p for p in meta.get("paths", []) if p.get("_path") != self.relpath] + [self.entry]
+            meta["paths"] = sorted(paths, key=lambda p: p["_path"])
+            return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+        lines = [line for line in content.decode().splitlines() if line and line != self.relpath]
+        return ("\n".join(sorted([*lines, self.relpath])) + "\n").encode()
+
+
+_PATCHED = ("info/paths.json", "info/files")
+
+
+def _copy_tar(src: tarfile.TarFile, dst: tarfile.TarFile, stamp: _Stamp, *, add_payload: bool) -> None:
+    for member in src:
+        name = member.name.removeprefix("./")
+        if name == stamp.relpath:
+            continue
+        fileobj = src.extractfile(member) if member.isfile() else None
+        if name in _PATCHED and fileobj is not None:
+            content = stamp.patch(name, fileobj.read())
+            member.size = len(content)
+            fileobj = io.BytesIO(content)
+        dst.addfile(member, fileobj)
+    if add_payload:
+        info = tarfile.TarInfo(stamp.relpath)
+        info.size, info.mode, info.mtime = len(stamp.data), 0o644, int(time.time())
+        dst.addfile(info, io.BytesIO(stamp.data))
+
+
+def _stamp_conda(path: Path, tmp: Path, stamp: _Stamp) -> None:
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            is_pkg = item.filename.startswith("pkg-") and item.filename.endswith(".tar.zst")
+            is_info = item.filename.startswith("info-") and item.filename.endswith(".tar.zst")
+            if not (is_pkg or is_info):
+                zout.writestr(item, zin.read(item))
+                continue
+            with zin.open(item) as raw, zout.open(item.filename, "w", force_zip64=True) as out:
+                reader = zstandard.ZstdDecompressor().stream_reader(raw)
+                writer = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(out, closefd=False)
+                with tarfile.open(fileobj=reader, mode="r|") as src, tarfile.open(fileobj=writer, mode="w|") as dst:
+                    _copy_tar(src, dst, stamp, add_payload=is_pkg)
+                writer.close()

@@ -1,0 +1,46 @@
+"""extforge audit: prove a binary matches its target environment before it is published."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "audit a package, wheel, prefix or .so: symbols, C++ ABI, GPU archs, glibc floor, packaging"
+
+
+def _archs(text: str) -> list[str]:
+    from ..audit.fatbin import arch_number
+
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    for a in archs:
+        try:
+            arch_number(a)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return [a if a.startswith(("sm_", "compute_")) else f"sm_{a.replace('.', '')}" for a in archs]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", type=Path, metavar="TARGET", help=".conda/.tar.bz2 package, wheel, prefix or .so")
+    parser.add_argument("--against", type=Path, metavar="PREFIX",
+                        help="the environment it must run in (a prefix, a site-packages dir or a torch/lib dir)")
+    parser.add_argument("--channel", metavar="URL",
+                        help="without --against: install the package's pinned pytorch from this channel")
+    parser.add_argument("--archs", type=_archs, metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90")
+    parser.add_argument("--glibc", metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
+    parser.epilog = "exit code: 0 no errors, 1 errors found, 2 could not run"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..audit import audit_target
+    from ..errors import EXIT_FINDINGS, EXIT_OK
+    from ..ui import console, emit_json, step
+
+    with step(f"auditing {args.target.name}", quiet=args.json or not args.verbose):
+        report = audit_target(args.target, against=args.against, archs=args.archs, glibc=args.glibc,
+                              channel=args.channel)
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        console.print(report.render(verbose=args.verbose > 0), soft_wrap=True)
+    return EXIT_OK if report.ok else EXIT_FINDINGS
