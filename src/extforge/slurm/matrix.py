@@ -106,14 +106,15 @@ def expand(recipe: Path, files: list[Path], overrides: dict[str, str]) -> list[V
     try:
         stage0 = Stage0Recipe.from_file(recipe)
         config = VariantConfig.from_files([str(f) for f in files]) if files else VariantConfig()
-        values, zips = narrow(config.to_dict(), config.zip_keys or [], overrides)
-        rendered = stage0.render(VariantConfig(values, zip_keys=zips or None))
+        matrix, zips = narrow(config.to_dict(), config.zip_keys or [], overrides)
+        rendered = stage0.render(VariantConfig(matrix, zip_keys=zips or None))
     except Exception as exc:  # rattler-build raises its own exception types for every parse step
         raise ExtforgeError(f"could not render {recipe}", str(exc).strip().splitlines()[0], "fix the recipe or variant file") from exc
 
     grouped: dict[tuple[tuple[str, str], ...], list] = {}
     for r in rendered:
-        values = tuple(sorted((k, str(v)) for k, v in r.variant.items() if k != "target_platform"))
+        # Only keys from the variant files: rattler-build adds its own (target_platform, __cuda).
+        values = tuple(sorted((k, str(v)) for k, v in r.variant.items() if k in matrix))
         grouped.setdefault(values, []).append(r)
     variants = []
     for values, outs in grouped.items():

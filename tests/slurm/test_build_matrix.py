@@ -1,0 +1,78 @@
+"""`extforge build --slurm` against the local slurmctld: real jobs, real builds, a real channel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def extforge(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, env=os.environ, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def empty_channel(tmp_path_factory) -> Path:
+    """The noarch test recipes need nothing from upstream; rattler-build still wants a channel."""
+    ch = tmp_path_factory.mktemp("upstream")
+    for sub in ("noarch", "linux-64"):
+        (ch / sub).mkdir()
+        (ch / sub / "repodata.json").write_text(json.dumps({"info": {"subdir": sub}, "packages": {}, "packages.conda": {}}))
+    return ch
+
+
+def build_slurm(recipe: Path, channel: Path, out: Path, publish: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return extforge(
+        "build", str(recipe), "--slurm", "--partition", "debug", "--channel", channel.as_uri(),
+        "--output-dir", str(out), "--publish-to", str(publish), "--json", *extra,
+    )
+
+
+def test_variant_matrix_built_as_jobs_and_published(slurm_cluster, empty_channel, tmp_path):
+    out, channel = tmp_path / "out", tmp_path / "channel"
+    proc = build_slurm(DATA / "tinyvar", empty_channel, out, channel, "--wait", "400")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(proc.stdout)
+    assert len(doc["submitted"]) == 2 and len({s["job_id"] for s in doc["submitted"]}) == 2
+    assert sorted(r["state"] for r in doc["variants"]) == ["published", "published"]
+
+    files = sorted(p.name for p in (channel / "noarch").glob("slurm-tinyvar-*.conda"))
+    assert [f.split("-")[3].split("_h")[0] for f in files] == ["sm80", "sm90"]
+    repodata = json.loads((channel / "noarch" / "repodata.json").read_text())
+    assert sorted(repodata["packages.conda"]) == files
+    for r in doc["submitted"]:
+        log = Path(r["log"]).read_text()
+        assert f"job {r['job_id']} on" in log and "published 1 package(s)" in log
+
+    # Re-running submits only what is missing: nothing.
+    again = build_slurm(DATA / "tinyvar", empty_channel, out, channel)
+    assert again.returncode == 0, again.stderr
+    doc = json.loads(again.stdout)
+    assert doc["submitted"] == [] and sorted(s["state"] for s in doc["skipped"]) == ["published", "published"]
+
+    status = extforge("status", str(out), "--json")
+    assert status.returncode == 0, status.stderr
+    assert [v["state"] for v in json.loads(status.stdout)["variants"]] == ["published", "published"]
+
+
+def test_failing_variant_reported_with_log_tail_and_diagnosis(slurm_cluster, empty_channel, tmp_path):
+    out, channel = tmp_path / "out", tmp_path / "channel"
+    proc = build_slurm(DATA / "failing", empty_channel, out, channel, "--wait", "300")
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    (row,) = json.loads(proc.stdout)["variants"]
+    assert row["state"] == "failed" and row["detail"].startswith("exit code ")
+    assert "ninja: build stopped: subcommand failed." in row["log_tail"]
+    assert row["diagnosis"]["recognised"]
+    assert {d["id"] for d in row["diagnosis"]["diagnoses"]} & {"ninja-build-stopped", "oom-killed"}
+    assert not (channel / "noarch").exists() or not list((channel / "noarch").glob("*.conda"))
+
+    status = extforge("status", str(out))
+    assert status.returncode == 1
+    assert "failed" in status.stderr and "diagnosis" in status.stderr
