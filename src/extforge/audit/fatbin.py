@@ -4,9 +4,9 @@ Layout (little endian), as written by nvcc/fatbinary and read by the CUDA driver
   container header, 16 bytes: u32 magic 0xBA55ED50, u16 version, u16 header size,
                               u64 size of the entries that follow
   entry header, `header size` bytes (64, longer for newer archs):
-      u16 kind (1 = PTX, 2 = ELF/cubin), u16 version, u32 header size,
-      u64 padded payload size, u32 -, u32 payload size, u32 -, u32 -,
-      u32 sm arch (e.g. 90), u32 -, u32 -, u64 flags, ...
+      u16 kind (1 = PTX, 2 = ELF/cubin), u16 -, u32 header size, u64 padded payload size,
+      u32 payload size, u32 -, u16 minor, u16 major (code version), u32 sm arch (e.g. 90),
+      u32 name offset, u32 name length, u64 flags, u64 -, u64 uncompressed size
 The payload follows its entry header; only headers are read, never payloads, so a
 200 MB section costs a few hundred small reads from the mapped file.
 """
@@ -27,7 +27,7 @@ KIND_PTX, KIND_ELF = 1, 2
 # 0x8000 the zstd compression introduced with CUDA 12.8/13.
 FLAG_COMPRESSED = 0x2000 | 0x8000
 _CONTAINER = struct.Struct("<IHHQ")
-_ENTRY = struct.Struct("<HHIQIIIIIIIQ")
+_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None)
         entry_pos = pos + header_size
         container_end = min(end, pos + header_size + fat_size)
         while entry_pos + _ENTRY.size <= container_end:
-            (kind, _ev, entry_header, padded, _u0, payload, _u1, _u2, arch, _u3, _u4, flags) = _ENTRY.unpack_from(
-                buf, entry_pos
+            kind, _u0, entry_header, padded, payload, _u1, _minor, _major, arch, _n0, _n1, flags, _z, _full = (
+                _ENTRY.unpack_from(buf, entry_pos)
             )
             if entry_header == 0:
                 break

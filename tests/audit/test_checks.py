@@ -1,0 +1,88 @@
+"""Each planted defect in a real compiled binary is caught and named; the good case passes."""
+
+from __future__ import annotations
+
+from extforge.audit import audit_target
+from extforge.audit.elf import open_elf
+from extforge.audit.fatbin import arch_sets, parse_fatbin
+
+
+def _errors(report, check):
+    return [f for f in report.errors if f.check == check]
+
+
+def test_good_extension_passes(elfs):
+    report = audit_target(elfs["good"], against=elfs["v1"], glibc="2.36")
+    assert report.ok, report.render()
+    assert report.verdict == "pass"
+    (module,) = report.modules
+    assert module.cxx11_abi is True
+    assert module.unresolved == 0
+    assert report.target_cxx11_abi is True
+    assert module.floors["GLIBCXX"] >= "3.4.21"
+
+
+def test_old_abi_against_cxx11_library_names_the_symbol(elfs):
+    report = audit_target(elfs["old_abi"], against=elfs["v1"])
+    assert report.modules[0].cxx11_abi is False
+    (abi,) = _errors(report, "abi")
+    assert "_GLIBCXX_USE_CXX11_ABI=0" in abi.message
+    # c++filt spells the old string std::string or std::basic_string<char, ...>, never __cxx11.
+    assert abi.symbol.startswith("greeter::greet(std::") and "__cxx11" not in abi.symbol
+    assert "-D_GLIBCXX_USE_CXX11_ABI=1" in abi.fix
+    unresolved = {f.symbol: f for f in _errors(report, "symbols")}
+    assert unresolved[abi.symbol].cause.startswith("C++ ABI mismatch")
+    assert not report.ok
+
+
+def test_symbol_missing_from_the_target_library_is_demangled_and_grouped(elfs):
+    assert audit_target(elfs["skew"], against=elfs["v2"]).ok
+    report = audit_target(elfs["skew"], against=elfs["v1"])
+    (finding,) = _errors(report, "symbols")
+    assert finding.symbol == "greeter::added_in_v2(int)"
+    assert finding.module == "ext_skew.so"
+    assert not _errors(report, "abi")
+    text = report.render()
+    assert "1 unresolved symbol(s) expected from" in text and "greeter::added_in_v2(int)" in text
+
+
+def test_library_not_in_target_is_an_error(elfs, tmp_path):
+    report = audit_target(elfs["good"], against=tmp_path)
+    (finding,) = _errors(report, "libraries")
+    assert finding.library == "libtarget.so"
+
+
+def test_glibcxx_newer_than_the_floor_is_an_error(elfs):
+    # Any use of the CXX11 std::string needs GLIBCXX_3.4.21; RHEL 7's gcc 4.8 has 3.4.19.
+    report = audit_target(elfs["good"], against=elfs["v1"], glibc="2.17")
+    messages = [f.message for f in _errors(report, "platform")]
+    assert any("GLIBCXX_3.4.2" in m and "glibc 2.17" in m for m in messages), messages
+    glibcxx = next(f for f in _errors(report, "platform") if "GLIBCXX" in f.message)
+    assert glibcxx.symbol and "(" in glibcxx.symbol  # a demangled function that needs it
+
+
+def test_fatbin_archs_are_read_from_nvcc_output(cuda_elfs):
+    sm80 = open_elf(cuda_elfs["sm80"])
+    sec = sm80.sections[".nv_fatbin"]
+    assert arch_sets(parse_fatbin(sm80._map, sec.offset, sec.offset + sec.size)) == (["sm_80"], [])
+    ptx = open_elf(cuda_elfs["ptx90"])
+    sec = ptx.sections[".nv_fatbin"]
+    assert arch_sets(parse_fatbin(ptx._map, sec.offset, sec.offset + sec.size)) == ([], ["compute_90"])
+
+
+def test_missing_promised_arch_is_an_error(cuda_elfs):
+    assert audit_target(cuda_elfs["sm80"], archs=["sm_80"]).ok
+    report = audit_target(cuda_elfs["sm80"], archs=["sm_80", "sm_90"])
+    (finding,) = _errors(report, "gpu")
+    assert finding.arch == "sm_90" and "has sm_80" in finding.message
+    assert report.sass_archs == ["sm_80"]
+
+
+def test_ptx_only_is_a_warning(cuda_elfs):
+    report = audit_target(cuda_elfs["ptx90"], archs=["sm_90"])
+    assert report.ok
+    (warning,) = [f for f in report.warnings if f.check == "gpu"]
+    assert warning.arch == "sm_90" and "only by PTX" in warning.message
+    assert report.ptx_archs == ["compute_90"] and report.sass_archs == []
+    # PTX for compute_90 cannot serve an older GPU.
+    assert not audit_target(cuda_elfs["ptx90"], archs=["sm_80"]).ok
