@@ -81,15 +81,16 @@ def _nvcc(facts: Facts) -> list[Finding]:
     tc = facts.torch.cuda if facts.torch else None
     torch_cuda = major_minor(tc)
     home = facts.cuda_home
+    if home is None:  # not probed
+        return []
     used = build_nvcc(facts)
     best = best_nvcc(facts)
     out: list[Finding] = []
     if used is None or used.version is None:
         if torch_cuda is None and not facts.nvccs:
             return []
-        where = home.nvcc if home and home.nvcc else "no CUDA_HOME"
-        why = f"torch resolves CUDA_HOME to {home.path} ({home.reason})" if home and home.path else (
-            home.reason if home else "CUDA_HOME unknown")
+        where = home.nvcc or "no CUDA_HOME"
+        why = f"torch resolves CUDA_HOME to {home.path} ({home.reason})" if home.path else home.reason
         out.append(
             Finding(
                 "error" if torch_cuda else "warning",
@@ -107,7 +108,7 @@ def _nvcc(facts: Facts) -> list[Finding]:
         fix = _install_toolkit(tc)
     else:
         fix = use_toolkit(best) if best else _install_toolkit(tc)
-    via = f"CUDA_HOME={home.path} ({home.reason})" if home else ""
+    via = f"CUDA_HOME={home.path} ({home.reason})"
     if mm < FLASH_ATTN_MIN_NVCC:
         out.append(
             Finding(
@@ -139,7 +140,7 @@ def _nvcc(facts: Facts) -> list[Finding]:
                 fix,
             )
         )
-    if home and home.path and not home.has_headers:
+    if home.path and not home.has_headers:
         out.append(
             Finding(
                 "warning",
