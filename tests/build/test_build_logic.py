@@ -1,0 +1,56 @@
+"""extforge build's pure parts: solve-failure extraction, variant overrides, recipe/channel checks."""
+
+import pytest
+
+from extforge.build import (
+    channel_url,
+    find_recipe,
+    missing_names,
+    parse_variant_overrides,
+    solve_context,
+    solve_failure,
+)
+from extforge.errors import ExtforgeError
+
+LOG = [
+    "info: Starting build of 1 outputs",
+    "info:   Platform: linux-64 [__unix=0=0, __linux=6.1=0, __glibc=2.36=0, __cuda=13.0=0]",
+    "info:   Channels: ",
+    "info:    - file:///ch/",
+    "info:   Specs:",
+    "info:    - python 3.9.*",
+    "info:    - pytorch 2.14.1.*",
+    "info:    - nosuchpkg >=1",
+    "info: subdir linux-64 of channel file:///ch/ was not found, ignoring",
+]
+
+
+def test_solve_context_reads_the_last_solve():
+    specs, platform = solve_context(LOG)
+    assert specs == ["python 3.9.*", "pytorch 2.14.1.*", "nosuchpkg >=1"]
+    assert platform.startswith("linux-64 [")
+    assert missing_names(specs, {"python", "pytorch"}) == ["nosuchpkg >=1"]
+
+
+def test_solve_failure_names_what_is_missing(tmp_path):
+    err = solve_failure(LOG, ["file:///nonexistent/"], tmp_path / "build.log")
+    assert "python 3.9.*" in err.what and "nosuchpkg >=1" in err.what
+    assert "build.log" in err.fix
+
+
+def test_variant_overrides():
+    assert parse_variant_overrides(["python=3.12", "cuda_archs=8.0, 9.0"]) == {
+        "python": ["3.12"],
+        "cuda_archs": ["8.0", "9.0"],
+    }
+    with pytest.raises(ExtforgeError):
+        parse_variant_overrides(["python"])
+
+
+def test_missing_recipe_and_channel_are_clear_errors(tmp_path):
+    with pytest.raises(ExtforgeError, match="no recipe at"):
+        find_recipe(tmp_path / "nope")
+    with pytest.raises(ExtforgeError, match="neither a URL nor an existing folder"):
+        channel_url(tmp_path / "no-channel")
+    assert channel_url(tmp_path) == tmp_path.resolve().as_uri()
+    assert channel_url("http://127.0.0.1:8000/ch") == "http://127.0.0.1:8000/ch"
