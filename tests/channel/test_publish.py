@@ -1,0 +1,55 @@
+"""Publish refusals and the audit gate, with real packages and extforge's real audit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from extforge.channel.publish import LOG_NAME, parse_channel, publish
+from extforge.errors import ExtforgeError
+
+from .conftest import extforge_cmd
+
+
+def test_same_name_different_bytes_is_refused(tiny_packages, tmp_path):
+    channel = tmp_path / "ch"
+    publish(tiny_packages.distinct[:2], channel, audit=False)
+    before = (channel / "noarch" / "repodata.json").read_bytes()
+    with pytest.raises(ExtforgeError, match="already exists .* with different content") as err:
+        publish([tiny_packages.distinct[2], tiny_packages.clash], channel, audit=False)
+    assert err.value.exit_code == 1
+    # The whole batch is refused: tiny-02 was not published either.
+    assert (channel / "noarch" / "repodata.json").read_bytes() == before
+    assert not (channel / "noarch" / tiny_packages.distinct[2].name).exists()
+    again = publish(tiny_packages.distinct[:1], channel, audit=False)
+    assert again.packages[0].status == "already-present"
+    assert oct((channel / "noarch" / tiny_packages.distinct[0].name).stat().st_mode & 0o777) == "0o644"
+
+
+def test_audit_gate_refuses_then_logs_the_override(tiny_packages, tmp_path):
+    channel = tmp_path / "ch"
+    pkg = tiny_packages.distinct[3]  # no ELF inside: the extension audit fails it
+    proc = subprocess.run([*extforge_cmd(), "publish", str(pkg), "--channel", str(channel)], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "failed its audit" in proc.stderr
+    assert not (channel / "noarch" / pkg.name).exists()
+    proc = subprocess.run(
+        [*extforge_cmd(), "publish", str(pkg), "--channel", channel.as_uri(), "--allow-audit-failure", "fixture without ELF", "--json"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["packages"][0]["audit_override"] == "fixture without ELF"
+    (entry,) = [json.loads(line) for line in (channel / LOG_NAME).read_text().splitlines()]
+    assert entry["audit"] == "fail" and entry["audit_override"] == "fixture without ELF"
+    assert entry["file"] == f"noarch/{pkg.name}"
+
+
+def test_channel_kinds():
+    assert parse_channel("/nfs/conda/ch") == ("folder", "/nfs/conda/ch")
+    assert parse_channel("file:///nfs/conda/ch") == ("folder", "/nfs/conda/ch")
+    assert parse_channel("https://prefix.dev/my-channel") == ("prefix", "https://prefix.dev/my-channel")
+    assert parse_channel("quetz+https://q.example/ch") == ("quetz", "https://q.example/ch")
+    with pytest.raises(ExtforgeError, match="cannot publish"):
+        parse_channel("http://127.0.0.1:8000/channel")
