@@ -104,3 +104,29 @@ def torch_dir(version: str, *extra: str) -> Path:
                         f"torch=={version}", *extra], check=True)
         tmp.rename(dest)
     return dest
+
+
+# at::linalg_matrix_sqrth is new in torch 2.14: the CPU 2.13.0 wheel lacks its operator.
+TORCH_EXT = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/linalg_matrix_sqrth.h>
+#include <c10/util/Exception.h>
+
+at::Tensor matrix_sqrth(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "expected a matrix, got ", x.dim(), " dims");
+  return at::linalg_matrix_sqrth(x);
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def torch_ext(tmp_path_factory):
+    # libtorch_cpu of the cu130 wheel needs libcudart and libcupti from the nvidia wheels.
+    new = torch_dir("2.14.1", "nvidia-cuda-runtime", "nvidia-cuda-cupti")
+    old = torch_dir("2.13.0")
+    root = tmp_path_factory.mktemp("torch_ext")
+    (root / "ext.cpp").write_text(TORCH_EXT)
+    lib = new / "torch" / "lib"
+    subprocess.run(["g++", "-O1", "-std=c++20", "-shared", "-fPIC", "-I", str(new / "torch" / "include"),
+                    "ext.cpp", "-o", "ext.so", "-L", str(lib), "-lc10", "-ltorch_cpu"], cwd=root, check=True)
+    return root / "ext.so", new, old

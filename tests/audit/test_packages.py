@@ -1,0 +1,136 @@
+"""Packages and wheels: extension modules found, pure-Python payloads refused, stamps written."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import zstandard
+
+from extforge.audit import audit_target
+from extforge.audit.stamp import read_stamps, stamp_package
+from extforge.cli import main
+
+
+def _tar_zst(files: dict[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return zstandard.ZstdCompressor().compress(raw.getvalue())
+
+
+def make_conda(dest: Path, name: str, payload: dict[str, bytes], depends: list[str]) -> Path:
+    """A .conda file laid out like rattler-build writes one (metadata, pkg and info members)."""
+    stem = f"{name}-1.0-0"
+    index = {"name": name, "version": "1.0", "build": "0", "build_number": 0, "depends": depends,
+             "subdir": "linux-64"}
+    paths = {"paths_version": 1, "paths": [{"_path": p, "path_type": "hardlink", "size_in_bytes": len(d)}
+                                           for p, d in payload.items()]}
+    info = {"info/index.json": json.dumps(index).encode(), "info/paths.json": json.dumps(paths).encode(),
+            "info/files": "\n".join(payload).encode()}
+    path = dest / f"{stem}.conda"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("metadata.json", json.dumps({"conda_pkg_format_version": 2}))
+        zf.writestr(f"pkg-{stem}.tar.zst", _tar_zst(payload))
+        zf.writestr(f"info-{stem}.tar.zst", _tar_zst(info))
+    return path
+
+
+def _ext_payload(elfs) -> dict[str, bytes]:
+    return {
+        "lib/python3.11/site-packages/greeter/__init__.py": b"from ._C import *\n",
+        "lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["good"].read_bytes(),
+    }
+
+
+def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
+    pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["python", "__glibc >=2.28,<3.0.a0"])
+    report = audit_target(pkg, against=elfs["v1"])
+    assert report.ok, report.render()
+    assert report.name == "greeter" and report.version == "1.0"
+    assert [m.path for m in report.modules] == ["lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so"]
+    assert report.modules[0].is_extension
+
+    record = stamp_package(pkg, report)
+    assert record["verdict"] == "pass" and record["cxx11_abi"] is True and record["schema"] == 1
+    # The stamp is in the payload and in info/paths.json with its sha256 and size.
+    prefix = tmp_path / "prefix"
+    with zipfile.ZipFile(pkg) as zf:
+        names = zf.namelist()
+        assert names[0] == "metadata.json"
+        for member in names[1:]:
+            with zf.open(member) as raw, tarfile.open(
+                fileobj=zstandard.ZstdDecompressor().stream_reader(raw), mode="r|"
+            ) as tar:
+                tar.extractall(prefix, filter="data")
+    stamp = prefix / "share/extforge/audit/greeter.json"
+    entries = {p["_path"]: p for p in json.loads((prefix / "info/paths.json").read_text())["paths"]}
+    import hashlib
+
+    assert entries[str(stamp.relative_to(prefix))]["sha256"] == hashlib.sha256(stamp.read_bytes()).hexdigest()
+    assert "share/extforge/audit/greeter.json" in (prefix / "info/files").read_text().splitlines()
+    assert read_stamps(prefix) == [record]
+    # Stamping again replaces the record rather than adding a second one.
+    stamp_package(pkg, report)
+    assert audit_target(pkg, against=elfs["v1"]).ok
+
+
+def test_tar_bz2_package_is_stamped(elfs, tmp_path):
+    pkg = tmp_path / "greeter-1.0-0.tar.bz2"
+    index = {"name": "greeter", "version": "1.0", "build": "0", "depends": []}
+    files = {**_ext_payload(elfs), "info/index.json": json.dumps(index).encode(),
+             "info/paths.json": json.dumps({"paths_version": 1, "paths": []}).encode()}
+    with tarfile.open(pkg, "w:bz2") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    report = audit_target(pkg, against=elfs["v1"])
+    assert report.ok
+    stamp_package(pkg, report)
+    with tarfile.open(pkg) as tar:
+        paths = json.load(tar.extractfile("info/paths.json"))["paths"]
+        assert [p["_path"] for p in paths] == ["share/extforge/audit/greeter.json"]
+        assert json.load(tar.extractfile("share/extforge/audit/greeter.json"))["name"] == "greeter"
+
+
+def test_python_without_extension_module_is_refused(tmp_path):
+    pkg = make_conda(tmp_path, "greeter", {"lib/python3.11/site-packages/greeter/__init__.py": b""}, [])
+    report = audit_target(pkg)
+    (finding,) = report.errors
+    assert finding.check == "packaging" and "no ELF" in finding.message
+    assert "Python code but no extension module" in finding.cause
+
+
+def test_pure_python_wheel_is_refused(tmp_path):
+    wheel = tmp_path / "flash_attn-2.8.3-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("flash_attn/__init__.py", "")
+        zf.writestr("flash_attn-2.8.3.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+    report = audit_target(wheel)
+    messages = [f.message for f in report.errors if f.check == "packaging"]
+    assert any("py3-none-any" in m for m in messages)
+
+
+def test_wheel_with_extension_passes(elfs, tmp_path):
+    wheel = tmp_path / "greeter-1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in _ext_payload(elfs).items():
+            zf.writestr(name.removeprefix("lib/python3.11/site-packages/"), data)
+        zf.writestr("greeter-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n")
+    assert audit_target(wheel, against=elfs["v1"]).ok
+
+
+def test_cli_exit_codes_and_json(elfs, tmp_path, capsys):
+    assert main(["audit", str(elfs["good"]), "--against", str(elfs["v1"])]) == 0
+    assert main(["audit", str(elfs["skew"]), "--against", str(elfs["v1"]), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "fail"
+    assert any(f["symbol"] == "greeter::added_in_v2(int)" for f in doc["findings"])
+    assert main(["audit", str(tmp_path / "missing.so")]) == 2
