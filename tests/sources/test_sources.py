@@ -1,0 +1,101 @@
+"""`extforge sources fetch/path` with real pip against a local sdist (no network)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from extforge import sources
+from extforge.cli import main
+
+SETUP_PY = "from setuptools import setup\nsetup(name='tinypkg', version='1.0', py_modules=[])\n"
+
+
+def _sdist(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "tinypkg-1.0.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in {
+            "tinypkg-1.0/setup.py": SETUP_PY,
+            "tinypkg-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _recipe(where: Path, sha256: str, url: str) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "recipe.yaml").write_text(
+        "schema_version: 1\n"
+        "package: {name: tinypkg, version: '1.0'}\n"
+        "source:\n  url:\n"
+        "    - file://${{ env.get('EXTFORGE_SOURCES', default='/nonexistent') }}/sha256/" + sha256 + "/tinypkg-1.0.tar.gz\n"
+        f"    - {url}\n"
+        f"  sha256: {sha256}\n"
+        "build: {noarch: generic, script: [echo]}\n"
+    )
+    return where
+
+
+@pytest.fixture()
+def sdist(tmp_path: Path, monkeypatch) -> Path:
+    path = _sdist(tmp_path / "index")
+    # Real pip, local find-links only: the test never needs the network.
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(path.parent))
+    return path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_fetch_with_pip_stores_by_sha256_and_path_finds_it(tmp_path: Path, sdist: Path, capsys) -> None:
+    recipe = _recipe(tmp_path / "recipe", _sha(sdist), "https://example.invalid/tinypkg-1.0.tar.gz")
+    dest = tmp_path / "shared" / "sources"
+    assert main(["sources", "fetch", str(recipe), "--dest", str(dest), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stored = dest / "sha256" / _sha(sdist) / "tinypkg-1.0.tar.gz"
+    assert out["how"] == "pip" and Path(out["path"]) == stored
+    assert stored.read_bytes() == sdist.read_bytes()
+    assert main(["sources", "path", str(recipe), "--dest", str(dest)]) == 0
+    assert capsys.readouterr().out.strip() == str(stored)
+    # A second fetch reuses the verified file.
+    assert sources.fetch(sources.read_spec(recipe), dest) == (stored, "cached")
+
+
+def test_wrong_hash_is_an_error_and_nothing_is_stored(tmp_path: Path, sdist: Path, capsys) -> None:
+    wrong = "0" * 64
+    recipe = _recipe(tmp_path / "recipe", wrong, "https://example.invalid/tinypkg-1.0.tar.gz")
+    dest = tmp_path / "store"
+    assert main(["sources", "fetch", str(recipe), "--dest", str(dest)]) == 2
+    err = capsys.readouterr().err
+    assert "sha256 mismatch" in err and _sha(sdist) in err and "nothing was stored" in err
+    assert [p for p in dest.rglob("*") if p.is_file()] == []
+    assert main(["sources", "path", str(recipe), "--dest", str(dest)]) == 2
+
+
+def test_falls_back_to_recipe_url_when_pip_cannot_get_it(tmp_path: Path, monkeypatch) -> None:
+    # Like flash-attn, whose setup.py imports torch: pip cannot prepare it; the recipe URL can.
+    elsewhere = _sdist(tmp_path / "elsewhere")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
+    recipe = _recipe(tmp_path / "recipe", _sha(elsewhere), elsewhere.as_uri())
+    path, how = sources.fetch(sources.read_spec(recipe), tmp_path / "store")
+    assert how == "url" and path.read_bytes() == elsewhere.read_bytes()
+
+
+def test_flash_attn_recipe_spec() -> None:
+    spec = sources.read_spec(Path(__file__).resolve().parents[2] / "recipe" / "flash-attn")
+    assert spec.pip_requirement == "flash-attn==2.8.3"
+    assert spec.filename == "flash_attn-2.8.3.tar.gz"
+    assert spec.sha256 == "1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d"
+    assert spec.urls[-1].startswith("https://")
