@@ -6,7 +6,7 @@ import pytest
 
 from extforge.errors import ExtforgeError
 from extforge.slurm.config import load, merge, parse_config
-from extforge.slurm.matrix import Variant, narrow, parse_overrides
+from extforge.slurm.matrix import Variant, narrow
 from extforge.slurm.nodes import build_node_type, parse_sinfo
 from extforge.slurm.script import BuildJob, JobFiles, render_build_script, sbatch_options
 from extforge.slurm.state import JobRecord, QueueEntry, classify, parse_sacct, parse_sbatch_parsable, parse_squeue
@@ -44,13 +44,11 @@ def test_config_rejects_unknown_keys_and_missing_explicit_file(tmp_path):
 
 
 def test_narrow_keeps_zip_partners_aligned():
-    values, _ = narrow({"python": ["3.11", "3.12"], "pytorch": ["2.13", "2.14"], "arch": ["90"]}, [["python", "pytorch"]], {"python": "3.12"})
-    assert values == {"python": ["3.12"], "pytorch": ["2.14"], "arch": ["90"]}
+    matrix = {"python": ["3.11", "3.12", "3.13"], "pytorch": ["2.13", "2.14", "2.15"], "arch": ["90"]}
+    values, _ = narrow(matrix, [["python", "pytorch"]], {"python": ["3.12", "3.13"], "arch": ["80"]})
+    assert values == {"python": ["3.12", "3.13"], "pytorch": ["2.14", "2.15"], "arch": ["80"]}
     with pytest.raises(ExtforgeError, match="not in the variant matrix"):
-        narrow({"python": ["3.11"], "pytorch": ["2.13"]}, [["python", "pytorch"]], {"python": "3.9"})
-    assert parse_overrides(["a=1", "b = 2"]) == {"a": "1", "b": "2"}
-    with pytest.raises(ExtforgeError):
-        parse_overrides(["novalue"])
+        narrow({"python": ["3.11"], "pytorch": ["2.13"]}, [["python", "pytorch"]], {"python": ["3.9"]})
 
 
 def test_variant_id_args_and_archs():
@@ -72,7 +70,8 @@ def test_sbatch_script_requests_resources_logs_and_publishes():
         "--cpus-per-task=16", "--mem=120G", "--time=00:40:00", "--partition=gpu", "--account=proj", "--constraint=h100",
     ]
     build = next(line for line in lines if " build " in line)
-    assert build.split() == [
+    assert build.endswith(" || rc=$?")
+    assert build.removesuffix(" || rc=$?").split() == [
         "/venv/bin/python", "-m", "extforge", "build", "/r/demo-ext", "--output-dir", f"/o/slurm/out/{VARIANT.id}",
         "--channel", "file:///mirror", "--variant-config", "/r/demo-ext/variants.yaml",
         "--variant", "'cuda_archs=80;90'", "--variant", "python=3.11",
@@ -91,11 +90,12 @@ def test_time_from_config_replaces_planner_time():
 
 
 def test_script_runs_under_bash_and_records_failure(tmp_path):
-    """The generated script itself: a failing build step leaves its exit status in the exit file."""
+    """The generated script itself: a failing build puts its build log tail in the job log and its exit status in the exit file."""
     import subprocess
 
     fake = tmp_path / "fake-extforge"
-    fake.write_text('#!/bin/sh\necho "fake $*"; [ "$1" = build ] && exit 7; exit 0\n')
+    # Like extforge build: rattler-build's output goes to a log under --output-dir ($4).
+    fake.write_text('#!/bin/sh\n[ "$1" = build ] && mkdir -p "$4/logs" && echo "nvcc: Killed" > "$4/logs/b.log" && exit 7\nexit 0\n')
     fake.chmod(0o755)
     j = job()
     j = BuildJob(**{**j.__dict__, "files": JobFiles.under(tmp_path, VARIANT.id), "extforge": (str(fake),)})
@@ -106,6 +106,7 @@ def test_script_runs_under_bash_and_records_failure(tmp_path):
     script.write_text(render_build_script(j, SlurmConfig()))
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 7
+    assert proc.stdout.splitlines()[-1] == "nvcc: Killed"
     assert (tmp_path / "exit" / f"{VARIANT.id}.exit").read_text().strip() == "7"
 
 

@@ -31,7 +31,6 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--time", help="job time limit, overriding the planner's estimate (sbatch syntax)")
     g.add_argument("--node-cores", type=int, help="cores of a build node (default: the partition's smallest node)")
     g.add_argument("--node-memory", help="memory of a build node, e.g. 128G (default: from sinfo)")
-    g.add_argument("--build-profile", dest="slurm_profile", metavar="NAME", help="planner profile for the resource request")
     g.add_argument("--shared-cache", metavar="DIR", help="cache root on the shared filesystem for every job")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch scripts instead of submitting them")
     g.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the jobs, then report")
@@ -52,7 +51,7 @@ def slurm_config(args: argparse.Namespace) -> SlurmConfig:
         "time": getattr(args, "time", None),
         "node_cores": getattr(args, "node_cores", None),
         "node_memory": getattr(args, "node_memory", None),
-        "profile": getattr(args, "slurm_profile", None),
+        "profile": getattr(args, "profile", None),
         "shared_cache": getattr(args, "shared_cache", None),
     }
     return load(args.slurm_config, flags)
@@ -60,7 +59,7 @@ def slurm_config(args: argparse.Namespace) -> SlurmConfig:
 
 def submit_build(args: argparse.Namespace) -> int:
     from ..ui import console, emit_json
-    from .matrix import parse_overrides
+    from ..build import parse_variant_overrides
     from .report import print_rows, status_rows
     from .submit import BuildRequest, submit_matrix, wait_for
 
@@ -75,8 +74,8 @@ def submit_build(args: argparse.Namespace) -> int:
         channels=tuple(args.channel or ()),
         publish_to=str(Path(args.publish_to).expanduser().resolve()) if "://" not in args.publish_to else args.publish_to,
         output_dir=Path(args.output_dir),
-        variant_configs=tuple(Path(p) for p in (getattr(args, "variant_config", None) or ())),
-        overrides=parse_overrides(getattr(args, "variant", None) or []),
+        variant_configs=tuple(args.variant_config),
+        overrides=parse_variant_overrides(args.variant),
         config=slurm_config(args),
     )
     result = submit_matrix(req, dry_run=args.dry_run)

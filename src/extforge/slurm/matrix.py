@@ -8,10 +8,6 @@ from pathlib import Path
 
 from ..errors import ExtforgeError
 
-# Files rattler-build itself picks up next to a recipe when none is named.
-DEFAULT_VARIANT_FILES = ("variants.yaml", "variant_config.yaml", "conda_build_config.yaml")
-
-
 @dataclass(frozen=True)
 class Variant:
     """One rendered variant: what a job builds and which package files prove it was published."""
@@ -42,56 +38,22 @@ class Variant:
         return None
 
 
-def recipe_file(path: Path) -> Path:
-    recipe = path / "recipe.yaml" if path.is_dir() else path
-    if not recipe.is_file():
-        raise ExtforgeError(
-            f"no recipe at {path}",
-            "expected a recipe directory with recipe.yaml, or the recipe file itself",
-            "pass the directory that holds recipe.yaml",
-        )
-    return recipe.resolve()
-
-
-def variant_files(recipe: Path, given: list[Path]) -> list[Path]:
-    """The variant files to use: those given, else the default one next to the recipe."""
-    if given:
-        missing = [str(p) for p in given if not p.is_file()]
-        if missing:
-            raise ExtforgeError(f"variant config not found: {', '.join(missing)}", "", "check the --variant-config path")
-        return [p.resolve() for p in given]
-    for name in DEFAULT_VARIANT_FILES:
-        if (recipe.parent / name).is_file():
-            return [(recipe.parent / name).resolve()]
-    return []
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ExtforgeError(f"bad --variant {pair!r}", "expected key=value", "e.g. --variant python=3.11")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def narrow(
-    values: dict[str, list], zip_keys: list[list[str]], overrides: dict[str, str]
+    values: dict[str, list], zip_keys: list[list[str]], overrides: dict[str, list[str]]
 ) -> tuple[dict[str, list], list[list[str]]]:
-    """Pin keys to one value each; a zipped key keeps its zip partners at the matching positions."""
+    """Restrict keys to the given values; a zipped key keeps its zip partners at the matching positions."""
     values = {k: list(v) for k, v in values.items()}
-    for key, value in overrides.items():
+    for key, wanted in overrides.items():
         group = next((g for g in zip_keys if key in g), None)
         if group is None or key not in values:
-            values[key] = [value]
+            values[key] = list(wanted)
             continue
-        keep = [i for i, v in enumerate(values[key]) if str(v) == value]
+        keep = [i for i, v in enumerate(values[key]) if str(v) in wanted]
         if not keep:
             raise ExtforgeError(
-                f"--variant {key}={value} is not in the variant matrix",
+                f"--variant {key}={','.join(wanted)} is not in the variant matrix",
                 f"{key} is zipped with {', '.join(k for k in group if k != key)} and takes only {values[key]}",
-                f"pick one of those values, or add {value} (with its zip partners) to the variant file",
+                "pick one of those values, or add it (with its zip partners) to the variant file",
             )
         for k in group:
             if k in values:
@@ -99,8 +61,12 @@ def narrow(
     return values, zip_keys
 
 
-def expand(recipe: Path, files: list[Path], overrides: dict[str, str]) -> list[Variant]:
-    """Render the recipe over its variant matrix; `overrides` narrow a key to one value."""
+def expand(recipe: Path, files: list[Path], overrides: dict[str, list[str]]) -> list[Variant]:
+    """Render the recipe over its variant matrix; `overrides` narrow a key to one value.
+
+    `files` must be what `extforge build` reads for the same recipe and channels
+    (extforge.build.variant_files), so each job builds exactly the variant expanded here.
+    """
     from rattler_build import Stage0Recipe, VariantConfig
 
     try:

@@ -41,10 +41,11 @@ class BuildJob:
     recipe: Path
     channels: tuple[str, ...]  # what the build solves against
     publish_to: str  # the channel the package goes to when it built and passed its audit
-    variant_files: tuple[Path, ...]
+    variant_files: tuple[Path, ...]  # given by the user; build finds the recipe's and channels' own
     files: JobFiles
     resources: tuple[str, ...]  # sbatch options from the planner, e.g. --cpus-per-task=16
     extforge: tuple[str, ...]  # argv prefix that runs extforge on a node
+    profile: str | None = None  # planner profile, passed on to `extforge build`
     env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
 
 
@@ -74,6 +75,8 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
     for f in job.variant_files:
         build += ["--variant-config", str(f)]
     build += v.build_args
+    if job.profile:
+        build += ["--profile", job.profile]
     outputs = " ".join(q(f"{job.files.output_dir}/{o}") for o in v.outputs)
     lines = [
         "#!/bin/bash",
@@ -89,7 +92,15 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
         *config.setup,
         # A retried variant must publish what this attempt built, not a stale file.
         "rm -f " + " ".join(q(f"{job.files.output_dir}/{o}{ext}") for o in v.outputs for ext in (".conda", ".tar.bz2")),
-        _cmd(build),
+        "rc=0",
+        _cmd(build) + " || rc=$?",
+        # extforge build keeps rattler-build's output in its own log: bring the end of it
+        # into the job log, where `extforge status` and explain look for the cause.
+        'if [ "$rc" -ne 0 ]; then',
+        f"  build_log=$(ls -t {q(str(job.files.output_dir))}/logs/*.log 2>/dev/null | head -n 1 || true)",
+        '  if [ -n "$build_log" ]; then echo "extforge: last lines of $build_log:"; tail -n 200 "$build_log"; fi',
+        '  exit "$rc"',
+        "fi",
         "published=0",
         f"for stem in {outputs}; do",
         '  for pkg in "$stem.conda" "$stem.tar.bz2"; do',

@@ -12,7 +12,7 @@ from .. import paths
 from ..errors import ExtforgeError
 from ..machine import Machine
 from .config import SlurmConfig
-from .matrix import Variant, expand, recipe_file, variant_files
+from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes
 from .script import BuildJob, JobFiles, render_build_script
 from .state import BuildState, JobRecord, VariantStatus, collect, load_state, now_iso, parse_sbatch_parsable, run_slurm, save_state
@@ -27,7 +27,7 @@ class BuildRequest:
     publish_to: str
     output_dir: Path
     variant_configs: tuple[Path, ...]
-    overrides: dict[str, str]
+    overrides: dict[str, list[str]]
     config: SlurmConfig
 
     @property
@@ -93,16 +93,17 @@ def extforge_argv(config: SlurmConfig) -> tuple[str, ...]:
     return tuple(shlex.split(config.extforge)) if config.extforge else (sys.executable, "-m", "extforge")
 
 
-def make_job(req: BuildRequest, variant: Variant, files: list[Path], machine: Machine) -> BuildJob:
+def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: Machine) -> BuildJob:
     return BuildJob(
         variant=variant,
         recipe=req.recipe.resolve(),
-        channels=req.channels,
+        channels=tuple(channels),
         publish_to=req.publish_to,
-        variant_files=tuple(files),
+        variant_files=tuple(p.resolve() for p in req.variant_configs),
         files=JobFiles.under(req.root.resolve(), variant.id),
         resources=planned_resources(machine, req.config.profile, variant.archs()),
         extforge=extforge_argv(req.config),
+        profile=req.config.profile,
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
     )
@@ -120,9 +121,12 @@ def sbatch(script: Path) -> str:
 
 def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     """Submit every variant that is neither published, in flight nor already built."""
-    recipe = recipe_file(req.recipe)
-    files = variant_files(recipe, list(req.variant_configs))
-    variants = expand(recipe, files, req.overrides)
+    from ..build import channel_url, find_recipe, variant_files
+
+    recipe = find_recipe(req.recipe).resolve()
+    channels = [channel_url(c) for c in req.channels]
+    # The same variant files `extforge build` will read on the node, so both render alike.
+    variants = expand(recipe, variant_files(recipe, channels, list(req.variant_configs)), req.overrides)
     state = load_state(req.root) or BuildState(str(recipe), req.publish_to)
     state.channel = req.publish_to
     known = {s.variant_id: s for s in collect(state, [v.id for v in variants if v.id in state.jobs])}
@@ -133,7 +137,7 @@ def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
         return result
     machine = node_type(req.config)
     for v in todo:
-        job = make_job(req, v, files, machine)
+        job = make_job(req, v, channels, machine)
         text = render_build_script(job, req.config)
         result.scripts[v.id] = text
         if dry_run:
