@@ -162,15 +162,24 @@ def from_wheels(wheel_dir: Path, python: str = sys.executable) -> MirrorInputs:
     return MirrorInputs(interp, best, f"the wheels in {wheel_dir}")
 
 
+def pip_wheel_dir(requirements: list[str]) -> Path:
+    key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
+    return paths.cache_root() / "mirror" / "wheels" / key
+
+
 def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInputs:
     """`pip download` the requirements (native tags) into a folder keyed by the request."""
-    key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
-    wheel_dir = paths.cache_root() / "mirror" / "wheels" / key
+    wheel_dir = pip_wheel_dir(requirements)
     wheel_dir.mkdir(parents=True, exist_ok=True)
+    complete = wheel_dir / ".complete"
     # Native tags only: an explicit --platform list missed wheels tagged only manylinux_2_25.
     cmd = [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheel_dir), *requirements]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
+    # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
+    # seconds, and a warm mirror should not. Deleting the folder asks pip again.
+    proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None
+    if proc is not None and proc.returncode == 0:
+        complete.touch()
+    if proc is not None and proc.returncode != 0:
         raise ExtforgeError(
             "pip could not download the wheels to mirror",
             (proc.stderr.strip().splitlines() or ["no output"])[-1],

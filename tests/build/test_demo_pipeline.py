@@ -1,0 +1,115 @@
+"""The foundation end to end: mirror → build demo-ext → solve + install with rattler → import.
+
+Also the bad inputs: a missing recipe, a variant the channel cannot satisfy, a mirror input
+without torch. Each must be one ExtforgeError paragraph (exit code 2 from the CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from extforge import paths
+from extforge.build import build_recipe
+from extforge.errors import ExtforgeError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _index_json(conda: Path) -> dict:
+    with zipfile.ZipFile(conda) as zf:
+        member = next(n for n in zf.namelist() if n.startswith("info-") and n.endswith(".tar.zst"))
+        raw = zstandard.ZstdDecompressor().stream_reader(zf.open(member))
+        with tarfile.open(fileobj=raw, mode="r|") as tf:
+            for entry in tf:
+                if entry.name == "info/index.json":
+                    return json.load(tf.extractfile(entry))
+    raise AssertionError(f"no info/index.json in {conda}")
+
+
+def _channel_record(channel: Path, name: str) -> dict:
+    data = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    return next(r for r in data["packages.conda"].values() if r["name"] == name)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_demo_package_pins_the_exact_pytorch_it_was_built_against(demo_package: Path, mirror_channel: Path):
+    index = _index_json(demo_package)
+    torch = _channel_record(mirror_channel, "pytorch")
+    assert re.fullmatch(r"cuda130_torch214_py311_h[0-9a-f]{7}_0", index["build"]), index["build"]
+    assert f"pytorch =={torch['version']} {torch['build']}" in index["depends"]
+    assert torch["build"].startswith("cuda130_py311_")
+    # The python pin comes from the mirrored python's run_exports, as with conda-forge's python_abi.
+    assert any(d.startswith("python_abi 3.11") for d in index["depends"])
+    assert oct(demo_package.stat().st_mode & 0o777) == "0o644"
+
+
+@pytest.mark.slow
+def test_demo_installs_from_the_channels_and_imports(demo_channel: Path, mirror_channel: Path, tmp_path: Path):
+    from rattler import BuildString, GenericVirtualPackage, PackageName, Version, install, solve
+
+    def vp(name: str, version: str) -> GenericVirtualPackage:
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
+
+    virtual = [vp("__unix", "0"), vp("__linux", "5.15"), vp("__glibc", "2.36"), vp("__cuda", "13.0")]
+    channels = [demo_channel.resolve().as_uri(), mirror_channel.resolve().as_uri()]
+    prefix = tmp_path / "env"
+
+    async def solve_install() -> list:
+        records = await solve(channels, ["demo-ext"], platforms=["linux-64", "noarch"], virtual_packages=virtual)
+        await install(records, target_prefix=prefix, cache_dir=paths.rattler_cache_dir(), show_progress=False)
+        return records
+
+    records = asyncio.run(solve_install())
+    assert {"demo-ext", "pytorch", "python"} <= {r.name.normalized for r in records}
+    out = subprocess.run(
+        [str(prefix / "bin" / "python"), "-c", "import demo_ext, torch; print(demo_ext.rms_norm.__doc__.split()[0], torch.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["RMSNorm", "2.14.1+cu130"]
+
+
+@pytest.mark.slow
+def test_a_variant_the_channel_cannot_satisfy_names_the_spec(mirror_channel: Path, tmp_path: Path):
+    with pytest.raises(ExtforgeError) as err:
+        build_recipe(
+            REPO / "recipe" / "demo-ext", [mirror_channel], tmp_path / "out", variants={"python": ["3.9"]}, test=False
+        )
+    assert "python 3.9" in err.value.what
+    assert "Failed to resolve" not in err.value.what
+    assert (tmp_path / "out" / "logs").is_dir()
+
+
+def test_missing_recipe_path_is_one_paragraph(tmp_path: Path):
+    proc = _cli("build", str(tmp_path / "no-such-recipe"), "--channel", str(tmp_path), "--output-dir", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "error: no recipe at" in proc.stderr and "fix:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_mirror_input_without_torch_says_what_to_do(tmp_path: Path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "tiny-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("tiny/__init__.py", "")
+        zf.writestr("tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n")
+        zf.writestr("tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+    proc = _cli("mirror", "--channel", str(tmp_path / "ch"), "--from-wheels", str(wheels), "--json")
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(proc.stdout)["error"].startswith("there is no torch in")
+    assert "install torch" in proc.stderr

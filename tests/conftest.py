@@ -1,0 +1,111 @@
+"""Session fixtures shared by every area's tests; expensive results are cached under cache_root().
+
+mirror_channel: the upstream channel mirrored from pip's torch 2.14.1+cu130 (content-addressed
+    cache: seconds when warm, ~10 min cold on 2 cores).
+demo_channel / demo_package: recipe/demo-ext built against it (reused while the recipe and the
+    mirror channel are unchanged).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from extforge import paths
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_RECIPE = REPO / "recipe" / "demo-ext"
+MIRROR_TORCH = "torch==2.14.1"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Several test sessions on one machine share these caches; one builds, the others wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fixtures_dir() -> Path:
+    return paths.cache_root() / "test-fixtures"
+
+
+@pytest.fixture(scope="session")
+def mirror_channel() -> Path:
+    """Path of the mirror channel (python, pytorch 2.14.1+cu130, compilers) built from pip's wheels."""
+    from extforge import mirror
+
+    channel = _fixtures_dir() / "mirror-channel"
+    with _locked(_fixtures_dir() / "mirror.lock"):
+        inputs = mirror.from_pip(mirror.pip_requirements(MIRROR_TORCH, []))
+        mirror.build_mirror(channel, inputs)
+    return channel
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def demo_channel(mirror_channel: Path) -> Path:
+    """Channel folder holding demo-ext built (tests run, audited) against `mirror_channel`."""
+    from extforge.build import build_recipe
+
+    key = hashlib.sha256(
+        (_tree_digest(DEMO_RECIPE) + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
+    ).hexdigest()[:16]
+    out = _fixtures_dir() / "demo-ext" / key
+    with _locked(_fixtures_dir() / "demo-ext.lock"):
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            build_recipe(DEMO_RECIPE, [mirror_channel], out)
+            (out / ".complete").touch()
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_package(demo_channel: Path) -> Path:
+    """Path of the built demo-ext .conda."""
+    (pkg,) = sorted((demo_channel / "linux-64").glob("demo-ext-*.conda"))
+    return pkg
+
+
+def _distro_python() -> str | None:
+    """A Debian-style /usr/bin python of our minor (stdlib in /usr/lib/python3.X, dist-packages)."""
+    short = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    candidate = Path(f"/usr/bin/python{short}")
+    return str(candidate) if candidate.exists() and Path(f"/usr/lib/python{short}/os.py").exists() else None
+
+
+@pytest.fixture(scope="session")
+def distro_torch_venv(mirror_channel: Path) -> Path:
+    """A venv on the distro python holding torch 2.14.1 (without its nvidia wheels, to stay lean)."""
+    from extforge import mirror
+
+    base = _distro_python()
+    if not base:
+        pytest.skip("no distribution python of this minor with its stdlib in /usr/lib")
+    venv = paths.cache_root() / "test-fixtures" / "distro-torch-venv"
+    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
+    with _locked(venv.parent / "distro-torch-venv.lock"):
+        if not (venv / ".complete").exists():
+            subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
+            subprocess.run([*pip, "--no-deps", MIRROR_TORCH, "packaging", "filelock"], check=True)
+            (venv / ".complete").touch()
+    return venv
