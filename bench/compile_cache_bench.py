@@ -1,0 +1,167 @@
+"""Cold vs warm compile of a small torch CUDA extension through extforge.compile_cache.
+
+Builds the same extension (one .cpp binding + one .cu kernel, torch's ninja build) twice, in two
+different directories, sharing one empty compile cache: the first build fills it (cold), the
+second (warm) shows what a rebuild of a variant in a fresh rattler-build work dir gets back.
+The compiler wiring is the one recipe/flash-attn/build.sh does: PYTORCH_NVCC = launcher + nvcc,
+CXX = a wrapper script, plus LDFLAGS with -Wl,--no-undefined and libpython, checked to reach
+the link line.
+
+    python bench/compile_cache_bench.py --python /path/to/env-with-torch/bin/python [--tool ccache]
+
+Appends a dated section to docs/benchmarks.md unless --no-record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from extforge import compile_cache  # noqa: E402
+from extforge.machine import detect  # noqa: E402
+
+KERNEL = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+__global__ void axpy_kernel(float a, const float* x, float* y, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+void axpy_cuda(double a, const at::Tensor& x, at::Tensor& y) {
+  int64_t n = x.numel();
+  axpy_kernel<<<(n + 255) / 256, 256>>>((float)a, x.data_ptr<float>(), y.data_ptr<float>(), n);
+}
+"""
+BINDING = r"""
+#include <torch/extension.h>
+void axpy_cuda(double a, const at::Tensor& x, at::Tensor& y);
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("axpy", &axpy_cuda); }
+"""
+SETUP = r"""
+import glob, os
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+import nvidia
+# torch's pip wheels ship the CUDA headers that a bare toolkit may lack (cublas, cusparse).
+extra = [p for p in glob.glob(os.path.join(os.path.dirname(nvidia.__path__[0] + "/"), "cu*", "include"))]
+setup(name="axpy_ext", ext_modules=[CUDAExtension("axpy_ext", ["binding.cpp", "kernel.cu"],
+      include_dirs=extra, extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O2", "-gencode", "arch=compute_90,code=sm_90"]})],
+      cmdclass={"build_ext": BuildExtension})
+"""
+
+
+def _write_ext(where: Path) -> None:
+    where.mkdir(parents=True)
+    (where / "kernel.cu").write_text(KERNEL)
+    (where / "binding.cpp").write_text(BINDING)
+    (where / "setup.py").write_text(SETUP)
+
+
+def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path) -> dict[str, str]:
+    env = dict(os.environ) | cache_env
+    launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
+    real_cxx = shutil.which(env.get("CXX", "g++"))
+    wrap_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = wrap_dir / Path(real_cxx).name
+    wrapper.write_text(f'#!/bin/sh\nexec {launcher} {real_cxx} "$@"\n')
+    wrapper.chmod(0o755)
+    cuda_home = env.get("CUDA_HOME", "/usr/local/cuda")
+    libdir, soname = subprocess.check_output(
+        [python, "-c", "import sysconfig as s; print(s.get_config_var('LIBDIR'), s.get_config_var('INSTSONAME'))"],
+        text=True,
+    ).split()
+    env |= {
+        "CXX": str(wrapper),
+        "PYTORCH_NVCC": f"{launcher} {cuda_home}/bin/nvcc",
+        "TORCH_NO_COMPILER_WRAPPER": "1",
+        "MAX_JOBS": "2",
+        "LDFLAGS": f"-Wl,--no-undefined -L{libdir} -Wl,--push-state,--no-as-needed -l:{soname} -Wl,--pop-state",
+    }
+    if Path(launcher).name.startswith("sccache"):
+        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+    return env
+
+
+def _stats(launcher: str, env: dict[str, str]) -> dict[str, int]:
+    if Path(launcher).name.startswith("ccache"):
+        text = subprocess.check_output([launcher, "--print-stats"], env=env, text=True)
+        values = dict(line.split("\t") for line in text.splitlines() if "\t" in line)
+        hits = int(values.get("direct_cache_hit", 0)) + int(values.get("preprocessed_cache_hit", 0))
+        return {"hits": hits, "misses": int(values.get("cache_miss", 0))}
+    stats = json.loads(subprocess.check_output([launcher, "--show-stats", "--stats-format=json"], env=env, text=True))
+    return {"hits": sum(stats["stats"]["cache_hits"]["counts"].values()),
+            "misses": sum(stats["stats"]["cache_misses"]["counts"].values())}
+
+
+def _build(python: str, src: Path, env: dict[str, str]) -> tuple[float, str]:
+    start = time.monotonic()
+    proc = subprocess.run([python, "setup.py", "build_ext", "--inplace", "-v"], cwd=src, env=env,
+                          capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"build in {src} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return seconds, proc.stdout + proc.stderr
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", required=True, help="python of an environment with torch (CUDA build)")
+    ap.add_argument("--tool", choices=compile_cache.TOOLS, default=None)
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="extforge-ccbench-") as tmp:
+        root = Path(tmp)
+        cache_env = compile_cache.env(args.tool, cache_dir=root / "cache")
+        launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
+        results = []
+        for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "nested" / "ext")):
+            _write_ext(where)
+            env = _build_env(args.python, cache_env, where / ".bin")
+            before = _stats(launcher, env)
+            seconds, log = _build(args.python, where, env)
+            after = _stats(launcher, env)
+            link_ok = "-Wl,--no-undefined" in log
+            results.append({"run": label, "seconds": round(seconds, 1),
+                            "hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"],
+                            "no_undefined_on_link_line": link_ok})
+            print(json.dumps(results[-1]))
+            if not link_ok:
+                sys.exit("LDFLAGS did not reach the link line")
+
+    torch_version = subprocess.check_output([args.python, "-c", "import torch; print(torch.__version__)"], text=True).strip()
+    machine = detect()
+    if not args.no_record:
+        tool = Path(launcher).name
+        version = subprocess.check_output([launcher, "--version"], text=True).splitlines()[0]
+        lines = [
+            f"\n## Compile cache, cold vs warm ({dt.date.today().isoformat()})\n",
+            f"Machine: {machine.cores} cores, {machine.memory_gib:.0f} GiB, {platform.machine()}, no GPU; "
+            f"{version}; torch {torch_version}; nvcc from CUDA_HOME; MAX_JOBS=2.\n",
+            "A torch CUDAExtension with 2 translation units (one .cpp pybind binding including "
+            "torch/extension.h, one .cu kernel for sm_90), built with `setup.py build_ext` through "
+            f"`extforge.compile_cache.env()` ({tool}, base_dir /) twice, in two different directories "
+            "sharing one cache: `bench/compile_cache_bench.py`.\n",
+            "| run | wall s | cache hits | misses |",
+            "|---|---|---|---|",
+            *[f"| {r['run']} | {r['seconds']} | {r['hits']} | {r['misses']} |" for r in results],
+            "",
+        ]
+        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        with path.open("a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""`extforge plan`: MAX_JOBS / NVCC_THREADS that fit this machine (or a named node) and a Slurm request."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+from ..errors import EXIT_OK, ExtforgeError
+from ..ui import console, emit_json
+
+HELP = "choose MAX_JOBS/NVCC_THREADS that cannot OOM, predict the build time, print a Slurm request"
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_memory(text: str) -> int:
+    """'128G', '64GiB', '512M', '2T' or plain bytes → bytes (powers of 1024, like Slurm)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ExtforgeError(f"cannot read memory size '{text}'", fix="write it like 128G, 64GiB or 512M")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cores", type=int, help="plan for this many cores instead of this machine's")
+    parser.add_argument("--memory", type=parse_memory, help="plan for this much memory, e.g. 128G")
+    parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
+    parser.add_argument("--archs", default="80,90", help="GPU archs, comma separated (default 80,90)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..machine import detect
+    from ..plan import plan_build, slurm_request
+
+    machine = detect()
+    if args.cores:
+        machine = dataclasses.replace(machine, cores=args.cores, cores_source="--cores")
+    if args.memory:
+        machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
+    archs = tuple(a.strip() for a in re.split(r"[,;]", args.archs) if a.strip())
+    plan = plan_build(machine, args.profile, archs)
+    slurm = slurm_request(plan)
+    if args.json:
+        emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
+                   "slurm": dataclasses.asdict(slurm) | {"sbatch_args": slurm.sbatch_args()}})
+        return EXIT_OK
+    gib = 1024**3
+    console.print(
+        f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
+        f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
+        f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
+        f"  expected wall time ~{plan.expected_wall_seconds // 60} min {plan.expected_wall_seconds % 60} s\n"
+        f"  sbatch {' '.join(slurm.sbatch_args())}",
+        markup=False,
+    )
+    if args.verbose:
+        for reason in plan.reasons:
+            console.print(f"  - {reason}", markup=False)
+    return EXIT_OK

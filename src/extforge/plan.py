@@ -1,0 +1,144 @@
+"""Resource planner: MAX_JOBS and NVCC_THREADS that cannot run a build out of memory.
+
+nvcc on flash-attn's kernels peaks at ~4.3 GB per job; torch's default MAX_JOBS is the core
+count, which on a 16-core/64 GB node means an OOM kill halfway through a 20-minute build.
+The planner picks, among the settings whose predicted peak fits the memory limit (minus
+headroom for the final link and the OS), the fastest; ties go to the lower peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+
+from ruamel.yaml import YAML
+
+from .errors import ExtforgeError
+from .machine import GIB, Machine
+
+DEFAULT_ARCHS: tuple[str, ...] = ("80", "90")
+
+
+@dataclass(frozen=True)
+class BuildProfile:
+    name: str
+    translation_units: int
+    per_job_peak_gib: float
+    per_extra_thread_gib: float
+    seconds_per_unit_arch: float
+    link_seconds: float
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    profile: str
+    archs: tuple[str, ...]
+    cores: int
+    max_jobs: int
+    nvcc_threads: int
+    predicted_peak_bytes: int
+    memory_limit_bytes: int
+    expected_wall_seconds: int
+    reasons: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    cpus_per_task: int
+    mem: str  # sbatch syntax, e.g. "80G"
+    time: str  # HH:MM:SS
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--cpus-per-task={self.cpus_per_task}", f"--mem={self.mem}", f"--time={self.time}"]
+
+
+def load_profiles() -> dict[str, BuildProfile]:
+    text = resources.files("extforge").joinpath("data/build-profiles.yaml").read_text()
+    data = YAML(typ="safe").load(text)
+    return {
+        name: BuildProfile(
+            name=name,
+            translation_units=int(d["translation_units"]),
+            per_job_peak_gib=float(d["per_job_peak_gib"]),
+            per_extra_thread_gib=float(d["per_extra_thread_gib"]),
+            seconds_per_unit_arch=float(d["seconds_per_unit_arch"]),
+            link_seconds=float(d["link_seconds"]),
+        )
+        for name, d in data.items()
+    }
+
+
+def headroom_bytes(memory_bytes: int) -> int:
+    """Kept free for the final link of a 200+ MB .so, the OS and page cache."""
+    return max(4 * GIB, memory_bytes // 10)
+
+
+def job_peak_bytes(profile: BuildProfile, threads: int, n_archs: int) -> int:
+    extra = max(0, min(threads, n_archs) - 1)
+    return int((profile.per_job_peak_gib + extra * profile.per_extra_thread_gib) * GIB)
+
+
+def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, cores: int) -> float:
+    busy_threads = min(threads, n_archs)
+    cpu_seconds = profile.translation_units * profile.seconds_per_unit_arch * n_archs
+    parallel = min(cores, min(jobs, profile.translation_units) * busy_threads)
+    # One unit cannot finish faster than its own archs split over its threads.
+    critical = profile.seconds_per_unit_arch * n_archs / busy_threads
+    return max(cpu_seconds / parallel, critical) + profile.link_seconds
+
+
+def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS) -> BuildPlan:
+    profiles = load_profiles()
+    if profile not in profiles:
+        raise ExtforgeError(f"no build profile '{profile}'", f"known: {', '.join(sorted(profiles))}",
+                            "add measured numbers to extforge/data/build-profiles.yaml")
+    p = profiles[profile]
+    archs = tuple(archs) or DEFAULT_ARCHS
+    n_archs = len(archs)
+    limit = machine.memory_bytes - headroom_bytes(machine.memory_bytes)
+    candidates = []
+    for threads in range(1, n_archs + 1):
+        peak_one = job_peak_bytes(p, threads, n_archs)
+        max_jobs_memory = limit // peak_one
+        jobs = min(max_jobs_memory, max(1, machine.cores // threads), p.translation_units)
+        if jobs < 1:
+            continue
+        candidates.append((wall_seconds(p, jobs, threads, n_archs, machine.cores), jobs * peak_one, jobs, threads))
+    if not candidates:
+        need = job_peak_bytes(p, 1, n_archs) + headroom_bytes(machine.memory_bytes)
+        raise ExtforgeError(
+            f"{machine.memory_gib:.1f} GiB is not enough to build {profile} (one nvcc job needs "
+            f"~{p.per_job_peak_gib:.1f} GiB plus headroom)",
+            f"memory limit from {machine.memory_source}",
+            f"build on a node with at least {math.ceil(need / GIB)} GiB (extforge plan --memory ...)",
+        )
+    wall, peak, jobs, threads = min(candidates, key=lambda c: (round(c[0]), c[1]))
+    reasons = [
+        f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
+        f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
+        "headroom for the link and the OS",
+        f"one nvcc job peaks at ~{job_peak_bytes(p, threads, n_archs) / GIB:.1f} GiB "
+        f"({profile}, {n_archs} arch(s), {threads} nvcc thread(s))",
+        f"{p.translation_units} translation units x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s",
+    ]
+    if jobs * threads < machine.cores:
+        reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
+    return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons)
+
+
+def slurm_request(plan: BuildPlan) -> SlurmRequest:
+    """What to ask a scheduler for: the planned cores, 1.5x the time + 10 min, and memory such
+    that planning again inside the job's cgroup keeps the same settings (peak + headroom)."""
+    peak = plan.predicted_peak_bytes
+    mem_gib = math.ceil(max(peak + 4 * GIB, peak / 0.9) / GIB)
+    seconds = int(plan.expected_wall_seconds * 1.5) + 600
+    h, rest = divmod(seconds, 3600)
+    return SlurmRequest(
+        cpus_per_task=plan.max_jobs * plan.nvcc_threads,
+        mem=f"{mem_gib}G",
+        time=f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}",
+    )

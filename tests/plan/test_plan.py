@@ -1,0 +1,81 @@
+"""extforge.plan: settings that fit memory, calibrated on the measured H100 build."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extforge.cli import main
+from extforge.commands.plan import parse_memory
+from extforge.errors import ExtforgeError
+from extforge.machine import GIB, Machine
+from extforge.plan import load_profiles, plan_build, slurm_request
+
+
+def node(cores: int, gib: float) -> Machine:
+    return Machine(cores=cores, memory_bytes=int(gib * GIB), glibc="2.36", cores_source="test", memory_source="test")
+
+
+@pytest.mark.parametrize("cores,gib", [(16, 128), (2, 24), (16, 64), (64, 256), (8, 12), (128, 64)])
+@pytest.mark.parametrize("archs", [("90",), ("80", "90"), ("80", "90", "100", "120")])
+def test_predicted_peak_never_exceeds_limit(cores: int, gib: float, archs: tuple[str, ...]) -> None:
+    plan = plan_build(node(cores, gib), "flash-attn", archs)
+    assert plan.predicted_peak_bytes <= plan.memory_limit_bytes < gib * GIB
+    assert 1 <= plan.max_jobs and plan.max_jobs * plan.nvcc_threads <= cores
+    assert plan.env() == {"MAX_JOBS": str(plan.max_jobs), "NVCC_THREADS": str(plan.nvcc_threads)}
+
+
+def test_reproduces_the_measured_h100_build() -> None:
+    # Measured: MAX_JOBS=16, NVCC_THREADS=1, sm_90: 73 units, 1004 s, 68 GB peak.
+    plan = plan_build(node(16, 128), "flash-attn", ("90",))
+    assert (plan.max_jobs, plan.nvcc_threads) == (16, 1)
+    assert abs(plan.predicted_peak_bytes / 1e9 - 73) < 6  # 68 GB measured, model 68 GiB
+    assert abs(plan.expected_wall_seconds - 1004) < 60
+
+
+def test_memory_not_cores_limits_a_small_node() -> None:
+    plan = plan_build(node(16, 24), "flash-attn", ("90",))
+    assert plan.max_jobs < 16
+    assert any("memory, not cores" in r for r in plan.reasons)
+
+
+def test_more_archs_take_longer() -> None:
+    one = plan_build(node(16, 128), "flash-attn", ("90",))
+    two = plan_build(node(16, 128), "flash-attn", ("80", "90"))
+    assert two.expected_wall_seconds > 1.5 * one.expected_wall_seconds
+
+
+def test_too_little_memory_is_an_error() -> None:
+    with pytest.raises(ExtforgeError, match="not enough"):
+        plan_build(node(4, 6), "flash-attn", ("90",))
+
+
+def test_slurm_request_replans_to_the_same_settings() -> None:
+    plan = plan_build(node(16, 128), "flash-attn", ("90",))
+    req = slurm_request(plan)
+    assert req.sbatch_args() == ["--cpus-per-task=16", f"--mem={req.mem}", f"--time={req.time}"]
+    inside = plan_build(node(req.cpus_per_task, parse_memory(req.mem) / GIB), "flash-attn", ("90",))
+    assert (inside.max_jobs, inside.nvcc_threads) == (plan.max_jobs, plan.nvcc_threads)
+    h, m, s = map(int, req.time.split(":"))
+    assert h * 3600 + m * 60 + s > plan.expected_wall_seconds
+
+
+def test_profiles_cover_flash_attn_and_demo() -> None:
+    profiles = load_profiles()
+    assert profiles["flash-attn"].translation_units == 73
+    assert "demo-ext" in profiles
+
+
+@pytest.mark.parametrize("text,value", [("128G", 128 * GIB), ("64GiB", 64 * GIB), ("512M", 512 * 1024**2), ("1024", 1024)])
+def test_parse_memory(text: str, value: int) -> None:
+    assert parse_memory(text) == value
+
+
+def test_cli_json_for_both_reference_nodes(capsys) -> None:
+    for cores, mem in ((16, "128G"), (2, "24G")):
+        assert main(["plan", "--cores", str(cores), "--memory", mem, "--archs", "80,90", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["plan"]["predicted_peak_bytes"] <= out["plan"]["memory_limit_bytes"]
+        assert out["env"]["MAX_JOBS"] == str(out["plan"]["max_jobs"])
+        assert out["slurm"]["sbatch_args"][0] == f"--cpus-per-task={out['slurm']['cpus_per_task']}"
