@@ -77,6 +77,8 @@ def submit_build(args: argparse.Namespace) -> int:
         variant_configs=tuple(args.variant_config),
         overrides=parse_variant_overrides(args.variant),
         config=slurm_config(args),
+        no_test=args.no_test,
+        no_audit=args.no_audit,
     )
     result = submit_matrix(req, dry_run=args.dry_run)
     if args.dry_run:

@@ -46,6 +46,8 @@ class BuildJob:
     resources: tuple[str, ...]  # sbatch options from the planner, e.g. --cpus-per-task=16
     extforge: tuple[str, ...]  # argv prefix that runs extforge on a node
     profile: str | None = None  # planner profile, passed on to `extforge build`
+    build_flags: tuple[str, ...] = ()  # e.g. --no-test, passed on to `extforge build`
+    publish_flags: tuple[str, ...] = ()  # e.g. --no-audit, passed on to `extforge publish`
     env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
 
 
@@ -77,6 +79,7 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
     build += v.build_args
     if job.profile:
         build += ["--profile", job.profile]
+    build += job.build_flags
     outputs = " ".join(q(f"{job.files.output_dir}/{o}") for o in v.outputs)
     lines = [
         "#!/bin/bash",
@@ -93,19 +96,22 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
         # A retried variant must publish what this attempt built, not a stale file.
         "rm -f " + " ".join(q(f"{job.files.output_dir}/{o}{ext}") for o in v.outputs for ext in (".conda", ".tar.bz2")),
         "rc=0",
-        _cmd(build) + " || rc=$?",
+        'build_err=$(mktemp)',
+        _cmd(build) + ' 2> "$build_err" || rc=$?',
         # extforge build keeps rattler-build's output in its own log: bring the end of it
-        # into the job log, where `extforge status` and explain look for the cause.
+        # into the job log, then extforge's own error, so the log ends with the cause
+        # (what `extforge status` shows and explain reads).
         'if [ "$rc" -ne 0 ]; then',
         f"  build_log=$(ls -t {q(str(job.files.output_dir))}/logs/*.log 2>/dev/null | head -n 1 || true)",
         '  if [ -n "$build_log" ]; then echo "extforge: last lines of $build_log:"; tail -n 200 "$build_log"; fi',
-        '  exit "$rc"',
         "fi",
+        'cat "$build_err" >&2; rm -f "$build_err"',
+        'if [ "$rc" -ne 0 ]; then exit "$rc"; fi',
         "published=0",
         f"for stem in {outputs}; do",
         '  for pkg in "$stem.conda" "$stem.tar.bz2"; do',
         '    if [ -f "$pkg" ]; then',
-        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}",
+        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}{''.join(' ' + f for f in job.publish_flags)}",
         "      published=$((published + 1))",
         "    fi",
         "  done",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
 import time
@@ -29,6 +30,8 @@ class BuildRequest:
     variant_configs: tuple[Path, ...]
     overrides: dict[str, list[str]]
     config: SlurmConfig
+    no_test: bool = False
+    no_audit: bool = False  # skips the audit in the build and in the publish gate
 
     @property
     def root(self) -> Path:
@@ -43,18 +46,10 @@ class SubmitResult:
     scripts: dict[str, str] = field(default_factory=dict)  # variant id → script text
 
 
-def parse_memory(text: str) -> int:
-    """'128G', '512M', '1T' or bytes → bytes (the same spelling as `extforge plan --memory`)."""
-    units = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError as exc:
-        raise ExtforgeError(f"bad memory size {text!r}", "expected e.g. 128G or 512M", "fix node_memory / --node-memory") from exc
-
-
 def node_type(config: SlurmConfig) -> Machine:
     """The build node to plan for: configured, else the partition's smallest node."""
+    from ..commands.plan import parse_memory
+
     if config.node_cores and config.node_memory:
         return Machine(config.node_cores, parse_memory(config.node_memory), None, "slurm config", "slurm config")
     try:
@@ -74,18 +69,23 @@ def node_type(config: SlurmConfig) -> Machine:
     )
 
 
-def planned_resources(machine: Machine, profile: str | None, archs: list[str] | None) -> tuple[str, ...]:
+def profile_for(variant: Variant, configured: str | None) -> str:
+    """The planner profile: configured, else the one named like the package, else the planner's default."""
+    from ..plan import load_profiles, plan_build
+
+    if configured:
+        return configured
+    if variant.name in load_profiles():
+        return variant.name
+    return inspect.signature(plan_build).parameters["profile"].default
+
+
+def planned_resources(machine: Machine, profile: str, archs: list[str] | None) -> tuple[str, ...]:
     """sbatch resource options for one variant, exactly as `extforge plan` computes them."""
-    try:
-        from ..plan import plan_build, slurm_request
-    except ImportError as exc:
-        raise ExtforgeError("the build planner is unavailable", str(exc), "install a complete extforge") from exc
-    kwargs: dict = {}
-    if profile:
-        kwargs["profile"] = profile
-    if archs:
-        kwargs["archs"] = archs
-    return tuple(slurm_request(plan_build(machine, **kwargs)).sbatch_args())
+    from ..plan import plan_build, slurm_request
+
+    plan = plan_build(machine, profile, archs) if archs else plan_build(machine, profile)
+    return tuple(slurm_request(plan).sbatch_args())
 
 
 def extforge_argv(config: SlurmConfig) -> tuple[str, ...]:
@@ -94,6 +94,8 @@ def extforge_argv(config: SlurmConfig) -> tuple[str, ...]:
 
 
 def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: Machine) -> BuildJob:
+    # Named in the job too, so the planner inside the job's cgroup plans the same build.
+    profile = profile_for(variant, req.config.profile)
     return BuildJob(
         variant=variant,
         recipe=req.recipe.resolve(),
@@ -101,9 +103,11 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
         publish_to=req.publish_to,
         variant_files=tuple(p.resolve() for p in req.variant_configs),
         files=JobFiles.under(req.root.resolve(), variant.id),
-        resources=planned_resources(machine, req.config.profile, variant.archs()),
+        resources=planned_resources(machine, profile, variant.archs()),
         extforge=extforge_argv(req.config),
-        profile=req.config.profile,
+        profile=profile,
+        build_flags=(("--no-test",) if req.no_test else ()) + (("--no-audit",) if req.no_audit else ()),
+        publish_flags=("--no-audit",) if req.no_audit else (),
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
     )
