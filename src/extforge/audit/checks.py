@@ -68,8 +68,10 @@ def _expected_library(sym: Symbol, demangled: str) -> str | None:
 
 
 def classify(sym: Symbol, demangled: str, library: str | None, module_abi: bool | None,
-             target_abi: bool | None) -> str:
-    """'versioned', 'abi', 'torch_skew' or 'missing': the likely reason a symbol is unresolved."""
+             target_abi: bool | None, absent: set[str]) -> str:
+    """'absent', 'versioned', 'abi', 'torch_skew' or 'missing': the likely reason a symbol is unresolved."""
+    if library in absent:
+        return "absent"
     if sym.version:
         return "versioned"
     strings = uses_old_string(demangled) or "__cxx11" in demangled
@@ -84,11 +86,12 @@ def symbol_findings(ctx: Context, rel: str, resolution: Resolution, module_abi: 
                     target_abi: bool | None) -> list[Finding]:
     names = demangle_all(s.name for s in resolution.unresolved)
     texts = policy()
+    absent = {name for name, _by in resolution.missing}
     findings = []
     for sym in resolution.unresolved:
         demangled = names[sym.name]
         library = _expected_library(sym, demangled)
-        kind = classify(sym, demangled, library, module_abi, target_abi)
+        kind = classify(sym, demangled, library, module_abi, target_abi, absent)
         values = {"module_abi": _abi_int(module_abi), "target_abi": _abi_int(target_abi),
                   "target_abi_int": _abi_int(target_abi), "library": library or "its library",
                   "torch": ctx.env.torch or "unknown", "version": sym.version or ""}
