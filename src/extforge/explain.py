@@ -14,7 +14,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from .doctor.run import run_text
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "
@@ -111,27 +110,18 @@ class Context:
     plan: Callable[[], tuple[dict[str, Any] | None, str | None]] | None = None
 
 
-_NEW_ABI = re.compile(r"std::__cxx11::|\[abi:cxx11\]")
-_OLD_ABI = re.compile(r"std::(?:basic_string|string|wstring|list)\b")
 _TORCH_NS = re.compile(r"^(?:\w+ )?(c10|at|torch|caffe2)::")
 
 
-def demangle(symbol: str) -> str:
-    out = run_text(["c++filt", symbol], timeout=10)
-    return out.stdout.strip() if out and out.returncode == 0 and out.stdout.strip() else symbol
+def symbol_abi(mangled: str) -> bool | None:
+    """The std::string ABI a symbol was mangled under: True (CXX11), False (old), None (no std strings)."""
+    from .audit.abi import abi_evidence
 
-
-def symbol_abi(mangled: str, demangled: str) -> bool | None:
-    """The std::string ABI a symbol was mangled under: True (CXX11), False (old), None (no std types)."""
-    if "B5cxx11" in mangled or "__cxx11" in mangled or _NEW_ABI.search(demangled):
-        return True
-    if demangled != mangled and _OLD_ABI.search(demangled):
-        return False
-    return None
+    return abi_evidence([mangled]).cxx11_abi
 
 
 def classify_undefined_symbol(mangled: str, demangled: str, torch_abi: bool | None) -> dict[str, str]:
-    abi = symbol_abi(mangled, demangled)
+    abi = symbol_abi(mangled)
     ns = _TORCH_NS.match(demangled)
     values = {"namespace": f"{ns.group(1)}::" if ns else "non-torch"}
     if abi is not None and (torch_abi is None or torch_abi != abi):
@@ -155,6 +145,8 @@ def classify_undefined_symbol(mangled: str, demangled: str, torch_abi: bool | No
 
 
 def _undefined_symbol(values: dict[str, str], ctx: Context) -> dict[str, str]:
+    from .audit.demangle import demangle
+
     mangled = values["symbol"]
     demangled = demangle(mangled)
     return {"demangled": demangled, "module": values.get("module") or "<the extension .so>"} | classify_undefined_symbol(

@@ -47,7 +47,10 @@ def _facts_lines(f: Facts) -> list[tuple[str, str]]:
             ("machine", f"glibc {f.glibc or '?'}, {f.cores} cores, {f.memory_bytes / GIB:.1f} GiB ({f.memory_source})")
         )
     if f.plan:
-        rows.append(("planner", " ".join(f"{k}={v}" for k, v in f.plan.items() if k.isupper())))
+        peak = f.plan.get("predicted_peak_bytes")
+        limit = f.plan.get("memory_limit_bytes")
+        fit = f" (predicted peak {peak / GIB:.1f} GiB of {limit / GIB:.1f} GiB allowed)" if peak and limit else ""
+        rows.append(("planner", " ".join(f"{k}={v}" for k, v in f.plan.items() if k.isupper()) + fit))
     if f.flash_attn:
         fa = f.flash_attn
         how = f"conda {fa.conda_build} from {fa.conda_channel}" if fa.installer == "conda" else fa.installer
