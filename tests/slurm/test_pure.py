@@ -70,8 +70,8 @@ def test_sbatch_script_requests_resources_logs_and_publishes():
         "--cpus-per-task=16", "--mem=120G", "--time=00:40:00", "--partition=gpu", "--account=proj", "--constraint=h100",
     ]
     build = next(line for line in lines if " build " in line)
-    assert build.endswith(" || rc=$?")
-    assert build.removesuffix(" || rc=$?").split() == [
+    assert build.endswith(' 2> "$build_err" || rc=$?')
+    assert build.removesuffix(' 2> "$build_err" || rc=$?').split() == [
         "/venv/bin/python", "-m", "extforge", "build", "/r/demo-ext", "--output-dir", f"/o/slurm/out/{VARIANT.id}",
         "--channel", "file:///mirror", "--variant-config", "/r/demo-ext/variants.yaml",
         "--variant", "'cuda_archs=80;90'", "--variant", "python=3.11",
@@ -106,7 +106,9 @@ def test_script_runs_under_bash_and_records_failure(tmp_path):
     script.write_text(render_build_script(j, SlurmConfig()))
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert proc.returncode == 7
-    assert proc.stdout.splitlines()[-1] == "nvcc: Killed"
+    from extforge.slurm.submit import split_job_log
+
+    assert split_job_log(proc.stdout)[0] == "nvcc: Killed\n"
     assert (tmp_path / "exit" / f"{VARIANT.id}.exit").read_text().strip() == "7"
 
 
@@ -149,3 +151,12 @@ def test_verify_rows_from_labelled_srun_output():
     rows = rows_from_run(["n1", "n2", "n3"], stdout, stderr)
     assert [(r.node, r.verdict) for r in rows] == [("n1", "pass"), ("n2", "fail"), ("n3", "error")]
     assert rows[1].reasons == ["admission: GPU arch", "  sm_80 not compiled in"]
+
+
+def test_job_log_split_into_build_output_and_error():
+    from extforge.slurm.script import BUILD_LOG_MARK, ERROR_MARK
+    from extforge.slurm.submit import split_job_log
+
+    log = f"start\n{BUILD_LOG_MARK} /o/logs/b.log:\ninfo: Killed\n{ERROR_MARK} 2:\nerror: building failed\n  why: long\n"
+    assert split_job_log(log) == ("info: Killed\n", "error: building failed\n  why: long")
+    assert split_job_log("plain\nlog\n") == ("plain\nlog\n", "")

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from ..ui import console
 from .state import VariantStatus
-from .submit import diagnose, read_log, tail
+from .submit import diagnose, read_log, split_job_log, tail
 
 STYLE = {"published": "green", "built": "yellow", "pending": "cyan", "running": "cyan", "failed": "red", "lost": "red"}
 
@@ -18,7 +18,9 @@ def status_rows(statuses: list[VariantStatus]) -> list[dict]:
         row = {"variant": s.variant_id, "state": s.state, "job_id": s.job_id, "detail": s.detail, "log": s.log}
         if s.state in {"failed", "lost"}:
             text = read_log(s.log)
-            row["log_tail"] = tail(text)
+            build_output, error = split_job_log(text)
+            row["log_tail"] = tail(build_output)
+            row["error"] = error
             row["diagnosis"] = diagnose(text)
         rows.append(row)
     return rows
@@ -37,6 +39,8 @@ def print_rows(rows: list[dict]) -> None:
             continue
         console.print(f"\n[red]✗ {r['variant']}[/red] (job {r['job_id']}, log {r['log']}):", highlight=False)
         console.print(r["log_tail"] or "(log is empty)", markup=False)
+        if r["error"]:
+            console.print(r["error"], markup=False)
         diagnosis = r["diagnosis"] or {}
         for d in diagnosis.get("diagnoses", []):
             console.print(f"[bold]diagnosis {d['id']}:[/bold] {d['title']}")

@@ -15,6 +15,11 @@ from .. import __version__
 from .config import SlurmConfig
 from .matrix import Variant
 
+# Lines the job writes into its log so a reader can split it into the build's own output
+# and extforge's error paragraph.
+BUILD_LOG_MARK = "extforge: last lines of the build log"
+ERROR_MARK = "extforge: build failed with exit code"
+
 
 @dataclass(frozen=True)
 class JobFiles:
@@ -103,7 +108,8 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
         # (what `extforge status` shows and explain reads).
         'if [ "$rc" -ne 0 ]; then',
         f"  build_log=$(ls -t {q(str(job.files.output_dir))}/logs/*.log 2>/dev/null | head -n 1 || true)",
-        '  if [ -n "$build_log" ]; then echo "extforge: last lines of $build_log:"; tail -n 200 "$build_log"; fi',
+        f'  if [ -n "$build_log" ]; then echo "{BUILD_LOG_MARK} $build_log:"; tail -n 200 "$build_log"; fi',
+        f'  echo "{ERROR_MARK} $rc:"',
         "fi",
         'cat "$build_err" >&2; rm -f "$build_err"',
         'if [ "$rc" -ne 0 ]; then exit "$rc"; fi',

@@ -15,7 +15,7 @@ from ..machine import Machine
 from .config import SlurmConfig
 from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes
-from .script import BuildJob, JobFiles, render_build_script
+from .script import BUILD_LOG_MARK, ERROR_MARK, BuildJob, JobFiles, render_build_script
 from .state import BuildState, JobRecord, VariantStatus, collect, load_state, now_iso, parse_sbatch_parsable, run_slurm, save_state
 
 LOG_TAIL_LINES = 25
@@ -185,6 +185,21 @@ def read_log(path: str | None, limit: int = 256 * 1024) -> str:
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+def split_job_log(text: str) -> tuple[str, str]:
+    """A job log → (the build's own output, extforge's error paragraph); ('', '') parts when unmarked.
+
+    A failed build's error paragraph (paths, rich's line wrapping) can fill a whole tail;
+    the lines that show the cause sit in the build log copied above it.
+    """
+    head, mark, rest = text.partition(BUILD_LOG_MARK)
+    if not mark:
+        return text, ""
+    build, mark, error = rest.partition(ERROR_MARK)
+    build = build.split("\n", 1)[1] if "\n" in build else ""
+    error = error.split("\n", 1)[1] if "\n" in error else ""
+    return build, error.strip()
 
 
 def diagnose(log_text: str) -> dict | None:
