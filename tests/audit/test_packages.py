@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -134,3 +135,20 @@ def test_cli_exit_codes_and_json(elfs, tmp_path, capsys):
     assert doc["verdict"] == "fail"
     assert any(f["symbol"] == "greeter::added_in_v2(int)" for f in doc["findings"])
     assert main(["audit", str(tmp_path / "missing.so")]) == 2
+
+
+def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monkeypatch):
+    from rattler.index import index_fs
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    channel = tmp_path / "channel"
+    (channel / "linux-64").mkdir(parents=True)
+    (channel / "noarch").mkdir()
+    # A stand-in "pytorch" whose lib/ holds the library the extension links against.
+    make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
+    asyncio.run(index_fs(channel))
+    pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"])
+    report = audit_target(pkg, channel=channel.as_uri())
+    assert report.ok, report.render()
+    assert report.against and "audit-targets" in report.against
+    assert (Path(report.against) / "lib" / "libtarget.so").is_file()
