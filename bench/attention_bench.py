@@ -1,0 +1,290 @@
+"""Speed of flash-attn's flash_attn_func against torch SDPA on one GPU, in TFLOP/s.
+
+Run with the python of the environment under test (an installed prefix), on a GPU node:
+
+    python bench/attention_bench.py [--reps 100] [--out results.json] [--write-docs]
+
+For each case (bf16, batch 4, seq 4096, hidden 2048 as heads x head dim; causal and not, head
+dim 128 and 64) it times the forward and forward+backward of both implementations in the same
+process: CUDA events around every call, after a warm-up, median of --reps calls; inputs require
+grad in both modes, as in flash-attn's benchmarks. FLOPs are
+counted as flash-attn's own benchmarks count them: 4*b*s*s*h*d for the forward, halved when
+causal; the backward is 2.5x the forward. SDPA gets its own (batch, heads, seq, dim) contiguous
+copies, so no layout conversion is timed.
+
+The packaging claim is judged on the reference case (causal, head dim 128): the ratio of
+flash-attn's forward TFLOP/s to SDPA's must be within 3% of the ratio a plain
+`setup.py bdist_wheel` build of the same flash-attn source reached on an H100: 312 / 531.
+
+Prints a table on stdout; writes JSON to --out (default: $EXTFORGE_BENCH_OUT, if set);
+--write-docs appends a dated section to docs/benchmarks.md. Exit code: 0 ratio within 3%,
+1 outside it, 2 could not run (no CUDA device or no flash_attn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import append_section  # noqa: E402
+
+OUT_ENV = "EXTFORGE_BENCH_OUT"
+# flash-attn 2.8.3 built with plain `setup.py bdist_wheel` vs torch SDPA, on an H100 80GB with
+# torch 2.11.0+cu130: bf16 causal forward, batch 4, seq 4096, 16 heads, head dim 128.
+REFERENCE_FLASH_TFLOPS, REFERENCE_SDPA_TFLOPS = 312.0, 531.0
+REFERENCE_RATIO = REFERENCE_FLASH_TFLOPS / REFERENCE_SDPA_TFLOPS
+RATIO_TOLERANCE = 0.03
+IMPLS = ("flash_attn", "sdpa")
+MODES = ("fwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen: int
+    nheads: int
+    headdim: int
+    causal: bool
+    dtype: str = "bfloat16"
+
+    @property
+    def label(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"{self.dtype} {mask} b{self.batch} s{self.seqlen} h{self.nheads} d{self.headdim}"
+
+
+REFERENCE_CASE = Case(batch=4, seqlen=4096, nheads=16, headdim=128, causal=True)
+CASES = (
+    REFERENCE_CASE,
+    Case(batch=4, seqlen=4096, nheads=16, headdim=128, causal=False),
+    Case(batch=4, seqlen=4096, nheads=32, headdim=64, causal=True),
+    Case(batch=4, seqlen=4096, nheads=32, headdim=64, causal=False),
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    case: Case
+    impl: str
+    mode: str
+    median_ms: float
+    tflops: float
+
+
+def attention_flops(case: Case, mode: str) -> float:
+    forward = 4 * case.batch * case.seqlen**2 * case.nheads * case.headdim / (2 if case.causal else 1)
+    return forward * {"fwd": 1.0, "fwd_bwd": 3.5}[mode]
+
+
+def tflops(case: Case, mode: str, median_ms: float) -> float:
+    return attention_flops(case, mode) / (median_ms * 1e-3) / 1e12
+
+
+def find(timings: list[Timing], case: Case, impl: str, mode: str) -> Timing:
+    return next(t for t in timings if (t.case, t.impl, t.mode) == (case, impl, mode))
+
+
+def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
+    """flash-attn/SDPA forward ratio of the reference case, against the plain build's."""
+    flash = find(timings, REFERENCE_CASE, "flash_attn", "fwd").tflops
+    sdpa = find(timings, REFERENCE_CASE, "sdpa", "fwd").tflops
+    ratio = flash / sdpa
+    return {
+        "case": REFERENCE_CASE.label,
+        "flash_attn_tflops": flash,
+        "sdpa_tflops": sdpa,
+        "ratio": ratio,
+        "reference_ratio": REFERENCE_RATIO,
+        "reference": f"{REFERENCE_FLASH_TFLOPS:g} / {REFERENCE_SDPA_TFLOPS:g} TFLOP/s (plain setup.py build)",
+        "within_tolerance": abs(ratio / REFERENCE_RATIO - 1) <= RATIO_TOLERANCE,
+        "tolerance": RATIO_TOLERANCE,
+    }
+
+
+def table_rows(timings: list[Timing]) -> list[list[str]]:
+    """One row per case and mode: both speeds and their ratio."""
+    rows = []
+    for case in dict.fromkeys(t.case for t in timings):
+        for mode in MODES:
+            flash, sdpa = (find(timings, case, impl, mode) for impl in IMPLS)
+            rows.append(
+                [case.label, mode, f"{flash.tflops:.0f}", f"{sdpa.tflops:.0f}",
+                 f"{flash.tflops / sdpa.tflops:.3f}", f"{flash.median_ms:.3f}", f"{sdpa.median_ms:.3f}"]
+            )
+    return rows
+
+
+HEADER = ["case", "mode", "flash-attn TFLOP/s", "SDPA TFLOP/s", "ratio", "flash-attn ms", "SDPA ms"]
+
+
+def render_text(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [HEADER, *rows])
+
+
+def render_docs(report: dict[str, Any]) -> list[str]:
+    """The dated section for docs/benchmarks.md."""
+    env, verdict = report["environment"], report["verdict"]
+    lines = [
+        f"## Attention speed: flash-attn vs torch SDPA ({report['date']})",
+        "",
+        f"Machine: {env['gpu']}, {env['cpu_count']} CPU cores; torch {env['torch']} (CUDA {env['cuda']}), "
+        f"flash-attn {env['flash_attn']} from `{env['flash_attn_path']}`. `bench/attention_bench.py`: "
+        f"CUDA events, median of {report['reps']} calls after warm-up; FLOPs counted as flash-attn's "
+        "benchmarks do (4·b·s²·h·d forward, /2 causal, backward 2.5x forward). "
+        f"SDPA kernels: {', '.join(env['sdpa_kernels']) or 'unknown'}.",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+        *("| " + " | ".join(row) + " |" for row in report["table"]),
+        "",
+        f"Reference case ({verdict['case']}, forward): flash-attn {verdict['flash_attn_tflops']:.0f} / "
+        f"SDPA {verdict['sdpa_tflops']:.0f} TFLOP/s = ratio {verdict['ratio']:.3f}; a plain setup.py build "
+        f"reached {verdict['reference_ratio']:.3f} ({verdict['reference']}): "
+        + ("within" if verdict["within_tolerance"] else "NOT within")
+        + f" {verdict['tolerance']:.0%}.",
+    ]
+    return lines
+
+
+def _time_ms(fn, *, reps: int, warmup: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def _inputs(case: Case):
+    """q, k, v in flash-attn's (b, s, h, d) layout and SDPA's (b, h, s, d) copies of them."""
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    shape = (case.batch, case.seqlen, case.nheads, case.headdim)
+    bshd = [torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3)]
+    bhsd = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in bshd]
+    return bshd, bhsd
+
+
+def measure(case: Case, *, reps: int = 100, warmup: int = 20) -> list[Timing]:
+    """Forward and forward+backward timings of flash_attn_func and SDPA for one case."""
+    import torch
+    import torch.nn.functional as F
+    from flash_attn import flash_attn_func
+
+    bshd, bhsd = _inputs(case)
+    calls = {
+        "flash_attn": lambda: flash_attn_func(*bshd, causal=case.causal),
+        "sdpa": lambda: F.scaled_dot_product_attention(*bhsd, is_causal=case.causal),
+    }
+    leaves = {"flash_attn": bshd, "sdpa": bhsd}
+    timings = []
+    for impl, call in calls.items():
+        grad = torch.randn_like(call())
+
+        def fwd_bwd(call=call, impl=impl, grad=grad):
+            torch.autograd.grad(call(), leaves[impl], grad)
+
+        fwd_ms = _time_ms(call, reps=reps, warmup=warmup)
+        fwd_bwd_ms = _time_ms(fwd_bwd, reps=reps, warmup=warmup)
+        timings.append(Timing(case, impl, "fwd", fwd_ms, tflops(case, "fwd", fwd_ms)))
+        timings.append(Timing(case, impl, "fwd_bwd", fwd_bwd_ms, tflops(case, "fwd_bwd", fwd_bwd_ms)))
+    return timings
+
+
+def _sdpa_kernels(case: Case) -> list[str]:
+    """Names of the GPU kernels one SDPA forward launches (which backend torch picked)."""
+    import torch
+    import torch.nn.functional as F
+
+    _, bhsd = _inputs(case)
+    # Only a label for the report: a profiler that cannot trace here must not cost the timings.
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            F.scaled_dot_product_attention(*bhsd, is_causal=case.causal)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    except Exception as exc:  # noqa: BLE001
+        return [f"(profiler failed: {exc})"]
+    return [name[:80] for name in dict.fromkeys(names)]
+
+
+def _environment() -> dict[str, Any]:
+    import flash_attn
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "flash_attn": flash_attn.__version__,
+        "flash_attn_path": str(Path(flash_attn.__file__).parent),
+        "python": sys.executable,
+    }
+
+
+def run(*, reps: int) -> dict[str, Any]:
+    timings = [t for case in CASES for t in measure(case, reps=reps)]
+    env = _environment()
+    env["sdpa_kernels"] = _sdpa_kernels(REFERENCE_CASE)
+    return {
+        "date": dt.date.today().isoformat(),
+        "reps": reps,
+        "environment": env,
+        "timings": [{**asdict(t), "case": t.case.label} for t in timings],
+        "table": table_rows(timings),
+        "verdict": ratio_verdict(timings),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=100, help="timed calls per measurement (median)")
+    parser.add_argument("--out", type=Path, default=os.environ.get(OUT_ENV), help=f"JSON results (default ${OUT_ENV})")
+    parser.add_argument("--write-docs", action="store_true", help="append a dated section to docs/benchmarks.md")
+    args = parser.parse_args(argv)
+
+    try:
+        import flash_attn  # noqa: F401
+        import torch
+    except ImportError as exc:
+        print(f"error: cannot benchmark: {exc}. Run this with the python of the environment under test.", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"error: cannot benchmark: torch {torch.__version__} sees no CUDA device.", file=sys.stderr)
+        return 2
+
+    report = run(reps=args.reps)
+    print(render_text(report["table"]))
+    verdict = report["verdict"]
+    print(
+        f"\nreference case: ratio {verdict['ratio']:.3f} (flash-attn {verdict['flash_attn_tflops']:.0f} / SDPA "
+        f"{verdict['sdpa_tflops']:.0f} TFLOP/s) vs {verdict['reference_ratio']:.3f} for a plain build: "
+        + ("within" if verdict["within_tolerance"] else "NOT within")
+        + f" {verdict['tolerance']:.0%}"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.write_docs:
+        append_section(render_docs(report))
+    return 0 if verdict["within_tolerance"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

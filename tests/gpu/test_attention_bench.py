@@ -1,0 +1,90 @@
+"""bench/attention_bench.py: its arithmetic and report on any machine, its verdict on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from gpu_env import import_or_skip
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "attention_bench.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("attention_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def _timings(flash_ms: float, sdpa_ms: float):
+    """Timings for every case, flash-attn at flash_ms and SDPA at sdpa_ms in every mode."""
+    return [
+        bench.Timing(case, impl, mode, ms, bench.tflops(case, mode, ms))
+        for case in bench.CASES
+        for impl, ms in (("flash_attn", flash_ms), ("sdpa", sdpa_ms))
+        for mode in bench.MODES
+    ]
+
+
+def test_flops_are_counted_as_flash_attn_benchmarks_count_them():
+    case = bench.REFERENCE_CASE
+    # 4 * 4 * 4096^2 * 16 * 128 / 2 (causal)
+    assert bench.attention_flops(case, "fwd") == 4 * 4 * 4096**2 * 16 * 128 / 2 == 274877906944
+    assert bench.attention_flops(case, "fwd_bwd") == 3.5 * 274877906944
+    full = bench.Case(batch=4, seqlen=4096, nheads=16, headdim=128, causal=False)
+    assert bench.attention_flops(full, "fwd") == 2 * bench.attention_flops(case, "fwd")
+    # 274.9 GFLOP in 0.881 ms is the 312 TFLOP/s measured for the plain build.
+    assert math.isclose(bench.tflops(case, "fwd", 0.881), 312.0, rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("flash_tflops", "sdpa_tflops", "within"),
+    [(312, 531, True), (305, 531, True), (320, 531, True), (300, 531, False), (323, 531, False), (312, 500, False)],
+)
+def test_ratio_verdict_is_3_percent_around_the_plain_build(flash_tflops, sdpa_tflops, within):
+    flops = bench.attention_flops(bench.REFERENCE_CASE, "fwd")
+    flash_ms, sdpa_ms = (flops / (t * 1e12) * 1e3 for t in (flash_tflops, sdpa_tflops))
+    verdict = bench.ratio_verdict(_timings(flash_ms, sdpa_ms))
+    assert math.isclose(verdict["ratio"], flash_tflops / sdpa_tflops)
+    assert verdict["within_tolerance"] is within
+
+
+def test_docs_section_has_every_case_and_the_verdict():
+    timings = _timings(1.0, 0.5)
+    report = {
+        "date": "2026-11-23",
+        "reps": 100,
+        "environment": {
+            "gpu": "NVIDIA H100 80GB HBM3", "cpu_count": 16, "torch": "2.11.0+cu130", "cuda": "13.0",
+            "flash_attn": "2.8.3", "flash_attn_path": "/prefix/lib/python3.12/site-packages/flash_attn",
+            "sdpa_kernels": ["cudnn_sdpa_kernel"],
+        },
+        "table": bench.table_rows(timings),
+        "verdict": bench.ratio_verdict(timings),
+    }
+    text = "\n".join(bench.render_docs(report))
+    assert text.startswith("## Attention speed: flash-attn vs torch SDPA (2026-11-23)")
+    table = [line for line in text.splitlines() if line.startswith("| bfloat16")]
+    assert len(table) == len(bench.CASES) * len(bench.MODES)
+    assert all("| 0.500 |" in line for line in table)
+    assert "ratio 0.500" in text and "NOT within 3%" in text
+    assert "cudnn_sdpa_kernel" in text and "NVIDIA H100 80GB HBM3, 16 CPU cores" in text
+    assert len(bench.render_text(report["table"]).splitlines()) == len(table) + 1
+
+
+def test_flash_attn_to_sdpa_ratio_matches_the_plain_build(device):
+    import_or_skip("flash_attn")
+    verdict = bench.ratio_verdict(bench.measure(bench.REFERENCE_CASE, reps=50))
+    assert verdict["within_tolerance"], (
+        f"{verdict['case']} forward: flash-attn {verdict['flash_attn_tflops']:.0f} / SDPA "
+        f"{verdict['sdpa_tflops']:.0f} TFLOP/s = {verdict['ratio']:.3f}, but a plain setup.py build "
+        f"reached {verdict['reference_ratio']:.3f} on this kind of GPU (allowed: within 3%)"
+    )
