@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from _record import append_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 from extforge import compile_cache  # noqa: E402
 from extforge.machine import detect  # noqa: E402
 
@@ -155,11 +156,8 @@ def main() -> int:
             "| run | wall s | cache hits | misses |",
             "|---|---|---|---|",
             *[f"| {r['run']} | {r['seconds']} | {r['hits']} | {r['misses']} |" for r in results],
-            "",
         ]
-        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-        with path.open("a") as fh:
-            fh.write("\n".join(lines) + "\n")
+        append_section(lines)
     return 0
 
 
