@@ -3,6 +3,8 @@
 Builds the same extension (one .cpp binding + one .cu kernel, torch's ninja build) twice, in two
 different directories, sharing one empty compile cache: the first build fills it (cold), the
 second (warm) shows what a rebuild of a variant in a fresh rattler-build work dir gets back.
+Both directories sit at the same depth, as rattler-build's timestamped work dirs do: with
+base_dir "/" ccache keys on paths relative to the working directory.
 The compiler wiring is the one recipe/flash-attn/build.sh does: PYTORCH_NVCC = launcher + nvcc,
 CXX = a wrapper script, plus LDFLAGS with -Wl,--no-undefined and libpython, checked to reach
 the link line.
@@ -126,7 +128,7 @@ def main() -> int:
         cache_env = compile_cache.env(args.tool, cache_dir=root / "cache")
         launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
         results = []
-        for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "nested" / "ext")):
+        for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "ext")):
             _write_ext(where)
             env = _build_env(args.python, cache_env, where / ".bin")
             before = _stats(launcher, env)
