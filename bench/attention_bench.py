@@ -103,7 +103,7 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
         "sdpa_tflops": sdpa,
         "ratio": ratio,
         "reference_ratio": REFERENCE_RATIO,
-        "reference": f"{REFERENCE_FLASH_TFLOPS:g} / {REFERENCE_SDPA_TFLOPS:g} TFLOP/s (plain setup.py build)",
+        "reference": f"{REFERENCE_FLASH_TFLOPS:g} / {REFERENCE_SDPA_TFLOPS:g} TFLOP/s",
         "within_tolerance": abs(ratio / REFERENCE_RATIO - 1) <= RATIO_TOLERANCE,
         "tolerance": RATIO_TOLERANCE,
     }
@@ -137,7 +137,8 @@ def render_docs(report: dict[str, Any]) -> list[str]:
         f"## Attention speed: flash-attn vs torch SDPA ({report['date']})",
         "",
         f"Machine: {env['gpu']}, {env['cpu_count']} CPU cores; torch {env['torch']} (CUDA {env['cuda']}), "
-        f"flash-attn {env['flash_attn']} from `{env['flash_attn_path']}`. `bench/attention_bench.py`: "
+        f"flash-attn {env['flash_attn']} from `{env['flash_attn_path']}` "
+        f"(conda package: {', '.join(env['flash_attn_package']) or 'none'}). `bench/attention_bench.py`: "
         f"CUDA events, median of {report['reps']} calls after warm-up; FLOPs counted as flash-attn's "
         "benchmarks do (4·b·s²·h·d forward, /2 causal, backward 2.5x forward). "
         f"SDPA kernels: {', '.join(env['sdpa_kernels']) or 'unknown'}.",
@@ -235,6 +236,8 @@ def _environment() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "flash_attn": flash_attn.__version__,
         "flash_attn_path": str(Path(flash_attn.__file__).parent),
+        # name-version-build of the conda package, when this python is a conda prefix's
+        "flash_attn_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-*.json")],
         "python": sys.executable,
     }
 

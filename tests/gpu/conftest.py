@@ -9,6 +9,10 @@ and the flash-attn/transformers modules skip at import when those packages are m
 
 Inputs are random and fresh on every run; the seed is printed in every failure message.
 Reproduce a failure with EXTFORGE_GPU_SEED=<seed>.
+
+The prefix has no extforge, so keep pytest away from tests/conftest.py (which imports it):
+
+    EXTFORGE_GPU_REQUIRED=1 <prefix>/bin/python -m pytest --confcutdir=tests/gpu tests/gpu
 """
 
 from __future__ import annotations

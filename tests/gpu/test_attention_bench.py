@@ -65,6 +65,7 @@ def test_docs_section_has_every_case_and_the_verdict():
         "environment": {
             "gpu": "NVIDIA H100 80GB HBM3", "cpu_count": 16, "torch": "2.11.0+cu130", "cuda": "13.0",
             "flash_attn": "2.8.3", "flash_attn_path": "/prefix/lib/python3.12/site-packages/flash_attn",
+            "flash_attn_package": ["flash-attn-2.8.3-cuda130_torch211_py312_h0123456_0"],
             "sdpa_kernels": ["cudnn_sdpa_kernel"],
         },
         "table": bench.table_rows(timings),
@@ -76,6 +77,7 @@ def test_docs_section_has_every_case_and_the_verdict():
     assert len(table) == len(bench.CASES) * len(bench.MODES)
     assert all("| 0.500 |" in line for line in table)
     assert "ratio 0.500" in text and "NOT within 3%" in text
+    assert "flash-attn-2.8.3-cuda130_torch211_py312_h0123456_0" in text
     assert "cudnn_sdpa_kernel" in text and "NVIDIA H100 80GB HBM3, 16 CPU cores" in text
     assert len(bench.render_text(report["table"]).splitlines()) == len(table) + 1
 
