@@ -131,7 +131,7 @@ def main() -> int:
             f"\n## extforge verify on a torch-sized prefix ({dt.date.today().isoformat()})\n",
             f"Machine: {m.cores} cores, {m.memory_gib:.0f} GiB, {platform.machine()}, local disk; "
             f"load average {os.getloadavg()[0]:.1f} while measuring (shared machine); threads {args.threads or 'default'}. `bench/verify_bench.py --gib {args.gib}`: synthetic prefix shaped "
-            "like torch + nvidia-* (four 0.25-0.8 GiB libraries, MiB-sized ones, 20,000 small files); every file "
+            "like torch + nvidia-* (four libraries holding 40% of the bytes, 1-30 MiB ones holding 50%, 20,000 small files); every file "
             "re-hashed with sha256 (the default, which detects a flipped byte — asserted).\n",
             "| page cache | files | GiB | seconds | GiB/s |",
             "|---|---|---|---|---|",
