@@ -36,9 +36,11 @@ def audit_target(
         if against is None and payload.kind == "prefix":
             against = payload.root
         if against is None and payload.kind == "conda" and channel:
-            from .channel_target import pinned_torch_prefix
+            from .channel_target import pinned_torch_prefix, torch_specs
 
-            against = pinned_torch_prefix(payload.depends, channel)
+            # A package that pins no torch (pure Python, a plain C library) has no torch to fetch.
+            if torch_specs(payload.depends):
+                against = pinned_torch_prefix(payload.depends, channel)
         env = target_env(Path(against) if against else None)
         report = AuditReport(
             target=str(target), against=str(against) if against else None, name=payload.name,

@@ -60,13 +60,11 @@ class PublishResult:
         return asdict(self)
 
 
-def audit_gate(path: Path) -> AuditGate:
-    """Run extforge's binary audit on a package when the audit module is available."""
-    try:
-        from ..audit import audit_package  # type: ignore[attr-defined]
-    except ImportError:
-        return AuditGate("not-audited", True)
-    report = audit_package(path)
+def audit_gate(path: Path, upstream: str | None) -> AuditGate:
+    """Run extforge's binary audit on a package against the torch it pins, taken from `upstream`."""
+    from ..audit import audit_package
+
+    report = audit_package(path, channel=upstream)
     return AuditGate(str(report.verdict), bool(report.ok), report.to_json())
 
 
@@ -171,16 +169,26 @@ def publish(
     *,
     allow_audit_failure: str | None = None,
     audit: bool = True,
+    upstream: str | None = None,
 ) -> PublishResult:
+    """Publish `packages` after their audit; `upstream` is the channel their pinned dependencies
+    (pytorch) come from, defaulting to the target channel itself when it is a folder."""
     start = time.monotonic()
     packages = [Path(p).resolve() for p in packages]
     for p in packages:
         if not p.is_file():
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
 
+    kind, where = parse_channel(channel)
+    if upstream is not None:
+        from ..build import channel_url
+
+        upstream = channel_url(upstream)
+    elif kind == "folder":
+        upstream = Path(where).resolve().as_uri()
     gates: dict[Path, AuditGate] = {}
     for p in packages:
-        gate = audit_gate(p) if audit else AuditGate("skipped", True)
+        gate = audit_gate(p, upstream) if audit else AuditGate("skipped", True)
         if not gate.ok and not allow_audit_failure:
             raise ExtforgeError(
                 f"package {p.name} failed its audit (verdict {gate.verdict})",
@@ -190,7 +198,6 @@ def publish(
             )
         gates[p] = gate
 
-    kind, where = parse_channel(channel)
     result = PublishResult(channel=str(channel))
     if kind != "folder":
         _upload(kind, where, packages)
