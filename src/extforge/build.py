@@ -129,16 +129,23 @@ def needs_cuda_override(recipe_text: str, channels: Sequence[str]) -> bool:
 
 
 def build_environment(
-    recipe_text: str, channels: Sequence[str], variants: Mapping[str, list[str]], profile: str | None
+    recipe_text: str,
+    channels: Sequence[str],
+    variants: Mapping[str, list[str]],
+    profile: str,
+    profile_explicit: bool = False,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS, a compile cache."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     with contextlib.suppress(ImportError):
-        from . import machine, plan  # type: ignore[attr-defined]
+        from . import machine, plan
 
-        env |= plan.plan_build(machine.detect(), profile).env()
+        # A recipe without a measured profile (and none asked for) keeps its own defaults.
+        if profile in plan.load_profiles() or profile_explicit:
+            archs = [a.replace(".", "") for v in variants.get("cuda_archs", []) for a in re.split(r"[;,\s]+", str(v)) if a]
+            env |= plan.plan_build(machine.detect(), profile, archs).env()
     with contextlib.suppress(ImportError, ExtforgeError):
         from . import compile_cache
 
@@ -290,7 +297,9 @@ def build_recipe(
     if variants:
         config = config.merge(VariantConfig(dict(variants)))
     merged = config.to_dict()
-    env = build_environment(recipe_file.read_text(), urls, merged, profile)
+    env = build_environment(
+        recipe_file.read_text(), urls, merged, profile or recipe_file.parent.name, profile_explicit=bool(profile)
+    )
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"

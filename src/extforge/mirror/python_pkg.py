@@ -54,7 +54,7 @@ def _walk(src_root: Path, dst_root: str, system_prefix: bool) -> list[list[str]]
 
 
 def python_job(interp: Interpreter) -> PackageJob:
-    system_prefix = interp.base_prefix.rstrip("/") in SYSTEM_PREFIXES or interp.base_prefix == "/usr"
+    system_prefix = (interp.base_prefix.rstrip("/") or "/") in SYSTEM_PREFIXES
     exe = Path(interp.executable)
     files: list[list[str]] = [[str(exe), interp.python_rel, ""]]
     needed = elf_needed(exe)
