@@ -78,7 +78,8 @@ def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path) -> dict[s
     wrapper = wrap_dir / Path(real_cxx).name
     wrapper.write_text(f'#!/bin/sh\nexec {launcher} {real_cxx} "$@"\n')
     wrapper.chmod(0o755)
-    cuda_home = env.get("CUDA_HOME", "/usr/local/cuda")
+    # torch guesses CUDA_HOME from `which nvcc`; with nvcc behind PYTORCH_NVCC it must be told.
+    cuda_home = env.setdefault("CUDA_HOME", "/usr/local/cuda")
     libdir, soname = subprocess.check_output(
         [python, "-c", "import sysconfig as s; print(s.get_config_var('LIBDIR'), s.get_config_var('INSTSONAME'))"],
         text=True,
