@@ -78,3 +78,31 @@ def test_failing_variant_reported_with_log_tail_and_diagnosis(slurm_cluster, emp
     status = extforge("status", str(out))
     assert status.returncode == 1
     assert "failed" in status.stderr and "diagnosis" in status.stderr
+
+
+@pytest.mark.xfail(
+    reason="two bugs outside Slurm seen on 2026-11-22: (1) two jobs auditing at once race in "
+    "audit.channel_target.pinned_torch_prefix (rename onto a target the other job just made: OSError 39); "
+    "(2) publish's audit gate solves the pinned pytorch from the publish channel, which holds no pytorch",
+    strict=False,
+)
+def test_demo_extension_arch_matrix_built_through_slurm_and_published(slurm_cluster, mirror_channel, tmp_path):
+    """recipe/demo-ext for sm_80 and sm_90: two real CUDA compiles, two jobs, two audited packages."""
+    out, channel = tmp_path / "out", tmp_path / "channel"
+    proc = extforge(
+        "build", str(Path(__file__).resolve().parents[2] / "recipe" / "demo-ext"), "--slurm", "--partition", "debug",
+        "--channel", str(mirror_channel), "--variant", "cuda_archs=8.0,9.0", "--no-test",
+        "--output-dir", str(out), "--publish-to", str(channel), "--json", "--wait", "1500",
+        # The planner's time fits a quiet node; CI's two cores are shared with other work.
+        "--time", "0:45:00",
+        timeout=1600,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(proc.stdout)
+    assert sorted(r["state"] for r in doc["variants"]) == ["published", "published"]
+    assert sorted(dict(s["values"])["cuda_archs"] for s in doc["submitted"]) == ["8.0", "9.0"]
+    repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    names = sorted(repodata["packages.conda"])
+    assert len(names) == 2 and all(n.startswith("demo-ext-") for n in names)
+    for record in repodata["packages.conda"].values():
+        assert any(d.startswith("pytorch ==") for d in record["depends"])
