@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import ExtforgeError
+from ..locking import exclusive
 from ..paths import cache_root, rattler_cache_dir
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
@@ -32,16 +33,18 @@ def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
         )
     key = hashlib.sha256("\n".join([channel, *sorted(specs)]).encode()).hexdigest()[:16]
     prefix = cache_root() / "audit-targets" / key
-    if (prefix / "conda-meta").is_dir():
-        return prefix
-    tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        asyncio.run(_solve_install(specs, channel, tmp))
-    except ExtforgeError:
+    # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
+    with exclusive(prefix.with_name(prefix.name + ".lock")):
+        if (prefix / "conda-meta").is_dir():
+            return prefix
+        tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    tmp.rename(prefix)
+        try:
+            asyncio.run(_solve_install(specs, channel, tmp))
+        except ExtforgeError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        tmp.rename(prefix)
     return prefix
 
 

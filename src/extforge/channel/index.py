@@ -8,11 +8,13 @@ each finished repodata.json over the live one: a reader sees the old file or the
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+from ..errors import ExtforgeError
 from .hashing import fsync_dir
 
 # Every channel needs these two even when empty; conda clients ask for both.
@@ -46,10 +48,26 @@ def remove_leftovers(channel: Path) -> list[Path]:
     return removed
 
 
+def index_fs(folder: Path) -> None:
+    """rattler's indexer, in a child process: py-rattler 0.28 leaves runtime threads behind
+    that abort the interpreter at exit about every other time (SIGABRT/SIGSEGV after
+    "PyGILState_Release ... finalizing"), which would turn a finished publish into a crash."""
+    code = (
+        "import asyncio, sys; from rattler.index import index_fs; "
+        "asyncio.run(index_fs(sys.argv[1], write_zst=False, write_shards=False)); sys.stdout.flush(); "
+        "import os; os._exit(0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ExtforgeError(
+            f"could not index the channel folder {folder}",
+            (proc.stderr.strip().splitlines() or [f"the indexer exited with {proc.returncode}"])[-1],
+            "check that the folder is writable and holds only valid .conda/.tar.bz2 packages",
+        )
+
+
 def reindex(channel: Path) -> None:
     """Index every subdir of a channel folder and atomically replace its repodata.json files."""
-    from rattler.index import index_fs
-
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
     shutil.rmtree(shadow, ignore_errors=True)
     try:
@@ -63,15 +81,17 @@ def reindex(channel: Path) -> None:
                     os.link(entry.path, shadow / sd / entry.name)
             if (live / "repodata.json").exists():
                 shutil.copyfile(live / "repodata.json", shadow / sd / "repodata.json")
-        asyncio.run(index_fs(shadow, write_zst=False, write_shards=False))
+        index_fs(shadow)
         for sd in names:
             new = shadow / sd / "repodata.json"
             with new.open("rb") as fh:
                 os.fsync(fh.fileno())
             os.chmod(new, 0o644)
             os.replace(new, channel / sd / "repodata.json")
-            # A stale .zst from another tool would shadow the fresh json for HTTP clients.
+            # A stale .zst or shard index from another tool would shadow the fresh json.
             (channel / sd / "repodata.json.zst").unlink(missing_ok=True)
+            (channel / sd / "repodata_shards.msgpack.zst").unlink(missing_ok=True)
+            shutil.rmtree(channel / sd / "shards", ignore_errors=True)
             fsync_dir(channel / sd)
     finally:
         shutil.rmtree(shadow, ignore_errors=True)

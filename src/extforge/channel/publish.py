@@ -10,19 +10,17 @@ A SIGKILL at any point leaves the old or the new state plus temp files the next 
 
 from __future__ import annotations
 
-import fcntl
 import getpass
 import json
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from ..errors import ExtforgeError
+from ..locking import exclusive
 from .hashing import fsync_dir, sha256_file
 from .index import TEMP_PREFIX, reindex, remove_leftovers
 
@@ -68,14 +66,8 @@ def audit_gate(path: Path, upstream: str | None) -> AuditGate:
     return AuditGate(str(report.verdict), bool(report.ok), report.to_json())
 
 
-@contextmanager
-def channel_lock(channel: Path) -> Iterator[None]:
-    with open(channel / LOCK_NAME, "a+") as fh:
-        fcntl.lockf(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(fh, fcntl.LOCK_UN)
+def channel_lock(channel: Path):
+    return exclusive(channel / LOCK_NAME)
 
 
 def _subdir_of(path: Path) -> str:
