@@ -7,6 +7,7 @@ stamp.stamp_package / stamp.read_stamps (audit metadata inside packages).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .checks import Context, audit_module
@@ -23,7 +24,7 @@ def audit_target(
     against: Path | None = None,
     archs: list[str] | None = None,
     glibc: str | None = None,
-    channel: str | None = None,
+    channel: str | Sequence[str] | None = None,
 ) -> AuditReport:
     """Audit every ELF file of TARGET (.conda/.tar.bz2, wheel, prefix or .so) against a target env.
 

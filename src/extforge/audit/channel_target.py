@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ExtforgeError
@@ -23,7 +24,9 @@ def torch_specs(depends: list[str]) -> list[str]:
     return [d for d in depends if d.split()[0] in TORCH_NAMES]
 
 
-def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
+def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Path:
+    """A cached prefix holding the package's pinned pytorch, solved from `channels` in order."""
+    channels = [channels] if isinstance(channels, str) else list(channels)
     specs = torch_specs(depends)
     if not specs:
         raise ExtforgeError(
@@ -31,7 +34,7 @@ def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
             f"its depends are: {', '.join(depends) or 'none'}",
             "pass --against PREFIX with the environment the package must run in",
         )
-    key = hashlib.sha256("\n".join([channel, *sorted(specs)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([*channels, *sorted(specs)]).encode()).hexdigest()[:16]
     prefix = cache_root() / "audit-targets" / key
     # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
     with exclusive(prefix.with_name(prefix.name + ".lock")):
@@ -40,7 +43,7 @@ def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            asyncio.run(_solve_install(specs, channel, tmp))
+            asyncio.run(_solve_install(specs, channels, tmp))
         except ExtforgeError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -48,7 +51,7 @@ def pinned_torch_prefix(depends: list[str], channel: str) -> Path:
     return prefix
 
 
-async def _solve_install(specs: list[str], channel: str, prefix: Path) -> None:
+async def _solve_install(specs: list[str], channels: list[str], prefix: Path) -> None:
     from rattler import BuildString, GenericVirtualPackage, PackageName, Version, install, solve
 
     def vp(name: str, version: str) -> GenericVirtualPackage:
@@ -57,11 +60,11 @@ async def _solve_install(specs: list[str], channel: str, prefix: Path) -> None:
     virtual = [vp("__unix", "0"), vp("__linux", "5.0"), vp("__glibc", "2.28"),
                vp("__cuda", os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)), vp("__archspec", "1")]
     try:
-        records = await solve([channel], specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
+        records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
         await install(records, target_prefix=prefix, cache_dir=rattler_cache_dir(), show_progress=False)
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError / InstallerError
         raise ExtforgeError(
-            f"cannot install the package's pinned torch from {channel}",
+            f"cannot install the package's pinned torch from {', '.join(channels)}",
             f"{exc}\n  specs: {', '.join(specs)}",
             "check that the channel holds that exact pytorch build, or pass --against PREFIX",
         ) from exc

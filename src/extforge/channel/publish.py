@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -58,7 +59,7 @@ class PublishResult:
         return asdict(self)
 
 
-def audit_gate(path: Path, upstream: str | None) -> AuditGate:
+def audit_gate(path: Path, upstream: list[str]) -> AuditGate:
     """Run extforge's binary audit on a package against the torch it pins, taken from `upstream`."""
     from ..audit import audit_package
 
@@ -161,9 +162,9 @@ def publish(
     *,
     allow_audit_failure: str | None = None,
     audit: bool = True,
-    upstream: str | None = None,
+    upstream: Sequence[str] = (),
 ) -> PublishResult:
-    """Publish `packages` after their audit; `upstream` is the channel their pinned dependencies
+    """Publish `packages` after their audit; `upstream` are the channels their pinned dependencies
     (pytorch) come from, defaulting to the target channel itself when it is a folder."""
     start = time.monotonic()
     packages = [Path(p).resolve() for p in packages]
@@ -172,12 +173,11 @@ def publish(
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
 
     kind, where = parse_channel(channel)
-    if upstream is not None:
-        from ..build import channel_url
+    from ..build import channel_url
 
-        upstream = channel_url(upstream)
-    elif kind == "folder":
-        upstream = Path(where).resolve().as_uri()
+    upstream = [channel_url(u) for u in upstream]
+    if not upstream and kind == "folder" and Path(where).is_dir():
+        upstream = [Path(where).resolve().as_uri()]
     gates: dict[Path, AuditGate] = {}
     for p in packages:
         gate = audit_gate(p, upstream) if audit else AuditGate("skipped", True)

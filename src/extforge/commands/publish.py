@@ -25,9 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-audit", action="store_true", help="do not run the audit (recorded as 'skipped')")
     parser.add_argument(
         "--upstream",
+        action="append",
+        default=[],
         metavar="URL|DIR",
         help="channel holding the pytorch the packages pin, which the audit resolves them against "
-        "(default: the target channel folder)",
+        "(repeatable; default: the target channel folder)",
     )
     parser.epilog = "exit code: 0 published, 1 refused (audit failure, name exists with other bytes), 2 could not run"
 
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..ui import console, emit_json, step
 
     with step(f"publish {len(args.packages)} package(s) to {args.channel}", quiet=args.json):
-        result = publish(args.packages, args.channel, allow_audit_failure=args.allow_audit_failure, audit=not args.no_audit, upstream=args.upstream and str(args.upstream))
+        result = publish(args.packages, args.channel, allow_audit_failure=args.allow_audit_failure, audit=not args.no_audit, upstream=args.upstream)
     if args.json:
         emit_json(result.to_json())
     else:

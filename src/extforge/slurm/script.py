@@ -117,7 +117,8 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
         f"for stem in {outputs}; do",
         '  for pkg in "$stem.conda" "$stem.tar.bz2"; do',
         '    if [ -f "$pkg" ]; then',
-        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}{''.join(' ' + f for f in job.publish_flags)}",
+        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}"
+        f"{''.join(' --upstream ' + q(c) for c in job.channels)}{''.join(' ' + f for f in job.publish_flags)}",
         "      published=$((published + 1))",
         "    fi",
         "  done",
