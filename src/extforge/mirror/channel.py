@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,19 +143,11 @@ def place(packages: list[CachedPackage], channel: Path) -> list[Path]:
 
 def index_channel(channel: Path) -> None:
     """Write repodata.json for every subdir, readable by everyone (a shared channel is served as is)."""
+    from ..channel.index import reindex
+
     for sub in SUBDIRS:
         (channel / sub).mkdir(parents=True, exist_ok=True)
-    # In a child process: py-rattler's indexer leaves runtime threads behind that, after a
-    # rattler-build run in the same process, abort the interpreter at exit (seen as SIGABRT,
-    # "PyGILState_Release ... finalizing") about every other time.
-    code = "import asyncio, sys; from rattler.index import index_fs; asyncio.run(index_fs(sys.argv[1]))"
-    proc = subprocess.run([sys.executable, "-c", code, str(channel)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ExtforgeError(
-            f"could not index the channel {channel}",
-            (proc.stderr.strip().splitlines() or ["no output"])[-1],
-            "check that the folder is writable and holds only valid .conda/.tar.bz2 packages",
-        )
+    reindex(channel)
     for sub in SUBDIRS:
         for f in (channel / sub).iterdir():
             if f.is_file():
