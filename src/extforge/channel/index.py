@@ -9,6 +9,7 @@ each finished repodata.json over the live one: a reader sees the old file or the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,13 @@ def is_package_file(name: str) -> bool:
     return name.endswith(PACKAGE_SUFFIXES) and not name.startswith(".")
 
 
+# A platform subdir is noarch or <os>-<arch>: a build output folder also holds rattler-build's
+# work folders (bld/, src_cache/), which are no subdirs of the channel.
+SUBDIR_PATTERN = re.compile(r"^(noarch|[a-z]+-[a-z0-9]+)$")
+
+
 def subdirs(channel: Path) -> list[str]:
-    found = {p.name for p in channel.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    found = {p.name for p in channel.iterdir() if p.is_dir() and SUBDIR_PATTERN.match(p.name)}
     return sorted(found | set(REQUIRED_SUBDIRS))
 
 
