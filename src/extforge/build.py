@@ -18,9 +18,9 @@ from pathlib import Path
 
 from . import paths
 from .errors import ExtforgeError
+from .variants import resolve as resolve_variants
 from .ui import log
 
-CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
 
 
 @dataclass
@@ -94,24 +94,6 @@ def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
             )
         out[key.strip()] = [v.strip() for v in value.split(",")]
     return out
-
-
-def variant_files(recipe: Path, channels: Sequence[str], extra: Sequence[Path]) -> list[Path]:
-    """Lowest precedence first: the channels' variants, the recipe's own, then the user's."""
-    files = []
-    for ch in channels:
-        if ch.startswith("file://"):
-            candidate = Path(ch[len("file://") :]) / CHANNEL_VARIANTS
-            if candidate.is_file():
-                files.append(candidate)
-    own = recipe.parent / "variants.yaml"
-    if own.is_file():
-        files.append(own)
-    for f in extra:
-        if not Path(f).is_file():
-            raise ExtforgeError(f"variant config {f} does not exist", "", "check the --variant-config path")
-        files.append(Path(f))
-    return files
 
 
 def needs_cuda_override(recipe_text: str, channels: Sequence[str]) -> bool:
@@ -279,7 +261,7 @@ def build_recipe(
     on_step: Callable[[str], None] | None = None,
 ) -> list[BuiltPackage]:
     """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
-    from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
+    from rattler_build import Stage0Recipe, ToolConfiguration
 
     recipe_file = find_recipe(recipe)
     urls = [channel_url(c) for c in channels]
@@ -292,11 +274,8 @@ def build_recipe(
     output_dir = Path(output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     prepare_rattler_environment()
-    files = variant_files(recipe_file, urls, variant_config)
-    config = VariantConfig.from_files([str(f) for f in files]) if files else VariantConfig()
-    if variants:
-        config = config.merge(VariantConfig(dict(variants)))
-    merged = config.to_dict()
+    matrix = resolve_variants(recipe_file, urls, variant_config, variants or {})
+    config, merged, files = matrix.config(), matrix.values, matrix.files
     env = build_environment(
         recipe_file.read_text(), urls, merged, profile or recipe_file.parent.name, profile_explicit=bool(profile)
     )

@@ -6,7 +6,7 @@ import pytest
 
 from extforge.errors import ExtforgeError
 from extforge.slurm.config import load, merge, parse_config
-from extforge.slurm.matrix import Variant, narrow
+from extforge.slurm.matrix import Variant
 from extforge.slurm.nodes import build_node_type, parse_sinfo
 from extforge.slurm.script import BuildJob, JobFiles, render_build_script, sbatch_options
 from extforge.slurm.state import JobRecord, QueueEntry, classify, parse_sacct, parse_sbatch_parsable, parse_squeue
@@ -41,14 +41,6 @@ def test_config_rejects_unknown_keys_and_missing_explicit_file(tmp_path):
         load(tmp_path / "nope.toml", {})
     assert parse_config('[slurm]\naccount = "a"', "x") == {"account": "a"}
     assert merge({}, {}, None).partition is None
-
-
-def test_narrow_keeps_zip_partners_aligned():
-    matrix = {"python": ["3.11", "3.12", "3.13"], "pytorch": ["2.13", "2.14", "2.15"], "arch": ["90"]}
-    values, _ = narrow(matrix, [["python", "pytorch"]], {"python": ["3.12", "3.13"], "arch": ["80"]})
-    assert values == {"python": ["3.12", "3.13"], "pytorch": ["2.14", "2.15"], "arch": ["80"]}
-    with pytest.raises(ExtforgeError, match="not in the variant matrix"):
-        narrow({"python": ["3.11"], "pytorch": ["2.13"]}, [["python", "pytorch"]], {"python": ["3.9"]})
 
 
 def test_variant_id_args_and_archs():

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExtforgeError
+from ..variants import Matrix
 
 @dataclass(frozen=True)
 class Variant:
@@ -38,42 +39,14 @@ class Variant:
         return None
 
 
-def narrow(
-    values: dict[str, list], zip_keys: list[list[str]], overrides: dict[str, list[str]]
-) -> tuple[dict[str, list], list[list[str]]]:
-    """Restrict keys to the given values; a zipped key keeps its zip partners at the matching positions."""
-    values = {k: list(v) for k, v in values.items()}
-    for key, wanted in overrides.items():
-        group = next((g for g in zip_keys if key in g), None)
-        if group is None or key not in values:
-            values[key] = list(wanted)
-            continue
-        keep = [i for i, v in enumerate(values[key]) if str(v) in wanted]
-        if not keep:
-            raise ExtforgeError(
-                f"--variant {key}={','.join(wanted)} is not in the variant matrix",
-                f"{key} is zipped with {', '.join(k for k in group if k != key)} and takes only {values[key]}",
-                "pick one of those values, or add it (with its zip partners) to the variant file",
-            )
-        for k in group:
-            if k in values:
-                values[k] = [values[k][i] for i in keep]
-    return values, zip_keys
+def expand(recipe: Path, resolved: Matrix) -> list[Variant]:
+    """Render the recipe over its variant matrix, resolved exactly as `extforge build` resolves it
+    (extforge.variants.resolve), so each job builds the variant expanded here."""
+    from rattler_build import Stage0Recipe
 
-
-def expand(recipe: Path, files: list[Path], overrides: dict[str, list[str]]) -> list[Variant]:
-    """Render the recipe over its variant matrix; `overrides` narrow a key to one value.
-
-    `files` must be what `extforge build` reads for the same recipe and channels
-    (extforge.build.variant_files), so each job builds exactly the variant expanded here.
-    """
-    from rattler_build import Stage0Recipe, VariantConfig
-
+    matrix = resolved.values
     try:
-        stage0 = Stage0Recipe.from_file(recipe)
-        config = VariantConfig.from_files([str(f) for f in files]) if files else VariantConfig()
-        matrix, zips = narrow(config.to_dict(), config.zip_keys or [], overrides)
-        rendered = stage0.render(VariantConfig(matrix, zip_keys=zips or None))
+        rendered = Stage0Recipe.from_file(recipe).render(resolved.config())
     except Exception as exc:  # rattler-build raises its own exception types for every parse step
         raise ExtforgeError(f"could not render {recipe}", str(exc).strip().splitlines()[0], "fix the recipe or variant file") from exc
 

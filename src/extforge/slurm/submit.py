@@ -125,12 +125,13 @@ def sbatch(script: Path) -> str:
 
 def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     """Submit every variant that is neither published, in flight nor already built."""
-    from ..build import channel_url, find_recipe, variant_files
+    from ..build import channel_url, find_recipe
+    from ..variants import resolve
 
     recipe = find_recipe(req.recipe).resolve()
     channels = [channel_url(c) for c in req.channels]
     # The same variant files `extforge build` will read on the node, so both render alike.
-    variants = expand(recipe, variant_files(recipe, channels, list(req.variant_configs)), req.overrides)
+    variants = expand(recipe, resolve(recipe, channels, list(req.variant_configs), req.overrides))
     state = load_state(req.root) or BuildState(str(recipe), req.publish_to)
     state.channel = req.publish_to
     known = {s.variant_id: s for s in collect(state, [v.id for v in variants if v.id in state.jobs])}

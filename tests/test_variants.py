@@ -1,0 +1,65 @@
+"""How the variant matrix is resolved from recipe files, mirror channels and --variant flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extforge.errors import ExtforgeError
+from extforge.variants import narrow, recipe_files, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+FLASH_ATTN = REPO / "recipe" / "flash-attn" / "recipe.yaml"
+
+
+def test_narrow_keeps_zip_partners_aligned():
+    matrix = {"python": ["3.11", "3.12", "3.13"], "pytorch": ["2.13", "2.14", "2.15"], "arch": ["90"]}
+    values = narrow(matrix, [["python", "pytorch"]], {"python": ["3.12", "3.13"], "arch": ["80"]})
+    assert values == {"python": ["3.12", "3.13"], "pytorch": ["2.14", "2.15"], "arch": ["80"]}
+    with pytest.raises(ExtforgeError, match="not in the variant matrix"):
+        narrow({"python": ["3.11", "3.12"], "pytorch": ["2.13", "2.14"]}, [["python", "pytorch"]], {"python": ["3.9"]})
+    # Down to one row, a value it lacks replaces it (its zip partners stay).
+    assert narrow({"python": ["3.11"], "pytorch": ["2.13"]}, [["python", "pytorch"]], {"python": ["3.9"]}) == {
+        "python": ["3.9"], "pytorch": ["2.13"]}
+
+
+def mirror_channel(tmp_path: Path, python: str, pytorch: str, gcc: str) -> str:
+    ch = tmp_path / f"mirror-{python}"
+    ch.mkdir()
+    (ch / "variants.yaml").write_text(
+        f'python: ["{python}"]\npytorch: ["{pytorch}"]\nc_compiler_version: ["{gcc}"]\n'
+        f'cxx_compiler_version: ["{gcc}"]\ncuda_compiler: ["cuda-nvcc"]\ncuda_compiler_version: ["13.0"]\n'
+    )
+    return ch.as_uri()
+
+
+def test_recipe_variants_are_read_only_when_no_file_is_given(tmp_path):
+    assert recipe_files(FLASH_ATTN, []) == [FLASH_ATTN.parent / "variants.yaml"]
+    offline = FLASH_ATTN.parent / "variants-offline.yaml"
+    assert recipe_files(FLASH_ATTN, [offline]) == [offline]
+    with pytest.raises(ExtforgeError, match="does not exist"):
+        recipe_files(FLASH_ATTN, [tmp_path / "nope.yaml"])
+
+
+@pytest.mark.parametrize(
+    ("python", "pytorch", "gcc", "archs"),
+    [("3.12", "2.11.0", "13", "90"), ("3.11", "2.14.1", "12", "80;90")],
+)
+def test_a_mirror_channel_selects_its_row_of_the_offline_file(tmp_path, python, pytorch, gcc, archs):
+    channel = mirror_channel(tmp_path, python, pytorch, gcc)
+    m = resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"], {})
+    assert m.values["python"] == [python] and m.values["pytorch"] == [pytorch]
+    assert m.values["c_compiler_version"] == [gcc] and m.values["flash_attn_cuda_archs"] == [archs]
+    # The channel fills keys the recipe file leaves open.
+    assert m.values["cuda_compiler"] == ["cuda-nvcc"]
+    narrowed = resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"],
+                       {"flash_attn_cuda_archs": ["90"]})
+    assert narrowed.values["flash_attn_cuda_archs"] == ["90"]
+
+
+def test_a_channel_the_matrix_cannot_use_is_a_clear_error(tmp_path):
+    channel = mirror_channel(tmp_path, "3.10", "2.9.0", "12")
+    with pytest.raises(ExtforgeError, match="variants.yaml: python=3.10 is not in the variant matrix") as err:
+        resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"], {})
+    assert "add a row" in err.value.fix
