@@ -123,7 +123,26 @@ def compiler_jobs(tc: Toolchain) -> list[PackageJob]:
             shim("cuda-nvcc_linux-64", tc.nvcc_version, nvcc_body, [version_pin, "cuda-libraries-dev"]),
             shim("cuda-nvcc", tc.nvcc_version, "", [f"cuda-nvcc_linux-64 =={tc.nvcc_version}", version_pin]),
         ]
-    return jobs
+    patchelf = patchelf_job()
+    return jobs + ([patchelf] if patchelf else [])
+
+
+def patchelf_job() -> PackageJob | None:
+    """`patchelf`, which conda-forge recipes list in build, from the binary rattler-build relinks with."""
+    exe = shutil.which("patchelf")
+    if not exe:
+        return None
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()
+    files = [[str(Path(exe).resolve()), "bin/patchelf", ""]]
+    return PackageJob(
+        name="patchelf",
+        version=out[-1] if out else "0",
+        build_string="h${{ hash }}_0",
+        manifest={"files": files},
+        identity=stat_identity(files),
+        summary="patchelf from the host (extforge mirror)",
+        license="GPL-3.0-or-later",
+    )
 
 
 def headers_job(inputs: MirrorInputs, cuda_short: str) -> PackageJob:
