@@ -80,12 +80,6 @@ def test_failing_variant_reported_with_log_tail_and_diagnosis(slurm_cluster, emp
     assert "failed" in status.stderr and "diagnosis" in status.stderr
 
 
-@pytest.mark.xfail(
-    reason="two bugs outside Slurm seen on 2026-11-22: (1) two jobs auditing at once race in "
-    "audit.channel_target.pinned_torch_prefix (rename onto a target the other job just made: OSError 39); "
-    "(2) publish's audit gate solves the pinned pytorch from the publish channel, which holds no pytorch",
-    strict=False,
-)
 def test_demo_extension_arch_matrix_built_through_slurm_and_published(slurm_cluster, mirror_channel, tmp_path):
     """recipe/demo-ext for sm_80 and sm_90: two real CUDA compiles, two jobs, two audited packages."""
     out, channel = tmp_path / "out", tmp_path / "channel"
