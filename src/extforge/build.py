@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import ExtforgeError
+from .variants import archs as variant_archs
 from .variants import resolve as resolve_variants
 from .ui import log
 
@@ -126,8 +127,7 @@ def build_environment(
 
         # A recipe without a measured profile (and none asked for) keeps its own defaults.
         if profile in plan.load_profiles() or profile_explicit:
-            archs = [a.replace(".", "") for v in variants.get("cuda_archs", []) for a in re.split(r"[;,\s]+", str(v)) if a]
-            env |= plan.plan_build(machine.detect(), profile, archs).env()
+            env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS).env()
     with contextlib.suppress(ImportError, ExtforgeError):
         from . import compile_cache
 

@@ -13,6 +13,7 @@ builds exactly the variant that was expanded for it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,3 +114,17 @@ def resolve(
         values.setdefault(key, value)
     values = narrow(values, zips, overrides)
     return Matrix(values, zips, files)
+
+
+def archs(values: Mapping[str, object]) -> list[str]:
+    """GPU archs named by a variant, from any key about archs (cuda_archs="8.0;9.0",
+    flash_attn_cuda_archs="80;90"), as ["80", "90"]; values may be one value or a list."""
+    found: list[str] = []
+    for key, value in values.items():
+        if "arch" not in key.lower():
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            for a in re.findall(r"\d+\.?\d*a?", str(item)):
+                if a.replace(".", "") not in found:
+                    found.append(a.replace(".", ""))
+    return found

@@ -54,3 +54,17 @@ def test_missing_recipe_and_channel_are_clear_errors(tmp_path):
         channel_url(tmp_path / "no-channel")
     assert channel_url(tmp_path) == tmp_path.resolve().as_uri()
     assert channel_url("http://127.0.0.1:8000/ch") == "http://127.0.0.1:8000/ch"
+
+
+def test_planner_gets_the_archs_of_any_arch_variant_key():
+    """flash-attn names its archs flash_attn_cuda_archs: the planner must see sm_90 alone, not the
+    default A100+H100 pair (on an H100 node that is 16x1 jobs instead of 8x2: 17 min, not 50)."""
+    from extforge import machine, plan
+    from extforge.build import build_environment
+
+    here = machine.detect()
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
+    want = plan.plan_build(here, "flash-attn", ["90"]).env()
+    assert {k: env[k] for k in want} == want
+    h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
+    assert plan.plan_build(h100, "flash-attn", ["90"]).env() == {"MAX_JOBS": "16", "NVCC_THREADS": "1"}

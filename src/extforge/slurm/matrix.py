@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExtforgeError
 from ..variants import Matrix
+from ..variants import archs as variant_archs
 
 @dataclass(frozen=True)
 class Variant:
@@ -32,11 +32,7 @@ class Variant:
 
     def archs(self) -> list[str] | None:
         """CUDA archs from the variant (a key containing 'arch', e.g. cuda_archs="80;90")."""
-        for key, value in self.values:
-            if "arch" in key.lower():
-                found = re.findall(r"\d+\.?\d*a?", value)
-                return [a.replace(".", "") for a in found] or None
-        return None
+        return variant_archs(dict(self.values)) or None
 
 
 def expand(recipe: Path, resolved: Matrix) -> list[Variant]:
