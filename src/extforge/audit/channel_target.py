@@ -26,7 +26,10 @@ def torch_specs(depends: list[str]) -> list[str]:
 
 def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Path:
     """A cached prefix holding the package's pinned pytorch, solved from `channels` in order."""
-    channels = [channels] if isinstance(channels, str) else list(channels)
+    from ..build import channel_url
+
+    # One cache entry per torch whether a channel was named by path or URL (build, audit, publish).
+    channels = [channel_url(c) for c in ([channels] if isinstance(channels, str) else channels)]
     specs = torch_specs(depends)
     if not specs:
         raise ExtforgeError(
