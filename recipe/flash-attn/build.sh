@@ -73,7 +73,7 @@ echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler defau
 
 "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
-ext=$(ls "${SP_DIR}"/flash_attn_2_cuda.cpython-*.so)
+ext=$(ls "$PREFIX"/lib/python3*/*-packages/flash_attn_2_cuda.cpython-*.so)
 if [[ -n "${libpython}" ]]; then
     # libpython was only there for the link check; at run time the interpreter provides
     # Python's symbols, as for every extension module (a static python must not load a 2nd copy).
