@@ -73,7 +73,9 @@ echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler defau
 
 "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
-ext=$(ls "$PREFIX"/lib/python3*/*-packages/flash_attn_2_cuda.cpython-*.so)
+# Where the interpreter finds it (found, not loaded): site-packages on conda-forge's python,
+# a dist-packages folder on a Debian/Ubuntu python mirrored from a node.
+ext=$("${PYTHON}" -c 'import importlib.util as u; print(u.find_spec("flash_attn_2_cuda").origin)')
 if [[ -n "${libpython}" ]]; then
     # libpython was only there for the link check; at run time the interpreter provides
     # Python's symbols, as for every extension module (a static python must not load a 2nd copy).

@@ -76,3 +76,24 @@ def test_stage_script_installs_a_wheel_and_files(tmp_path: Path):
     assert (prefix / "etc/config.txt").read_text() == f"root={prefix}/lib\n"
     assert os.readlink(prefix / "bin/python") == "python3.11"
     assert (prefix / "etc/where.txt").read_text() == f"{prefix}/bin\n"
+
+
+def test_python_stdlib_links_out_of_the_tree_are_carried_or_dropped(tmp_path):
+    """Debian's python links lib/python3.X/sitecustomize.py to /etc/python3.X/: the package must
+    hold the file's content (an absolute link would be refused at install), and a dangling one
+    is left out; links inside the stdlib stay links."""
+    from extforge.mirror.python_pkg import _walk
+
+    etc = tmp_path / "etc" / "sitecustomize.py"
+    etc.parent.mkdir()
+    etc.write_text("# hook\n")
+    std = tmp_path / "lib" / "python3.12"
+    std.mkdir(parents=True)
+    (std / "os.py").write_text("")
+    (std / "sitecustomize.py").symlink_to(etc)
+    (std / "gone.py").symlink_to(tmp_path / "nowhere.py")
+    (std / "alias.py").symlink_to("os.py")
+    files = {rel: flags for _, rel, flags in _walk(std, "lib/python3.12", system_prefix=False)}
+    assert "L" not in files["lib/python3.12/sitecustomize.py"]  # content, not a link
+    assert files["lib/python3.12/alias.py"] == "L"
+    assert "lib/python3.12/gone.py" not in files

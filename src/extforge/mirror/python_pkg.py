@@ -48,9 +48,23 @@ def _walk(src_root: Path, dst_root: str, system_prefix: bool) -> list[list[str]]
                 continue
             src = Path(dirpath) / fn
             rel = f"{dst_root}/{src.relative_to(src_root)}"
-            flags = "L" if src.is_symlink() else ("t" if needs_text_rewrite(rel, system_prefix) else "")
+            if src.is_symlink() and not _inside(src, src_root):
+                # A distro python links files to /etc (Debian: sitecustomize.py); a package must
+                # not point outside its prefix, so carry the content, or leave a dangling link out.
+                if not src.exists():
+                    continue
+                flags = "t" if needs_text_rewrite(rel, system_prefix) else ""
+            else:
+                flags = "L" if src.is_symlink() else ("t" if needs_text_rewrite(rel, system_prefix) else "")
             files.append([str(src), rel, flags])
     return files
+
+
+def _inside(link: Path, root: Path) -> bool:
+    target = os.readlink(link)
+    if os.path.isabs(target):
+        return False
+    return os.path.normpath(link.parent / target).startswith(os.path.normpath(root) + os.sep)
 
 
 def python_job(interp: Interpreter) -> PackageJob:
