@@ -103,7 +103,7 @@ def python_job(interp: Interpreter) -> PackageJob:
     return PackageJob(
         name="python",
         version=interp.version,
-        build_string=f"h${{{{ hash }}}}_0_cpython",
+        build_string="h${{ hash }}_0_cpython",
         depends=[],
         # Dependents built against this python pin its minor through python_abi, as on conda-forge.
         run_exports=[python_abi_pin(interp.short)],
