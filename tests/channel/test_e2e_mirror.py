@@ -28,7 +28,8 @@ python = "3.11.*"
 pytorch = "==2.14.1"
 
 [environments]
-torch = { features = ["torch"], no-default-feature = true }
+# The default feature carries [system-requirements] (cuda): keep it, as pixi does.
+torch = { features = ["torch"] }
 """
 
 
