@@ -3,7 +3,6 @@ crafted archives refused."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -12,14 +11,14 @@ import pytest
 
 from extforge.channel.index import reindex
 from extforge.channel.install import install_env
-from extforge.channel.lock import lock, stale_reasons
+from extforge.channel.lock import lock
 from extforge.channel.manifest import read_manifest
 from extforge.channel.publish import publish
 from extforge.channel.safety import check_archive, unsafe_reason
 from extforge.channel.verify import verify_prefix
 from extforge.errors import ExtforgeError
 
-from .conftest import copy_packages, extforge_cmd
+from .conftest import extforge_cmd
 from .crafted import crafted_conda, crafted_tar_bz2
 
 MANIFEST = """\
