@@ -1,4 +1,5 @@
 """Session fixtures shared by every area's tests; expensive results are cached under cache_root().
+Several test sessions on one machine share those caches: one builds under a lock, the others wait.
 
 mirror_channel: the upstream channel mirrored from pip's torch 2.14.1+cu130 (content-addressed
     cache: seconds when warm, ~10 min cold on 2 cores).
@@ -8,34 +9,22 @@ demo_channel / demo_package: recipe/demo-ext built against it (reused while the 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from extforge import paths
+from extforge.locking import exclusive
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = REPO / "recipe" / "demo-ext"
 MIRROR_TORCH = "torch==2.14.1"
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Several test sessions on one machine share these caches; one builds, the others wait."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _fixtures_dir() -> Path:
@@ -48,7 +37,7 @@ def mirror_channel() -> Path:
     from extforge import mirror
 
     channel = _fixtures_dir() / "mirror-channel"
-    with _locked(_fixtures_dir() / "mirror.lock"):
+    with exclusive(_fixtures_dir() / "mirror.lock"):
         inputs = mirror.from_pip(mirror.pip_requirements(MIRROR_TORCH, []))
         mirror.build_mirror(channel, inputs)
     return channel
@@ -70,7 +59,7 @@ def demo_channel(mirror_channel: Path) -> Path:
         (_tree_digest(DEMO_RECIPE) + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
     ).hexdigest()[:16]
     out = _fixtures_dir() / "demo-ext" / key
-    with _locked(_fixtures_dir() / "demo-ext.lock"):
+    with exclusive(_fixtures_dir() / "demo-ext.lock"):
         if not (out / ".complete").exists():
             shutil.rmtree(out, ignore_errors=True)
             build_recipe(DEMO_RECIPE, [mirror_channel], out)
@@ -102,7 +91,7 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
         pytest.skip("no distribution python of this minor with its stdlib in /usr/lib")
     venv = paths.cache_root() / "test-fixtures" / "distro-torch-venv"
     wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
-    with _locked(venv.parent / "distro-torch-venv.lock"):
+    with exclusive(venv.parent / "distro-torch-venv.lock"):
         if not (venv / ".complete").exists():
             subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]

@@ -8,7 +8,6 @@ their first source URL, so a build node with EXTFORGE_SOURCES=<root> never needs
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .channel.hashing import sha256_file
 from .errors import ExtforgeError
 from .ui import log
 
@@ -45,14 +45,6 @@ def default_root() -> Path:
 
 def stored_path(spec: SourceSpec, root: Path | None = None) -> Path:
     return (root or default_root()) / "sha256" / spec.sha256 / spec.filename
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _recipe_file(recipe: Path) -> Path:
@@ -114,7 +106,7 @@ def _url_download(spec: SourceSpec, into: Path) -> Path | None:
 def fetch(spec: SourceSpec, root: Path | None = None) -> tuple[Path, str]:
     """Store the verified sdist; returns (path, how) with how in {"cached", "pip", "url"}."""
     target = stored_path(spec, root)
-    if target.is_file() and sha256_of(target) == spec.sha256:
+    if target.is_file() and sha256_file(target) == spec.sha256:
         return target, "cached"
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent, prefix=".fetch-") as tmp:
@@ -129,7 +121,7 @@ def fetch(spec: SourceSpec, root: Path | None = None) -> tuple[Path, str]:
                 "run this on a machine with network (PyPI reachable), then copy "
                 f"{(root or default_root())} to the build node",
             )
-        actual = sha256_of(downloaded)
+        actual = sha256_file(downloaded)
         if actual != spec.sha256:
             raise ExtforgeError(
                 f"sha256 mismatch for {downloaded.name}: got {actual}, the recipe pins {spec.sha256}",

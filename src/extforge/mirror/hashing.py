@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .. import paths
+from ..channel.hashing import sha256_file as hash_file
 
 
 def _memo_path() -> Path:
@@ -27,16 +28,13 @@ def sha256_file(path: Path) -> str:
     hit = memo.get(str(path))
     if hit and hit[0] == stamp:
         return hit[1]
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    memo[str(path)] = [stamp, h.hexdigest()]
+    digest = hash_file(path)
+    memo[str(path)] = [stamp, digest]
     memo_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo_file.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(memo))
     tmp.replace(memo_file)
-    return h.hexdigest()
+    return digest
 
 
 def stat_identity(files: Iterable[list[str]]) -> str:
