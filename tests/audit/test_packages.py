@@ -6,14 +6,17 @@ import asyncio
 import io
 import json
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
+import pytest
 import zstandard
 
 from extforge.audit import audit_target
 from extforge.audit.stamp import read_stamps, stamp_package
 from extforge.cli import main
+from extforge.errors import ExtforgeError
 
 
 def _tar_zst(files: dict[str, bytes]) -> bytes:
@@ -152,3 +155,17 @@ def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monke
     assert report.ok, report.render()
     assert report.against and "audit-targets" in report.against
     assert (Path(report.against) / "lib" / "libtarget.so").is_file()
+
+
+@pytest.mark.parametrize("filters", ["data_filter", "no_filters"])
+def test_member_escaping_the_extraction_folder_is_refused(filters, tmp_path, monkeypatch):
+    """Both with tarfile's "data" filter and on Pythons without it (before 3.11.4)."""
+    if filters == "no_filters":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    pkg = make_conda(tmp_path, "evil", {"../../escaped.so": b"\x7fELF not really"}, [])
+    with pytest.raises(ExtforgeError, match="not a readable .conda package"):
+        audit_target(pkg)
+    assert not (tmp_path / "escaped.so").exists() and not (scratch / "escaped.so").exists()

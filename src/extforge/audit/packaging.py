@@ -8,6 +8,7 @@ are extracted to a temporary folder; Python sources are counted, not written.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -122,9 +123,23 @@ def _extract_members(tar: tarfile.TarFile, root: Path, payload: Payload, metadat
         if name.endswith(".py"):
             payload.python_files += 1
         if name in metadata or _SHARED.search(name) and (member.isfile() or member.issym()):
-            tar.extract(member, root, filter="data")
+            _extract_one(tar, member, root)
             if member.isfile() and _SHARED.search(name):
                 payload.elf_files.append(root / name)
+
+
+def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:
+    if hasattr(tarfile, "data_filter"):
+        tar.extract(member, root, filter="data")
+        return
+    # Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters: refuse what the
+    # "data" filter refuses, a member or a link target that lands outside root.
+    base = os.path.realpath(root)
+    dest = os.path.realpath(os.path.join(base, member.name))
+    link = os.path.realpath(os.path.join(os.path.dirname(dest), member.linkname)) if member.issym() else dest
+    if not all(p == base or p.startswith(base + os.sep) for p in (dest, link)) or os.path.isabs(member.linkname):
+        raise tarfile.TarError(f"{member.name!r} would be written outside the extraction folder")
+    tar.extract(member, root)
 
 
 def _read_index(payload: Payload, root: Path) -> None:
