@@ -11,7 +11,14 @@ the link line.
 
     python bench/compile_cache_bench.py --python /path/to/env-with-torch/bin/python [--tool ccache]
 
-Appends a dated section to docs/benchmarks.md unless --no-record.
+With --project SDIST it builds a real project's sdist instead (`setup.py build_ext --inplace`),
+e.g. flash-attn on a GPU build node:
+
+    python bench/compile_cache_bench.py --python python3 --project flash_attn-2.8.3.tar.gz \
+        --jobs 16 --set FLASH_ATTENTION_FORCE_BUILD=TRUE --set FLASH_ATTN_CUDA_ARCHS=90 \
+        --set NVCC_THREADS=1 --keep-so OUT/
+
+Appends a dated section to docs/benchmarks.md unless --no-record; --json-out writes the results.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -63,14 +71,24 @@ setup(name="axpy_ext", ext_modules=[CUDAExtension("axpy_ext", ["binding.cpp", "k
 """
 
 
-def _write_ext(where: Path) -> None:
+def _write_ext(where: Path) -> Path:
     where.mkdir(parents=True)
     (where / "kernel.cu").write_text(KERNEL)
     (where / "binding.cpp").write_text(BINDING)
     (where / "setup.py").write_text(SETUP)
+    return where
 
 
-def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path) -> dict[str, str]:
+def _unpack_project(sdist: Path, where: Path) -> Path:
+    """The sdist's top folder, unpacked under `where` (same name, so same depth, every time)."""
+    where.mkdir(parents=True)
+    with tarfile.open(sdist) as tf:
+        tf.extractall(where, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    (top,) = [p for p in where.iterdir() if p.is_dir()]
+    return top
+
+
+def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path, jobs: int) -> dict[str, str]:
     env = dict(os.environ) | cache_env
     launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
     real_cxx = shutil.which(env.get("CXX", "g++"))
@@ -88,11 +106,9 @@ def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path) -> dict[s
         "CXX": str(wrapper),
         "PYTORCH_NVCC": f"{launcher} {cuda_home}/bin/nvcc",
         "TORCH_NO_COMPILER_WRAPPER": "1",
-        "MAX_JOBS": "2",
+        "MAX_JOBS": str(jobs),
         "LDFLAGS": f"-Wl,--no-undefined -L{libdir} -Wl,--push-state,--no-as-needed -l:{soname} -Wl,--pop-state",
     }
-    if Path(launcher).name.startswith("sccache"):
-        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
     return env
 
 
@@ -121,8 +137,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", required=True, help="python of an environment with torch (CUDA build)")
     ap.add_argument("--tool", choices=compile_cache.TOOLS, default=None)
+    ap.add_argument("--project", type=Path, help="an sdist to build instead of the small extension")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra build environment")
+    ap.add_argument("--jobs", type=int, default=2, help="MAX_JOBS for torch's ninja build")
+    ap.add_argument("--keep-so", type=Path, help="copy the cold build's extension modules here")
+    ap.add_argument("--json-out", type=Path, help="write the results as JSON here")
     ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
     args = ap.parse_args()
+    extra_env = dict(kv.split("=", 1) for kv in args.set)
 
     with tempfile.TemporaryDirectory(prefix="extforge-ccbench-") as tmp:
         root = Path(tmp)
@@ -130,30 +152,40 @@ def main() -> int:
         launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
         results = []
         for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "ext")):
-            _write_ext(where)
-            env = _build_env(args.python, cache_env, where / ".bin")
+            src = _unpack_project(args.project, where) if args.project else _write_ext(where)
+            env = _build_env(args.python, cache_env, where / ".bin", args.jobs) | extra_env
             before = _stats(launcher, env)
-            seconds, log = _build(args.python, where, env)
+            seconds, log = _build(args.python, src, env)
             after = _stats(launcher, env)
             link_ok = "-Wl,--no-undefined" in log
             results.append({"run": label, "seconds": round(seconds, 1),
                             "hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"],
                             "no_undefined_on_link_line": link_ok})
-            print(json.dumps(results[-1]))
+            print(json.dumps(results[-1]), flush=True)
             if not link_ok:
                 sys.exit("LDFLAGS did not reach the link line")
+            if label == "cold" and args.keep_so:
+                args.keep_so.mkdir(parents=True, exist_ok=True)
+                for so in src.glob("*.so"):
+                    shutil.copy2(so, args.keep_so / so.name)
 
     torch_version = subprocess.check_output([args.python, "-c", "import torch; print(torch.__version__)"], text=True).strip()
     machine = detect()
+    tool = Path(launcher).name
+    version = subprocess.check_output([launcher, "--version"], text=True).splitlines()[0]
+    what = (f"`{args.project.name}` (`setup.py build_ext --inplace`, {' '.join(args.set) or 'no extra settings'})"
+            if args.project else
+            "a torch CUDAExtension with 2 translation units (one .cpp pybind binding including "
+            "torch/extension.h, one .cu kernel for sm_90), built with `setup.py build_ext`")
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"what": what, "tool": version, "torch": torch_version,
+                                             "jobs": args.jobs, "results": results}, indent=2))
     if not args.no_record:
-        tool = Path(launcher).name
-        version = subprocess.check_output([launcher, "--version"], text=True).splitlines()[0]
         lines = [
             f"\n## Compile cache, cold vs warm ({dt.date.today().isoformat()})\n",
-            f"Machine: {machine.cores} cores, {machine.memory_gib:.0f} GiB, {platform.machine()}, no GPU; "
-            f"{version}; torch {torch_version}; nvcc from CUDA_HOME; MAX_JOBS=2.\n",
-            "A torch CUDAExtension with 2 translation units (one .cpp pybind binding including "
-            "torch/extension.h, one .cu kernel for sm_90), built with `setup.py build_ext` through "
+            f"Machine: {machine.cores} cores, {machine.memory_gib:.0f} GiB, {platform.machine()}; "
+            f"{version}; torch {torch_version}; nvcc from CUDA_HOME; MAX_JOBS={args.jobs}.\n",
+            f"{what[0].upper()}{what[1:]}, through "
             f"`extforge.compile_cache.env()` ({tool}, base_dir /) twice, in two different directories "
             "sharing one cache: `bench/compile_cache_bench.py`.\n",
             "| run | wall s | cache hits | misses |",

@@ -58,10 +58,6 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
     printf '#!/bin/sh\nexec %s %s "$@"\n' "${EXTFORGE_COMPILER_LAUNCHER}" "${real_cxx}" > "${wrap_dir}/$(basename "${real_cxx}")"
     chmod +x "${wrap_dir}/$(basename "${real_cxx}")"
     export CXX="${wrap_dir}/$(basename "${real_cxx}")"
-    if [[ "$(basename "${EXTFORGE_COMPILER_LAUNCHER}")" == sccache* ]]; then
-        # sccache cannot cache nvcc calls that write depfiles (-MD).
-        export TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1
-    fi
     for v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
         [[ -z "${!v:-}" ]] && unset "${v}"
     done

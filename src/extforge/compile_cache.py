@@ -64,7 +64,15 @@ def env(
     launcher = find_launcher(tool)
     cache_dir = Path(cache_dir) if cache_dir else default_dir() / launcher.tool
     cache_dir.mkdir(parents=True, exist_ok=True)
-    out = {"EXTFORGE_COMPILER_LAUNCHER": str(launcher.path)}
+    out = {
+        "EXTFORGE_COMPILER_LAUNCHER": str(launcher.path),
+        # torch's ninja rule makes nvcc write a depfile; up to torch ~2.12 on Linux with
+        # `--generate-dependencies-with-compile --dependency-output F`, which ccache 4.7 takes for
+        # a second source file and sccache cannot cache either: every .cu compile would bypass the
+        # cache (seen on an H100 node with torch 2.11: a rebuild recompiled all 73 objects).
+        # One-shot package builds never need ninja's header dependencies.
+        "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1",
+    }
     if launcher.tool == "ccache":
         out |= {
             "CCACHE_DIR": str(cache_dir),
