@@ -4,6 +4,7 @@ crafted archives refused."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from extforge.channel.lock import lock
 from extforge.channel.manifest import read_manifest
 from extforge.channel.publish import publish
 from extforge.channel.safety import check_archive, unsafe_reason
+from extforge.channel import verify as verify_mod
 from extforge.channel.verify import verify_prefix
 from extforge.errors import ExtforgeError
 
@@ -192,3 +194,32 @@ def test_unsafe_reason_rules():
     assert unsafe_reason("lib/link", "symlink", "../../../etc") == "symlink ../../../etc points outside the prefix"
     assert unsafe_reason("lib/link", "symlink", "libx.so.1") is None
     assert unsafe_reason("bin/x", "hardlink", "../outside")
+
+
+def test_verify_rehashes_only_files_changed_since_a_clean_run(tiny_packages, http_root, tmp_path, isolated_cache,
+                                                              monkeypatch):
+    root, url = http_root
+    publish(tiny_packages.distinct[:6] + [tiny_packages.app], root / "internal", audit=False)
+    _, lock_path = _workspace(tmp_path, f"{url}/internal")
+    prefix = tmp_path / "env"
+    install_env(lock_path, "app", prefix)
+
+    first = verify_prefix(prefix, lock_path=lock_path, env="app")
+    total = first.files_hashed
+    assert first.ok and total > 0 and first.snapshot == "written"
+    # Files written seconds before the snapshot may share its timestamp tick: hashed again.
+    assert verify_prefix(prefix, lock_path=lock_path, env="app").files_hashed == total
+    monkeypatch.setattr(verify_mod, "RACY_NS", 0)
+    quick = verify_prefix(prefix, lock_path=lock_path, env="app")
+    assert quick.ok and quick.files_hashed == 0 and quick.files_unchanged == total
+
+    # Same size, mtime set back: only ctime tells, and that is enough to re-hash the file.
+    data = prefix / "share/tiny-01/data.txt"
+    before = data.stat()
+    data.write_bytes(bytes(b ^ 1 for b in data.read_bytes()))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert data.stat().st_size == before.st_size and data.stat().st_mtime_ns == before.st_mtime_ns
+    caught = verify_prefix(prefix, lock_path=lock_path, env="app")
+    assert not caught.ok and caught.files_hashed == 1
+    assert any(f.startswith("modified: share/tiny-01/data.txt (tiny-01)") for f in caught.check("files").findings)
+    assert verify_prefix(prefix, lock_path=lock_path, env="app", rehash=True).files_hashed == total

@@ -5,15 +5,21 @@
     files whose prefix placeholder was rewritten at install time) — drift or tampering is
     reported per file;
 (c) admission: driver CUDA, GPU architectures, glibc (see admission.py).
-conda-meta is read as plain JSON and files are hashed on a thread pool with large reads, so
-a 5 GB torch environment verifies in seconds (bench/verify_bench.py). Every file is re-hashed
-on every run: trusting size+mtime would miss same-size edits made with a restored mtime.
+conda-meta is read as plain JSON and files are hashed on a thread pool with large reads.
+
+A Slurm prolog cannot re-hash 5 GB on every job (10 s on an H100 node), so a run whose files all
+hashed correctly records each file's (size, mtime, ctime, inode) in conda-meta/extforge/; the next
+run re-hashes only files whose record differs. mtime alone would not do (it can be set back after
+an edit); ctime cannot be set by any user and changes with every write, chmod or rename, so a
+same-size edit with a restored mtime is still re-hashed. Files changed within a few seconds
+before a snapshot are never trusted from it (timestamps may be coarse). --rehash ignores it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +40,8 @@ class VerifyReport:
     node: NodeFacts | None = None
     files_hashed: int = 0
     bytes_hashed: int = 0
+    files_unchanged: int = 0
+    snapshot: str = "none"  # "written", "unwritable", "none" (not all files passed)
     seconds: float = 0.0
 
     @property
@@ -55,6 +63,8 @@ class VerifyReport:
             "node": self.node.to_json() if self.node else None,
             "files_hashed": self.files_hashed,
             "bytes_hashed": self.bytes_hashed,
+            "files_unchanged_since_snapshot": self.files_unchanged,
+            "snapshot": self.snapshot,
             "seconds": round(self.seconds, 3),
         }
 
@@ -101,11 +111,74 @@ def expected_files(prefix: Path, records: list[dict]) -> tuple[dict[Path, tuple[
     return expect, findings
 
 
-def check_files(prefix: Path, records: list[dict], threads: int | None, report: VerifyReport) -> Check:
+SNAPSHOT = Path("conda-meta") / "extforge" / "verified-files.json"
+# A file whose ctime is this close to the snapshot may have changed within the same timestamp tick.
+RACY_NS = 3 * 10**9
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _load_snapshot(prefix: Path) -> dict[str, list]:
+    try:
+        data = json.loads((prefix / SNAPSHOT).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if data.get("schema") != 1:
+        return {}
+    taken = int(data.get("taken_ns", 0))
+    # Entries changed too close to the snapshot are left out: they must be hashed again.
+    return {rel: e for rel, e in data.get("files", {}).items() if e[3] < taken - RACY_NS}
+
+
+def _write_snapshot(prefix: Path, entries: dict[str, list], taken_ns: int) -> str:
+    target = prefix / SNAPSHOT
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".verified-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"schema": 1, "taken_ns": taken_ns, "files": entries}, fh, separators=(",", ":"))
+        os.replace(tmp, target)
+    except OSError:
+        # A node may see the prefix read-only (NFS); it then hashes every time, nothing breaks.
+        return "unwritable"
+    return "written"
+
+
+def _unchanged(path: Path, want: str, rel: str, snapshot: dict[str, list]) -> list[int] | None:
+    """The file's stat key when it matches the snapshot (same sha256 expected, same stat)."""
+    entry = snapshot.get(rel)
+    if entry is None or entry[0] != want:
+        return None
+    try:
+        key = _stat_key(path.stat())
+    except OSError:
+        return None
+    return key if key == entry[1:] else None
+
+
+def check_files(prefix: Path, records: list[dict], threads: int | None, report: VerifyReport,
+                *, rehash: bool = False) -> Check:
     expect, findings = expected_files(prefix, records)
-    hashes = hash_many(expect, threads=threads)
-    for path, (want, pkg) in sorted(expect.items()):
-        got = hashes[path]
+    snapshot = {} if rehash else _load_snapshot(prefix)
+    taken_ns = time.time_ns()
+    entries: dict[str, list] = {}
+    to_hash: dict[Path, list[int] | None] = {}
+    for path, (want, _pkg) in expect.items():
+        rel = str(path.relative_to(prefix))
+        key = _unchanged(path, want, rel, snapshot)
+        if key is not None:
+            entries[rel] = [want, *key]
+            continue
+        try:
+            # Taken before hashing: a write during the hash changes ctime, so the next run re-hashes.
+            to_hash[path] = _stat_key(path.stat())
+        except OSError:
+            to_hash[path] = None
+    hashes = hash_many(to_hash, threads=threads)
+    for path, got in sorted(hashes.items()):
+        want, pkg = expect[path]
         rel = path.relative_to(prefix)
         if isinstance(got, FileNotFoundError):
             findings.append(f"missing: {rel} ({pkg})")
@@ -113,9 +186,15 @@ def check_files(prefix: Path, records: list[dict], threads: int | None, report: 
             findings.append(f"unreadable: {rel} ({pkg}): {got.strerror}")
         elif got != want:
             findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {want[:12]}…")
-    report.files_hashed = len(expect)
-    report.bytes_hashed = sum(p.stat().st_size for p, h in hashes.items() if isinstance(h, str))
-    summary = f"{len(expect)} files hashed from {len(records)} packages, {len(findings)} problem(s)"
+        elif to_hash[path] is not None:
+            entries[str(rel)] = [want, *to_hash[path]]
+    report.files_hashed = len(hashes)
+    report.files_unchanged = len(expect) - len(hashes)
+    report.bytes_hashed = sum(k[0] for p, k in to_hash.items() if k is not None and isinstance(hashes[p], str))
+    if not findings and hashes:
+        report.snapshot = _write_snapshot(prefix, entries, taken_ns)
+    summary = (f"{len(expect)} files from {len(records)} packages: {len(hashes)} hashed, "
+               f"{report.files_unchanged} unchanged since verified; {len(findings)} problem(s)")
     return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
 
@@ -126,6 +205,7 @@ def verify_prefix(
     env: str | None = None,
     node: NodeFacts | None = None,
     threads: int | None = None,
+    rehash: bool = False,
 ) -> VerifyReport:
     start = time.monotonic()
     prefix = prefix.resolve()
@@ -139,7 +219,7 @@ def verify_prefix(
 
         locked = locked_records(lock_path, env)
     report.checks.append(check_packages(records, locked, env))
-    report.checks.append(check_files(prefix, records, threads, report))
+    report.checks.append(check_files(prefix, records, threads, report, rehash=rehash))
     report.node = node or probe()
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
     report.checks += admission_checks(read_audit_records(prefix), report.node, env_cuda)

@@ -13,6 +13,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
     parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock")
     parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
+    parser.add_argument("--rehash", action="store_true",
+                        help="hash every file, ignoring the record of files unchanged since the last clean run")
     from ..slurm.cli import add_verify_options
 
     add_verify_options(parser)
@@ -27,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from ..channel.verify import verify_prefix
     from ..ui import console, emit_json
 
-    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads)
+    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash)
     if args.json:
         emit_json(report.to_json())
     else:

@@ -125,6 +125,8 @@ def verify_slurm(args: argparse.Namespace) -> int:
         verify_argv += ["--lock", str(Path(args.lock).resolve())]
     if getattr(args, "threads", None):
         verify_argv += ["--threads", str(args.threads)]
+    if getattr(args, "rehash", False):
+        verify_argv.append("--rehash")
 
     rows = verify_on_nodes(slurm_config(args), verify_argv, nodelist=args.nodelist)
     if args.json:
