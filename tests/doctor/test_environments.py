@@ -54,6 +54,8 @@ def test_without_torch_it_says_what_it_could_not_check(shadowed_machine: FakeMac
     assert any(n.startswith("torch: not importable") and "No module named 'torch'" in n for n in f.not_checked)
     assert f.driver is not None and f.driver.gpus[0].sm == "sm_90"
     assert f.cores and f.memory_bytes
+    # The build plan is for the node's own GPUs (an H100: sm_90), not the recipe's default list.
+    assert f.plan is not None and f.plan["archs"] == ["90"]
     # The nvcc older than 11.7 is an error with or without torch.
     assert report.has_errors and any("older than 11.7" in x.title for x in report.findings)
 

@@ -26,15 +26,17 @@ from .target import probe_target
 __all__ = ["DoctorReport", "Facts", "Finding", "diagnose", "planner_values", "run_doctor"]
 
 
-def planner_values(m: machine_mod.Machine) -> tuple[dict[str, Any] | None, str | None]:
-    """What the build planner would choose on this machine, or why it cannot say."""
+def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[dict[str, Any] | None, str | None]:
+    """What the build planner would choose on this machine (for `archs`, else the recipe's
+    default list), or why it cannot say."""
     try:
         from ..plan import plan_build  # written separately; absent in early checkouts
     except ImportError as exc:
         return None, f"planner unavailable ({exc})"
     try:
-        plan = plan_build(m)
+        plan = plan_build(m, archs=tuple(archs))
         values: dict[str, Any] = dict(plan.env())
+        values["archs"] = list(plan.archs)
         for key in ("predicted_peak_bytes", "memory_limit_bytes", "expected_wall_seconds"):
             if hasattr(plan, key):
                 values[key] = getattr(plan, key)
@@ -83,11 +85,13 @@ def run_doctor(
         m = machine_mod.detect()
         facts.glibc, facts.cores = m.glibc, m.cores
         facts.memory_bytes, facts.memory_source = m.memory_bytes, m.memory_source
-        facts.plan, why = planner_values(m)
-        if why:
-            facts.not_checked.append(why)
         facts.cuda_home = torch_cuda_home(env)
         facts.nvccs, facts.driver, facts.compiler = nvccs.result(), driver.result(), compiler.result()
+        # A node builds for its own GPUs: plan for those archs, as `extforge plan --archs` would.
+        own_archs = sorted({g.compute_cap.replace(".", "") for g in facts.driver.gpus})
+        facts.plan, why = planner_values(m, own_archs)
+        if why:
+            facts.not_checked.append(why)
         t = target.result()
     facts.python, facts.torch, facts.flash_attn = t.python, t.torch, t.flash_attn
     for what, err in t.errors.items():

@@ -50,7 +50,8 @@ def _facts_lines(f: Facts) -> list[tuple[str, str]]:
         peak = f.plan.get("predicted_peak_bytes")
         limit = f.plan.get("memory_limit_bytes")
         fit = f" (predicted peak {peak / GIB:.1f} GiB of {limit / GIB:.1f} GiB allowed)" if peak and limit else ""
-        rows.append(("planner", " ".join(f"{k}={v}" for k, v in f.plan.items() if k.isupper()) + fit))
+        archs = f" for sm_{', sm_'.join(f.plan['archs'])}" if f.plan.get("archs") else ""
+        rows.append(("planner", " ".join(f"{k}={v}" for k, v in f.plan.items() if k.isupper()) + archs + fit))
     if f.flash_attn:
         fa = f.flash_attn
         how = f"conda {fa.conda_build} from {fa.conda_channel}" if fa.installer == "conda" else fa.installer
