@@ -8,7 +8,6 @@ are extracted to a temporary folder; Python sources are counted, not written.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tarfile
 import tempfile
@@ -132,13 +131,13 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> N
     if hasattr(tarfile, "data_filter"):
         tar.extract(member, root, filter="data")
         return
-    # Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters: refuse what the
-    # "data" filter refuses, a member or a link target that lands outside root.
-    base = os.path.realpath(root)
-    dest = os.path.realpath(os.path.join(base, member.name))
-    link = os.path.realpath(os.path.join(os.path.dirname(dest), member.linkname)) if member.issym() else dest
-    if not all(p == base or p.startswith(base + os.sep) for p in (dest, link)) or os.path.isabs(member.linkname):
-        raise tarfile.TarError(f"{member.name!r} would be written outside the extraction folder")
+    # Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters: the install's own
+    # rule refuses a member or link that would land outside root.
+    from ..channel.safety import member_unsafe_reason
+
+    reason = member_unsafe_reason(member)
+    if reason:
+        raise tarfile.TarError(f"{member.name!r} would be written outside the extraction folder ({reason})")
     tar.extract(member, root)
 
 

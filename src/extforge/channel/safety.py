@@ -50,6 +50,11 @@ def _kind(member: tarfile.TarInfo) -> str:
     return "special"
 
 
+def member_unsafe_reason(member: tarfile.TarInfo) -> str | None:
+    """unsafe_reason for a tar member."""
+    return unsafe_reason(member.name, _kind(member), member.linkname)
+
+
 def _tar_members(fileobj, mode: str) -> Iterator[tarfile.TarInfo]:
     # Stream mode: a 1 GB package is scanned without seeking or buffering it whole.
     with tarfile.open(fileobj=fileobj, mode=mode) as tar:
@@ -95,7 +100,7 @@ def check_archive(path: Path) -> int:
     """Raise ExtforgeError naming the first unsafe member; return the number of members checked."""
     count = 0
     for inner, member in archive_members(path):
-        reason = unsafe_reason(member.name, _kind(member), member.linkname)
+        reason = member_unsafe_reason(member)
         if reason:
             where = member.name if inner == path.name else f"{inner}:{member.name}"
             raise _refusal(path, where, reason)
