@@ -55,8 +55,10 @@ def demo_channel(mirror_channel: Path) -> Path:
     """Channel folder holding demo-ext built (tests run, audited) against `mirror_channel`."""
     from extforge.build import build_recipe
 
+    # What the package holds depends on the recipe, the channel, and the build + audit + stamp code.
+    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
     key = hashlib.sha256(
-        (_tree_digest(DEMO_RECIPE) + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
+        (_tree_digest(DEMO_RECIPE) + builder + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
     ).hexdigest()[:16]
     out = _fixtures_dir() / "demo-ext" / key
     with exclusive(_fixtures_dir() / "demo-ext.lock"):

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from . import paths
 from .errors import ExtforgeError
+from .ui import log
 from .variants import archs as variant_archs
 from .variants import resolve as resolve_variants
-from .ui import log
-
 
 
 @dataclass
@@ -214,6 +213,19 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
+def build_failure(exc: Exception, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
+                  work_dirs: Sequence[Path]) -> ExtforgeError:
+    if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
+        return solve_failure(lines, urls, log_file)
+    tail = [line for line in lines if line.startswith("error:")][-5:]
+    kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
+    return ExtforgeError(
+        f"building {recipe_file.parent.name} failed: {exc}",
+        " / ".join(t[len("error: ") :] for t in tail if t.strip() != "error:") or "see the log",
+        f"read the build log {log_file}" + (kept + " (delete it when done)" if work_dirs else ""),
+    )
+
+
 class _LogSink:
     """rattler-build's progress callback: every log line to the file, the step names to the screen."""
 
@@ -233,19 +245,26 @@ class _LogSink:
             self.on_step(event.message or event.step_name)
 
 
-def after_build(packages: list[BuiltPackage], channels: Sequence[str]) -> None:
-    """Audit and stamp every built package (when extforge.audit is installed)."""
+def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
+    """Audit and stamp every built package (when extforge.audit is installed), against the host
+    env its build used (`build_env`) where that holds the torch it pins, else the channel's."""
     try:
         from .audit import audit_package
         from .audit.stamp import stamp_package
     except ImportError:
         return
     for pkg in packages:
-        report = audit_package(pkg.path, channel=channels[0] if channels else None)
+        report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         stamp_package(pkg.path, report)
         pkg.audit_verdict = report.verdict
         if not report.ok:
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
+
+
+def host_env(work_dir: Path) -> Path | None:
+    """The host prefix inside a rattler-build work folder (`host_env_placehold_...`)."""
+    found = sorted(work_dir.glob("host_env_*"))
+    return found[0] if found and (found[0] / "conda-meta").is_dir() else None
 
 
 def build_recipe(
@@ -283,34 +302,42 @@ def build_recipe(
     log_dir.mkdir(exist_ok=True)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.info("build log: %s; variant files: %s; env: %s", log_file, [str(f) for f in files], env)
+    bld = output_dir / "bld"
+    built: list[BuiltPackage] = []
     with log_file.open("w") as fh, environment(env):
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = _LogSink(fh, on_step)
+        # One variant at a time, each work folder kept until its packages are audited against
+        # the host env that built them, then deleted (flash-attn's holds GBs of objects).
         try:
-            results = Stage0Recipe.from_file(recipe_file).run_build(
-                variant_config=config,
-                tool_config=ToolConfiguration(test_strategy="native" if test else "skip"),
-                output_dir=output_dir,
-                channels=urls,
-                progress_callback=sink,
-            )
+            rendered = Stage0Recipe.from_file(recipe_file).render(config)
         except Exception as exc:
-            fh.flush()
-            if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
-                raise solve_failure(sink.lines, urls, log_file) from exc
-            tail = [line for line in sink.lines if line.startswith("error:")][-5:]
-            raise ExtforgeError(
-                f"building {recipe_file.parent.name} failed: {exc}",
-                " / ".join(t[len("error: ") :] for t in tail if t.strip() != "error:") or "see the log",
-                f"read the build log {log_file}",
-            ) from exc
-    built = [
-        BuiltPackage(Path(p), r.name, r.version, r.build_string, r.platform) for r in results for p in r.packages
-    ]
-    for pkg in built:
-        pkg.path.chmod(0o644)
-    if audit:
-        after_build(built, urls)
+            raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
+        for variant in rendered:
+            before = set(bld.glob("rattler-build_*"))
+            try:
+                result = variant.run_build(
+                    tool_config=ToolConfiguration(keep_build=True, test_strategy="native" if test else "skip"),
+                    output_dir=output_dir,
+                    channels=urls,
+                    progress_callback=sink,
+                )
+            except Exception as exc:
+                fh.flush()
+                kept = sorted(set(bld.glob("rattler-build_*")) - before)
+                raise build_failure(exc, sink.lines, urls, recipe_file, log_file, kept) from exc
+            packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform)
+                        for p in result.packages]
+            for pkg in packages:
+                pkg.path.chmod(0o644)
+            work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
+            try:
+                if audit:
+                    after_build(packages, urls, next(filter(None, map(host_env, work_dirs)), None))
+            finally:
+                for work in work_dirs:
+                    shutil.rmtree(work, ignore_errors=True)
+            built += packages
     from .mirror.channel import index_channel
 
     index_channel(output_dir)

@@ -157,6 +157,37 @@ def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monke
     assert (Path(report.against) / "lib" / "libtarget.so").is_file()
 
 
+def test_build_env_is_the_target_when_it_holds_the_pinned_torch(elfs, tmp_path, monkeypatch):
+    """After a build the host env is audited against, unless the package pins another torch:
+    then the pin itself is the error, and the channel's pinned torch is the target."""
+    from rattler.index import index_fs
+
+    from extforge.audit.channel_target import pinned_torch_prefix
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    channel = tmp_path / "channel"
+    (channel / "linux-64").mkdir(parents=True)
+    (channel / "noarch").mkdir()
+    make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
+    asyncio.run(index_fs(channel))
+    # A real installed prefix (conda-meta records and all), standing in for the build's host env.
+    host = pinned_torch_prefix(["pytorch ==1.0 0"], channel.as_uri())
+
+    pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"])
+    report = audit_target(pkg, build_env=host, channel=channel.as_uri())
+    assert report.ok, report.render()
+    assert (report.against, report.against_source) == (str(host), "build")
+    assert "host environment of its build" in report.render()
+
+    (tmp_path / "skewed").mkdir()
+    skewed = make_conda(tmp_path / "skewed", "greeter", _ext_payload(elfs), ["pytorch ==2.0 0"])
+    report = audit_target(skewed, build_env=host)
+    (pin,) = [f for f in report.errors if f.check == "packaging"]
+    assert "pins `pytorch ==2.0 0`" in pin.message and "pytorch 1.0 0" in pin.message
+    assert "pin_compatible('pytorch', exact=True)" in pin.fix
+    assert report.against_source is None
+
+
 @pytest.mark.parametrize("filters", ["data_filter", "no_filters"])
 def test_member_escaping_the_extraction_folder_is_refused(filters, tmp_path, monkeypatch):
     """Both with tarfile's "data" filter and on Pythons without it (before 3.11.4)."""

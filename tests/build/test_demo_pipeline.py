@@ -36,6 +36,17 @@ def _index_json(conda: Path) -> dict:
     raise AssertionError(f"no info/index.json in {conda}")
 
 
+def _package_member(conda: Path, name: str) -> bytes:
+    with zipfile.ZipFile(conda) as zf:
+        member = next(n for n in zf.namelist() if n.startswith("pkg-") and n.endswith(".tar.zst"))
+        raw = zstandard.ZstdDecompressor().stream_reader(zf.open(member))
+        with tarfile.open(fileobj=raw, mode="r|") as tf:
+            for entry in tf:
+                if entry.name == name:
+                    return tf.extractfile(entry).read()
+    raise AssertionError(f"no {name} in {conda}")
+
+
 def _channel_record(channel: Path, name: str) -> dict:
     data = json.loads((channel / "linux-64" / "repodata.json").read_text())
     return next(r for r in data["packages.conda"].values() if r["name"] == name)
@@ -55,6 +66,15 @@ def test_demo_package_pins_the_exact_pytorch_it_was_built_against(demo_package: 
     # The python pin comes from the mirrored python's run_exports, as with conda-forge's python_abi.
     assert any(d.startswith("python_abi 3.11") for d in index["depends"])
     assert oct(demo_package.stat().st_mode & 0o777) == "0o644"
+
+
+@pytest.mark.slow
+def test_demo_package_was_audited_against_its_build_env(demo_package: Path, demo_channel: Path):
+    stamp = json.loads(_package_member(demo_package, "share/extforge/audit/demo-ext.json"))
+    assert stamp["audited_against"] == "build", stamp
+    assert stamp["verdict"] == "pass" and stamp["sass_archs"] and stamp["torch"].startswith("2.14.1")
+    # The work folder (sources, objects, host env) lived only until the audit.
+    assert not list((demo_channel / "bld").glob("rattler-build_*"))
 
 
 @pytest.mark.slow

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .checks import Context, audit_module
-from .packaging import is_extension_module, open_target, packaging_findings, pinned_glibc
+from .packaging import (
+    is_extension_module,
+    open_target,
+    packaging_findings,
+    pinned_glibc,
+)
 from .report import AuditReport, Finding, ModuleFacts
 from .resolve import Resolver, target_env
 
@@ -25,28 +30,44 @@ def audit_target(
     archs: list[str] | None = None,
     glibc: str | None = None,
     channel: str | Sequence[str] | None = None,
+    build_env: Path | None = None,
 ) -> AuditReport:
     """Audit every ELF file of TARGET (.conda/.tar.bz2, wheel, prefix or .so) against a target env.
 
-    The target env is `against`; else, for a package, its pinned pytorch installed from
+    The target env is `against`; else, for a package, the host env of its build (`build_env`)
+    if that holds the pytorch the package pins, else its pinned pytorch installed from
     `channel`; else, for a prefix, the prefix itself; else the system libraries alone.
     """
     start = time.monotonic()
     target = Path(target)
     with open_target(target) as payload:
+        source, pin_findings = ("given" if against else None), []
         if against is None and payload.kind == "prefix":
-            against = payload.root
+            against, source = payload.root, "prefix"
+        if against is None and payload.kind == "conda" and build_env is not None:
+            from .channel_target import build_env_mismatch
+
+            if mismatch := build_env_mismatch(build_env, payload.depends):
+                pin_findings.append(Finding(
+                    "error", "packaging", mismatch,
+                    cause="the run requirement on pytorch is not taken from the host pytorch, so users "
+                          "get a torch the module was never linked against",
+                    fix="pin it from the host in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}"))
+            else:
+                against, source = build_env, "build"
         if against is None and payload.kind == "conda" and channel:
             from .channel_target import pinned_torch_prefix, torch_specs
 
             # A package that pins no torch (pure Python, a plain C library) has no torch to fetch.
             if torch_specs(payload.depends):
-                against = pinned_torch_prefix(payload.depends, channel)
+                against, source = pinned_torch_prefix(payload.depends, channel), "channel"
         env = target_env(Path(against) if against else None)
         report = AuditReport(
-            target=str(target), against=str(against) if against else None, name=payload.name,
-            version=payload.version, build=payload.build, torch=env.torch, cuda_version=env.cuda_version,
+            target=str(target), against=str(against) if against else None, against_source=source,
+            name=payload.name, version=payload.version, build=payload.build, torch=env.torch,
+            cuda_version=env.cuda_version,
         )
+        report.extend(pin_findings)
         report.extend(packaging_findings(payload))
         floor = glibc or pinned_glibc(payload.depends)
         resolver = Resolver(env)
@@ -78,8 +99,9 @@ def audit_package(
     *,
     against: Path | None = None,
     channel: str | None = None,
+    build_env: Path | None = None,
     archs: list[str] | None = None,
     glibc: str | None = None,
 ) -> AuditReport:
     """The gate `extforge build` and `extforge publish` run on a built package."""
-    return audit_target(path, against=against, archs=archs, glibc=glibc, channel=channel)
+    return audit_target(path, against=against, archs=archs, glibc=glibc, channel=channel, build_env=build_env)

@@ -1,5 +1,6 @@
-"""The target environment of a package when none is given: its pinned pytorch, installed
-from a channel into a cached prefix (solve + install with rattler, like pixi does)."""
+"""The target environment of a package when none is given: the host environment its build
+used (right after `extforge build`), or its pinned pytorch installed from a channel into a
+cached prefix (solve + install with rattler, like pixi does)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,22 @@ DEFAULT_CUDA = "13.0"
 def torch_specs(depends: list[str]) -> list[str]:
     """The package's run requirements on torch, e.g. ['pytorch ==2.14.1 cuda130_py311_h1480fd6_0']."""
     return [d for d in depends if d.split()[0] in TORCH_NAMES]
+
+
+def build_env_mismatch(prefix: Path, depends: list[str]) -> str | None:
+    """Why `prefix` (a build's host env) does not hold the torch the package pins; None if it does.
+
+    Only then does an audit against the build's env also prove the package against the torch
+    its users install."""
+    from rattler import MatchSpec, PrefixRecord
+
+    records = [PrefixRecord.from_path(p) for p in sorted((Path(prefix) / "conda-meta").glob("*.json"))]
+    torches = [r for r in records if r.name.normalized in TORCH_NAMES]
+    for spec in torch_specs(depends):
+        if not any(MatchSpec(spec).matches(r) for r in torches):
+            built = ", ".join(f"{r.name.normalized} {r.version} {r.build}" for r in torches) or "no pytorch"
+            return f"the package pins `{spec}`, but its build compiled against {built}"
+    return None
 
 
 def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Path:
@@ -55,7 +72,14 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
 
 
 async def _solve_install(specs: list[str], channels: list[str], prefix: Path) -> None:
-    from rattler import BuildString, GenericVirtualPackage, PackageName, Version, install, solve
+    from rattler import (
+        BuildString,
+        GenericVirtualPackage,
+        PackageName,
+        Version,
+        install,
+        solve,
+    )
 
     def vp(name: str, version: str) -> GenericVirtualPackage:
         return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))

@@ -9,6 +9,12 @@ from typing import Any, Literal
 from .glibc import version_key
 
 Severity = Literal["error", "warning", "info"]
+AGAINST_SOURCES = {
+    "given": "the environment given",
+    "prefix": "the prefix itself",
+    "build": "the host environment of its build",
+    "channel": "its pinned pytorch from the channel",
+}
 CHECKS = ("packaging", "libraries", "symbols", "abi", "gpu", "platform")
 _ICON = {"error": "[red]✗[/red]", "warning": "[yellow]![/yellow]", "info": "[dim]·[/dim]"}
 
@@ -45,6 +51,7 @@ class ModuleFacts:
 class AuditReport:
     target: str
     against: str | None = None
+    against_source: str | None = None  # a key of AGAINST_SOURCES; None: the system libraries alone
     name: str | None = None
     version: str | None = None
     build: str | None = None
@@ -99,6 +106,7 @@ class AuditReport:
         return {
             "target": self.target,
             "against": self.against,
+            "against_source": self.against_source,
             "name": self.name,
             "version": self.version,
             "build": self.build,
@@ -120,6 +128,8 @@ class AuditReport:
     def render(self, verbose: bool = False) -> str:
         """Rich markup for people: a header, then the findings grouped by check."""
         lines = [f"[bold]audit of {self.target}[/bold]" + (f" against {self.against}" if self.against else "")]
+        if self.against_source:
+            lines.append(f"  target: {AGAINST_SOURCES[self.against_source]}")
         if self.torch:
             lines.append(f"  target torch {self.torch}, CXX11 ABI {_abi_text(self.target_cxx11_abi)}")
         for m in self.modules:

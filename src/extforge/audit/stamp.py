@@ -40,6 +40,7 @@ def stamp_record(report: AuditReport) -> dict[str, Any]:
         "glibc_floor": report.floor("GLIBC"),
         "glibcxx_floor": report.floor("GLIBCXX"),
         "torch": report.torch,
+        "audited_against": report.against_source,
         "cuda_version": report.cuda_version,
         "verdict": report.verdict,
     }
