@@ -9,7 +9,15 @@ from extforge.slurm.config import load, merge, parse_config
 from extforge.slurm.matrix import Variant
 from extforge.slurm.nodes import build_node_type, parse_sinfo
 from extforge.slurm.script import BuildJob, JobFiles, render_build_script, sbatch_options
-from extforge.slurm.state import JobRecord, QueueEntry, classify, parse_sacct, parse_sbatch_parsable, parse_squeue
+from extforge.slurm.state import (
+    JobRecord,
+    QueueEntry,
+    classify,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_squeue,
+    published_in,
+)
 from extforge.slurm.verify import rows_from_run, split_labelled
 
 VARIANT = Variant(
@@ -152,3 +160,20 @@ def test_job_log_split_into_build_output_and_error():
     log = f"start\n{BUILD_LOG_MARK} /o/logs/b.log:\ninfo: Killed\n{ERROR_MARK} 2:\nerror: building failed\n  why: long\n"
     assert split_job_log(log) == ("info: Killed\n", "error: building failed\n  why: long")
     assert split_job_log("plain\nlog\n") == ("plain\nlog\n", "")
+
+
+def test_published_means_listed_in_the_index_not_just_copied_in(tmp_path):
+    """publish copies a package in before it re-indexes; a waiter told "published" installs next."""
+    import json
+
+    sub = tmp_path / "linux-64"
+    sub.mkdir()
+    outputs = ["linux-64/demo-ext-0.1-h1_0", "linux-64/demo-ext-0.1-h2_0"]
+    for o in outputs:
+        (tmp_path / f"{o}.conda").write_bytes(b"")
+    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}}}))
+    assert not published_in(tmp_path, outputs)
+    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}},
+                                                   "packages": {"demo-ext-0.1-h2_0.tar.bz2": {}}}))
+    assert published_in(tmp_path, outputs)
+    assert not published_in(tmp_path / "nowhere", outputs) and not published_in(None, outputs)

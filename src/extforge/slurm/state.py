@@ -215,9 +215,24 @@ def classify(
 
 
 def published_in(channel: Path | None, outputs: list[str]) -> bool:
+    """Whether the channel's index lists every output ("linux-64/<name>-<version>-<build>").
+
+    The index, not the file: publish copies the package in before it re-indexes, and a user
+    told "published" installs next."""
     if channel is None:
         return False
-    return all((channel / f"{o}.conda").is_file() or (channel / f"{o}.tar.bz2").is_file() for o in outputs)
+    indexed: dict[str, set[str]] = {}
+    for output in outputs:
+        subdir, _, stem = output.rpartition("/")
+        if subdir not in indexed:
+            try:
+                repodata = json.loads((channel / subdir / "repodata.json").read_text())
+            except (OSError, ValueError):
+                repodata = {}
+            indexed[subdir] = {*repodata.get("packages.conda", {}), *repodata.get("packages", {})}
+        if not {f"{stem}.conda", f"{stem}.tar.bz2"} & indexed[subdir]:
+            return False
+    return True
 
 
 def channel_dir(channel: str) -> Path | None:
