@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from extforge.audit import audit_target
 from extforge.audit.elf import open_elf
 from extforge.audit.fatbin import arch_sets, parse_fatbin
@@ -86,3 +88,32 @@ def test_ptx_only_is_a_warning(cuda_elfs):
     assert report.ptx_archs == ["compute_90"] and report.sass_archs == []
     # PTX for compute_90 cannot serve an older GPU.
     assert not audit_target(cuda_elfs["ptx90"], archs=["sm_80"]).ok
+
+
+
+def test_libpython_of_a_venv_target_is_found_in_its_base_python(tmp_path):
+    """A module linked against libpython (as our builds link, -Wl,--no-undefined), audited
+    against a venv: the library lives in the venv's base python, which loads it at import.
+    A made-up libpython3.99 keeps the system's own libpython out of the answer."""
+    import subprocess
+
+    base = tmp_path / "base"
+    (base / "bin").mkdir(parents=True)
+    (base / "lib").mkdir()
+    (tmp_path / "py.c").write_text("int Py_Stand_In(void) { return 3; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libpython3.99.so.1.0", "-o",
+                    str(base / "lib" / "libpython3.99.so.1.0"), str(tmp_path / "py.c")], check=True)
+    (base / "bin" / "python3.99").write_bytes(Path("/bin/true").read_bytes())
+    (tmp_path / "ext.c").write_text("int Py_Stand_In(void);\nint ext_entry(void) { return Py_Stand_In(); }\n")
+    so = tmp_path / "ext.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(tmp_path / "ext.c"), f"-L{base / 'lib'}",
+                    "-Wl,--no-undefined", "-l:libpython3.99.so.1.0"], check=True)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python3").symlink_to(base / "bin" / "python3.99")
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\n")
+
+    report = audit_target(so, against=venv)
+    assert report.ok, report.render()
+    assert report.modules[0].unresolved == 0
+    assert not audit_target(so, against=tmp_path / "venv" / "bin").ok  # no base python: not found

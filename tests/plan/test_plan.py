@@ -67,7 +67,7 @@ def test_profiles_cover_flash_attn_and_demo() -> None:
     assert "demo-ext" in profiles
 
 
-@pytest.mark.parametrize("text,value", [("128G", 128 * GIB), ("64GiB", 64 * GIB), ("512M", 512 * 1024**2), ("1024", 1024)])
+@pytest.mark.parametrize("text,value", [("128G", 128 * GIB), ("64GiB", 64 * GIB), ("512M", 512 * 1024**2), ("1024", GIB)])
 def test_parse_memory(text: str, value: int) -> None:
     assert parse_memory(text) == value
 

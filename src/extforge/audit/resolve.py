@@ -71,6 +71,12 @@ def target_env(root: Path | None) -> TargetEnv:
         if candidate.exists():
             env.interpreter = candidate.resolve()
             break
+    # A venv's python lives outside it, and so does the libpython a module links against: at
+    # import time it is the one that python already loaded, from its own prefix.
+    if env.interpreter and not env.interpreter.is_relative_to(root):
+        base_lib = env.interpreter.parent.parent / "lib"
+        if next(base_lib.glob("libpython3*.so*"), None) is not None:
+            env.lib_dirs.append(base_lib)
     _read_conda_torch(env, root)
     return env
 
