@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 from extforge import compile_cache  # noqa: E402
 from extforge.machine import detect  # noqa: E402
+from extforge.mirror.toolchain import pick_compilers  # noqa: E402
 
 KERNEL = r"""
 #include <torch/extension.h>
@@ -91,7 +92,8 @@ def _unpack_project(sdist: Path, where: Path) -> Path:
 def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path, jobs: int) -> dict[str, str]:
     env = dict(os.environ) | cache_env
     launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
-    real_cxx = shutil.which(env.get("CXX", "g++"))
+    # The g++ the mirror's compiler packages use: one that links the shared libstdc++.
+    real_cxx = pick_compilers()[1]
     wrap_dir.mkdir(parents=True, exist_ok=True)
     wrapper = wrap_dir / Path(real_cxx).name
     wrapper.write_text(f'#!/bin/sh\nexec {launcher} {real_cxx} "$@"\n')

@@ -33,6 +33,15 @@ if [[ "${torch_abi}" == "1" ]]; then
     export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE
 fi
 
+# --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------
+# A g++ with only libstdc++.a beside it (some relocated toolchains) links the runtime into the
+# module and exports it; `extforge audit` refuses that, so stop before a 20-minute compile.
+if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
+    echo "error: ${CXX} finds no libstdc++.so and would link libstdc++.a into the module (a second" \
+         "C++ runtime beside torch's libstdc++.so.6); build with conda's gxx or a g++ that has libstdc++.so" >&2
+    exit 1
+fi
+
 # --- Link: a symbol missing from the build-time libtorch fails here, not on a user's node ----
 libpython=""
 read -r py_libdir py_soname < <("${PYTHON}" -c 'import sysconfig as s; print(s.get_config_var("LIBDIR"), s.get_config_var("INSTSONAME") or "-")')

@@ -39,6 +39,12 @@ extern "C" int ext_entry(int n) {
   return r;
 }
 """
+# Streams pull the locale machinery in: linked from libstdc++.a, the module exports it.
+EXT_STREAMS = r"""
+#include <sstream>
+#include <string>
+extern "C" int ext_format(int n) { std::ostringstream out; out << "n=" << n; return (int)out.str().size(); }
+"""
 KERNEL = r"""
 __global__ void scale(float* x, float a, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= a; }
 extern "C" void launch_scale(float* x, float a, int n) { scale<<<(n + 255) / 256, 256>>>(x, a, n); }
@@ -73,6 +79,8 @@ def elfs(tmp_path_factory) -> dict[str, Path]:
         "good": _gxx(root, EXT, "ext_good.so", "-L", str(v1), "-ltarget"),
         "old_abi": _gxx(root, EXT, "ext_old_abi.so", "-D_GLIBCXX_USE_CXX11_ABI=0", "-L", str(v1), "-ltarget"),
         "skew": _gxx(root, EXT, "ext_skew.so", "-DUSE_V2", "-L", str(v2), "-ltarget"),
+        "static_runtime": _gxx(root, EXT_STREAMS, "ext_static_runtime.so", "-static-libstdc++"),
+        "shared_runtime": _gxx(root, EXT_STREAMS, "ext_shared_runtime.so"),
     }
 
 

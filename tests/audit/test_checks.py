@@ -117,3 +117,17 @@ def test_libpython_of_a_venv_target_is_found_in_its_base_python(tmp_path):
     assert report.ok, report.render()
     assert report.modules[0].unresolved == 0
     assert not audit_target(so, against=tmp_path / "venv" / "bin").ok  # no base python: not found
+
+
+def test_a_static_libstdcxx_exported_by_the_module_is_an_error(elfs):
+    """A g++ that only has libstdc++.a (or -static-libstdc++) puts a 2nd C++ runtime in the process."""
+    report = audit_target(elfs["static_runtime"])
+    (finding,) = _errors(report, "abi")
+    assert "carries its own C++ runtime" in finding.message and finding.library == "libstdc++.so.6"
+    assert finding.symbol in {"std::locale::classic()", "std::terminate()", "std::exception::~exception()"}
+    # The runtime's own dual-ABI instantiations are not taken for the module's string ABI.
+    assert not report.warnings and report.modules[0].cxx11_abi is True
+
+    shared = audit_target(elfs["shared_runtime"])
+    assert shared.ok and not shared.warnings, shared.render()
+    assert "libstdc++.so.6" in shared.modules[0].needed

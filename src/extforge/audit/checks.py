@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .abi import AbiEvidence, abi_evidence, uses_old_string
@@ -14,6 +15,9 @@ from .report import Finding, ModuleFacts
 from .resolve import Resolution, Resolver, TargetEnv
 
 _RUNTIME_LIBS = ("libstdc++.so", "libgcc_s.so", "libc.so", "libm.so")
+# Mangled names in the runtime's namespaces: std (St, and the abbreviations Sa Sb Ss Si So Sd)
+# and __gnu_cxx.
+STD_MANGLED = re.compile(r"_Z(?:NK?)?(?:S[tabsiod]|9__gnu_cxx)")
 
 
 @dataclass
@@ -36,7 +40,11 @@ class ModuleAudit:
 def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool) -> ModuleAudit:
     findings: list[Finding] = []
     resolution = ctx.resolver.resolve(obj)
-    evidence = abi_evidence([s.name for s in obj.undefined] + list(obj.exports))
+    runtime = [n for n in policy()["cxx_runtime_markers"] if n in obj.exports]
+    # A static libstdc++ brings both string ABIs' std:: instantiations of its own (the dual-ABI
+    # locale shims): evidence of the runtime, not of how the module's code was compiled.
+    exports = [n for n in obj.exports if not (runtime and STD_MANGLED.match(n))]
+    evidence = abi_evidence([s.name for s in obj.undefined] + exports)
     target_abi, abi_source = target_cxx11_abi(ctx, resolution)
     facts = ModuleFacts(
         path=rel, is_extension=is_extension, needed=list(obj.needed), cxx11_abi=evidence.cxx11_abi,
@@ -45,6 +53,7 @@ def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool) -> 
     )
     findings += library_findings(rel, resolution)
     findings += symbol_findings(ctx, rel, resolution, evidence.cxx11_abi, target_abi)
+    findings += runtime_findings(rel, runtime, len(obj.exports) - len(exports))
     findings += abi_findings(rel, evidence, target_abi, abi_source, resolution.unresolved)
     findings += gpu_findings(ctx, obj, rel, facts)
     findings += platform_findings(ctx, obj, rel, facts, resolution)
@@ -117,6 +126,22 @@ def target_cxx11_abi(ctx: Context, resolution: Resolution) -> tuple[bool | None,
         if value is not None:
             return value, lib.path.name
     return None, None
+
+
+def runtime_findings(rel: str, markers: list[str], std_exports: int) -> list[Finding]:
+    if not markers:
+        return []
+    shown = demangle_all(markers[:1])[markers[0]]
+    return [Finding(
+        "error", "abi", f"{rel} carries its own C++ runtime (a static libstdc++) and exports it: "
+                        f"{std_exports} C++ runtime symbols, e.g. {shown}",
+        module=rel, symbol=shown, library="libstdc++.so.6",
+        cause="it was linked with libstdc++.a (a g++ with no libstdc++.so beside it, or -static-libstdc++); "
+              "in one process with torch's libstdc++.so.6 two C++ runtimes then share exceptions, locales and "
+              "iostreams, and each library binds to whichever copy the loader finds first",
+        fix="link the shared libstdc++: build with conda's gxx or the distribution's g++ (its "
+            "`g++ -print-file-name=libstdc++.so` prints a path); `extforge mirror` picks such a g++",
+    )]
 
 
 def abi_findings(rel: str, evidence: AbiEvidence, target_abi: bool | None, source: str | None,

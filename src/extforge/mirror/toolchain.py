@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..errors import ExtforgeError
+from ..ui import log
 from .hashing import sha256_file, stat_identity, text_identity
 from .inputs import MirrorInputs
 from .recipes import PackageJob
 
+DISTRO_GXX = "/usr/bin/g++"
 HEADER_DIR = re.compile(r"^nvidia/[^/]+/include/")
 TARGET_INCLUDE = "targets/x86_64-linux/include"
 
@@ -45,9 +48,43 @@ def parse_nvcc_version(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def detect() -> Toolchain:
+def shared_libstdcxx(gxx: str) -> str | None:
+    """The libstdc++.so that `gxx` links by default; None if it would link libstdc++.a.
+
+    Such a g++ (e.g. a relocated toolchain that ships only libstdc++.a) puts a second C++
+    runtime into every extension, exported beside the libstdc++.so.6 torch loads."""
+    try:
+        found = subprocess.run([gxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
+def pick_compilers() -> tuple[str, str]:
+    """CC and CXX (else gcc and g++ on PATH), unless that g++ links libstdc++ statically: then
+    the first g++ on PATH or in /usr/bin that links the shared one, with the gcc beside it."""
     gcc = shutil.which(os.environ.get("CC") or "gcc") or "gcc"
     gxx = shutil.which(os.environ.get("CXX") or "g++") or "g++"
+    if shared_libstdcxx(gxx):
+        return gcc, gxx
+    for candidate in dict.fromkeys(filter(None, (shutil.which("g++"), DISTRO_GXX))):
+        if candidate != gxx and shared_libstdcxx(candidate):
+            log.warning("%s links libstdc++ statically (no libstdc++.so beside it): extensions would carry "
+                        "a second C++ runtime next to torch's libstdc++.so.6; the mirror's compilers use %s instead",
+                        gxx, candidate)
+            sibling = Path(candidate).with_name("gcc")
+            return (str(sibling) if sibling.exists() else gcc), candidate
+    raise ExtforgeError(
+        f"{gxx} links libstdc++ statically and no other g++ here links the shared libstdc++",
+        "an extension built with it carries its own copy of the C++ runtime and exports it beside the "
+        "libstdc++.so.6 that torch loads (two runtimes in one process)",
+        "install the distribution's g++ (its libstdc++-dev provides libstdc++.so), or point CXX at a "
+        "g++ whose `g++ -print-file-name=libstdc++.so` prints a path",
+    )
+
+
+def detect() -> Toolchain:
+    gcc, gxx = pick_compilers()
     try:
         gcc_version = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
     except OSError:
