@@ -124,6 +124,18 @@ def test_compiler_defaulting_to_the_old_abi_is_a_warning(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="no g++")
+def test_compiler_without_a_shared_libstdcxx_is_a_warning(tmp_path: Path) -> None:
+    # A relocated gcc with only libstdc++.a beside it answers -print-file-name with the bare name.
+    write_script(tmp_path / "c++", 'case "$1" in -print-file-name=*) echo "${1#-print-file-name=}"; exit 0;; esac\n'
+                                   f'exec {shutil.which("g++")} "$@"\n')
+    compiler = probe_compiler({"PATH": str(tmp_path)})
+    assert compiler.shared_libstdcxx is None and compiler.default_cxx11_abi is True
+    (found,) = diagnose(Facts(torch=TORCH_CU130, compiler=compiler))
+    assert found.title == "c++ links libstdc++ statically: it finds no libstdc++.so"
+    assert found.fix.startswith("export CXX=/usr/bin/g++")
+
+
+@pytest.mark.skipif(not shutil.which("g++"), reason="no g++")
 def test_compiler_matching_torch_is_quiet() -> None:
     compiler = probe_compiler({"PATH": os.environ["PATH"], "CXX": "g++"})
     assert compiler.default_cxx11_abi is True

@@ -219,9 +219,19 @@ def _compiler(facts: Facts) -> list[Finding]:
                 "install g++ (apt install g++, or conda install gxx) or set CXX",
             )
         ]
+    out: list[Finding] = []
+    if c.shared_libstdcxx is None:
+        out.append(Finding(
+            "warning",
+            f"{c.command} links libstdc++ statically: it finds no libstdc++.so",
+            f"`{c.path} -print-file-name=libstdc++.so` names no file, so every extension built with it "
+            "(pip install flash-attn, torch.utils.cpp_extension) embeds and exports its own C++ runtime "
+            "beside the libstdc++.so.6 torch loads; `extforge audit` refuses such a module.",
+            "export CXX=/usr/bin/g++ CC=/usr/bin/gcc (or any g++ whose -print-file-name=libstdc++.so prints a path)",
+        ))
     if t and c.default_cxx11_abi is not None and c.default_cxx11_abi != t.cxx11_abi:
         flag = int(t.cxx11_abi)
-        return [
+        return out + [
             Finding(
                 "warning",
                 f"{c.command} defaults to _GLIBCXX_USE_CXX11_ABI={int(c.default_cxx11_abi)}, torch uses {flag}",
@@ -231,7 +241,7 @@ def _compiler(facts: Facts) -> list[Finding]:
                 f'export CXXFLAGS="-D_GLIBCXX_USE_CXX11_ABI={flag} $CXXFLAGS"',
             )
         ]
-    return []
+    return out
 
 
 def _flash_attn(facts: Facts) -> list[Finding]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -21,6 +22,13 @@ def parse_abi_macros(text: str) -> bool | None:
     return m.group(1) == "1" if m else None
 
 
+def parse_print_file_name(text: str) -> str | None:
+    """`g++ -print-file-name=libstdc++.so` → the library's path, None when g++ has none (it
+    then echoes the bare name back and links libstdc++.a instead)."""
+    found = text.strip()
+    return found if os.path.isabs(found) and os.path.exists(found) else None
+
+
 def probe_compiler(env: Mapping[str, str]) -> CompilerFacts:
     # torch.utils.cpp_extension runs $CXX, else `c++`.
     command = env.get("CXX") or "c++"
@@ -29,9 +37,11 @@ def probe_compiler(env: Mapping[str, str]) -> CompilerFacts:
         return CompilerFacts(command, None, None, None)
     version = run_text([path, "--version"], env=env)
     macros = run_text([path, "-x", "c++", "-dM", "-E", "-"], stdin="#include <string>\n", env=env)
+    libstdcxx = run_text([path, "-print-file-name=libstdc++.so"], env=env)
     return CompilerFacts(
         command=command,
         path=path,
         version_line=version.stdout.splitlines()[0] if version and version.stdout else None,
         default_cxx11_abi=parse_abi_macros(macros.stdout) if macros and macros.returncode == 0 else None,
+        shared_libstdcxx=parse_print_file_name(libstdcxx.stdout) if libstdcxx else None,
     )

@@ -86,6 +86,8 @@ class CompilerFacts:
     path: str | None
     version_line: str | None  # first line of `--version`
     default_cxx11_abi: bool | None
+    # The libstdc++.so it links by default; None: it would link libstdc++.a into every extension.
+    shared_libstdcxx: str | None = None
 
 
 @dataclass(frozen=True)

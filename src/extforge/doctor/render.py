@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .checks import build_nvcc
 from ..machine import GIB
+from .checks import build_nvcc
 from .model import DoctorReport, Facts
 
 

@@ -37,8 +37,8 @@ def conda_record(name):
 
 
 def flash_attn_facts():
-    from importlib import metadata
     import importlib.util
+    from importlib import metadata
 
     dist = None
     for name in ("flash-attn", "flash_attn"):
