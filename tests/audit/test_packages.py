@@ -140,16 +140,21 @@ def test_cli_exit_codes_and_json(elfs, tmp_path, capsys):
     assert main(["audit", str(tmp_path / "missing.so")]) == 2
 
 
-def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monkeypatch):
+def _torch_channel(elfs, tmp_path: Path, monkeypatch) -> Path:
+    """An indexed channel whose stand-in "pytorch" 1.0 holds the library the extension links against."""
     from rattler.index import index_fs
 
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     channel = tmp_path / "channel"
     (channel / "linux-64").mkdir(parents=True)
     (channel / "noarch").mkdir()
-    # A stand-in "pytorch" whose lib/ holds the library the extension links against.
     make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
     asyncio.run(index_fs(channel))
+    return channel
+
+
+def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monkeypatch):
+    channel = _torch_channel(elfs, tmp_path, monkeypatch)
     pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"])
     report = audit_target(pkg, channel=channel.as_uri())
     assert report.ok, report.render()
@@ -160,16 +165,9 @@ def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monke
 def test_build_env_is_the_target_when_it_holds_the_pinned_torch(elfs, tmp_path, monkeypatch):
     """After a build the host env is audited against, unless the package pins another torch:
     then the pin itself is the error, and the channel's pinned torch is the target."""
-    from rattler.index import index_fs
-
     from extforge.audit.channel_target import pinned_torch_prefix
 
-    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
-    channel = tmp_path / "channel"
-    (channel / "linux-64").mkdir(parents=True)
-    (channel / "noarch").mkdir()
-    make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
-    asyncio.run(index_fs(channel))
+    channel = _torch_channel(elfs, tmp_path, monkeypatch)
     # A real installed prefix (conda-meta records and all), standing in for the build's host env.
     host = pinned_torch_prefix(["pytorch ==1.0 0"], channel.as_uri())
 
