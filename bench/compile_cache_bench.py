@@ -89,11 +89,9 @@ def _unpack_project(sdist: Path, where: Path) -> Path:
     return top
 
 
-def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path, jobs: int) -> dict[str, str]:
+def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path, jobs: int, real_cxx: str) -> dict[str, str]:
     env = dict(os.environ) | cache_env
     launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
-    # The g++ the mirror's compiler packages use: one that links the shared libstdc++.
-    real_cxx = pick_compilers()[1]
     wrap_dir.mkdir(parents=True, exist_ok=True)
     wrapper = wrap_dir / Path(real_cxx).name
     wrapper.write_text(f'#!/bin/sh\nexec {launcher} {real_cxx} "$@"\n')
@@ -153,9 +151,11 @@ def main() -> int:
         cache_env = compile_cache.env(args.tool, cache_dir=root / "cache")
         launcher = cache_env["EXTFORGE_COMPILER_LAUNCHER"]
         results = []
+        # The g++ the mirror's compiler packages use: one that links the shared libstdc++.
+        real_cxx = pick_compilers()[1]
         for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "ext")):
             src = _unpack_project(args.project, where) if args.project else _write_ext(where)
-            env = _build_env(args.python, cache_env, where / ".bin", args.jobs) | extra_env
+            env = _build_env(args.python, cache_env, where / ".bin", args.jobs, real_cxx) | extra_env
             before = _stats(launcher, env)
             seconds, log = _build(args.python, src, env)
             after = _stats(launcher, env)
