@@ -8,10 +8,16 @@ from extforge.errors import ExtforgeError
 from extforge.slurm.config import load, merge, parse_config
 from extforge.slurm.matrix import Variant
 from extforge.slurm.nodes import build_node_type, parse_sinfo
-from extforge.slurm.script import BuildJob, JobFiles, render_build_script, sbatch_options
+from extforge.slurm.script import (
+    BuildJob,
+    JobFiles,
+    render_build_script,
+    sbatch_options,
+)
 from extforge.slurm.state import (
     JobRecord,
     QueueEntry,
+    channel_listing,
     classify,
     parse_sacct,
     parse_sbatch_parsable,
@@ -172,8 +178,9 @@ def test_published_means_listed_in_the_index_not_just_copied_in(tmp_path):
     for o in outputs:
         (tmp_path / f"{o}.conda").write_bytes(b"")
     (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}}}))
-    assert not published_in(tmp_path, outputs)
+    assert not published_in(channel_listing(tmp_path, {"linux-64"}), outputs)
     (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}},
                                                    "packages": {"demo-ext-0.1-h2_0.tar.bz2": {}}}))
-    assert published_in(tmp_path, outputs)
-    assert not published_in(tmp_path / "nowhere", outputs) and not published_in(None, outputs)
+    assert published_in(channel_listing(tmp_path, {"linux-64"}), outputs)
+    assert not published_in(channel_listing(tmp_path / "nowhere", {"linux-64"}), outputs)
+    assert not published_in(channel_listing(None, {"linux-64"}), outputs)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..doctor.compiler import parse_print_file_name
 from ..errors import ExtforgeError
 from ..ui import log
 from .hashing import sha256_file, stat_identity, text_identity
@@ -54,10 +55,10 @@ def shared_libstdcxx(gxx: str) -> str | None:
     Such a g++ (e.g. a relocated toolchain that ships only libstdc++.a) puts a second C++
     runtime into every extension, exported beside the libstdc++.so.6 torch loads."""
     try:
-        found = subprocess.run([gxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+        out = subprocess.run([gxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout
     except OSError:
         return None
-    return found if os.path.isabs(found) and os.path.exists(found) else None
+    return parse_print_file_name(out)
 
 
 def pick_compilers() -> tuple[str, str]:

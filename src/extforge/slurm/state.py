@@ -214,25 +214,25 @@ def classify(
     return VariantStatus(variant_id, "lost", job, "job is gone from Slurm and left no exit status (cancelled, or killed before it started)", log)
 
 
-def published_in(channel: Path | None, outputs: list[str]) -> bool:
-    """Whether the channel's index lists every output ("linux-64/<name>-<version>-<build>").
+def channel_listing(channel: Path | None, subdirs: set[str]) -> set[str]:
+    """"<subdir>/<file>" of every package the channel's index lists in `subdirs`: read once per
+    look at the channel, not once per variant."""
+    listed: set[str] = set()
+    for subdir in sorted(subdirs) if channel is not None else ():
+        try:
+            repodata = json.loads((channel / subdir / "repodata.json").read_text())
+        except (OSError, ValueError):
+            continue
+        listed |= {f"{subdir}/{name}" for key in ("packages.conda", "packages") for name in repodata.get(key, {})}
+    return listed
+
+
+def published_in(listing: set[str], outputs: list[str]) -> bool:
+    """Whether the channel's index (`channel_listing`) lists every output ("linux-64/<name>-<version>-<build>").
 
     The index, not the file: publish copies the package in before it re-indexes, and a user
     told "published" installs next."""
-    if channel is None:
-        return False
-    indexed: dict[str, set[str]] = {}
-    for output in outputs:
-        subdir, _, stem = output.rpartition("/")
-        if subdir not in indexed:
-            try:
-                repodata = json.loads((channel / subdir / "repodata.json").read_text())
-            except (OSError, ValueError):
-                repodata = {}
-            indexed[subdir] = {*repodata.get("packages.conda", {}), *repodata.get("packages", {})}
-        if not {f"{stem}.conda", f"{stem}.tar.bz2"} & indexed[subdir]:
-            return False
-    return True
+    return all({f"{o}.conda", f"{o}.tar.bz2"} & listing for o in outputs)
 
 
 def channel_dir(channel: str) -> Path | None:
@@ -249,7 +249,9 @@ def collect(state: BuildState, variant_ids: list[str] | None = None) -> list[Var
     ids = variant_ids if variant_ids is not None else list(state.jobs)
     channel = channel_dir(state.channel)
     records = {i: state.jobs.get(i) for i in ids}
-    pending = [r for r in records.values() if r and not published_in(channel, r.outputs)]
+    listing = channel_listing(channel, {o.rpartition("/")[0] for r in records.values() if r for o in r.outputs})
+    published = {vid: r is not None and published_in(listing, r.outputs) for vid, r in records.items()}
+    pending = [r for vid, r in records.items() if r and not published[vid]]
     queue = query_squeue([r.job_id for r in pending]) if pending else {}
     no_exit = [r.job_id for r in pending if r.job_id not in queue and read_exit_code(Path(r.exit_file)) is None]
     accounting = query_sacct(no_exit) if no_exit else {}
@@ -259,7 +261,7 @@ def collect(state: BuildState, variant_ids: list[str] | None = None) -> list[Var
             classify(
                 r,
                 vid,
-                published_in(channel, r.outputs) if r else False,
+                published[vid],
                 queue.get(r.job_id) if r else None,
                 read_exit_code(Path(r.exit_file)) if r else None,
                 accounting.get(r.job_id) if r else None,
