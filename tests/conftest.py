@@ -25,10 +25,11 @@ DEMO_RECIPE = REPO / "recipe" / "demo-ext"
 MIRROR_TORCH = "torch==2.14.1"
 
 
-
-
 def _fixtures_dir() -> Path:
-    return paths.cache_root() / "test-fixtures"
+    # Keyed by checkout: two clones with different mirror code would otherwise rewrite one
+    # channel under each other's running tests. The packages stay shared (content-addressed).
+    checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+    return paths.cache_root() / "test-fixtures" / checkout
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +92,7 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
     base = _distro_python()
     if not base:
         pytest.skip("no distribution python of this minor with its stdlib in /usr/lib")
-    venv = paths.cache_root() / "test-fixtures" / "distro-torch-venv"
+    venv = _fixtures_dir() / "distro-torch-venv"
     wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
     with exclusive(venv.parent / "distro-torch-venv.lock"):
         if not (venv / ".complete").exists():
