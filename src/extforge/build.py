@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .channel_ref import channel_url, package_names, repodata_mentions
 from .errors import ExtforgeError
 from .ui import log
 from .variants import archs as variant_archs
@@ -53,21 +54,6 @@ def prepare_rattler_environment() -> None:
             os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def channel_url(channel: str | Path) -> str:
-    """A URL for rattler: folders become file:// URLs, URLs pass through."""
-    text = str(channel)
-    if re.match(r"^[a-z][a-z0-9+.-]*://", text):
-        return text
-    path = Path(text).expanduser()
-    if not path.is_dir():
-        raise ExtforgeError(
-            f"channel {text} is neither a URL nor an existing folder",
-            "extforge build only uses the channels it is given (never an implicit conda-forge)",
-            "pass --channel with a channel folder (e.g. one written by `extforge mirror`) or a URL",
-        )
-    return path.resolve().as_uri()
-
-
 def find_recipe(recipe: Path) -> Path:
     path = Path(recipe).expanduser()
     if path.is_dir():
@@ -98,16 +84,7 @@ def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
 
 def needs_cuda_override(recipe_text: str, channels: Sequence[str]) -> bool:
     """Whether solving may meet `__cuda` (a CUDA pytorch depends on it; build hosts have no GPU)."""
-    if "__cuda" in recipe_text:
-        return True
-    for ch in channels:
-        if ch.startswith("file://"):
-            for sub in ("linux-64", "noarch"):
-                repodata = Path(ch[len("file://") :]) / sub / "repodata.json"
-                with contextlib.suppress(OSError):
-                    if '"__cuda' in repodata.read_text():
-                        return True
-    return False
+    return "__cuda" in recipe_text or repodata_mentions(channels, '"__cuda')
 
 
 def build_environment(
@@ -180,24 +157,9 @@ def missing_names(specs: Sequence[str], available: set[str]) -> list[str]:
     return out
 
 
-def channel_package_names(channels: Sequence[str], subdir: str = "linux-64") -> set[str]:
-    import json
-
-    names: set[str] = set()
-    for ch in channels:
-        if not ch.startswith("file://"):
-            continue
-        for sub in (subdir, "noarch"):
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads((Path(ch[len("file://") :]) / sub / "repodata.json").read_text())
-                for key in ("packages", "packages.conda"):
-                    names |= {rec["name"] for rec in data.get(key, {}).values()}
-    return names
-
-
 def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: Path) -> ExtforgeError:
     specs, platform = solve_context(log_lines)
-    missing = missing_names(specs, channel_package_names(channels)) if specs else []
+    missing = missing_names(specs, package_names(channels)) if specs else []
     if missing:
         what = f"the channels have no package for: {', '.join(missing)}"
     elif specs:

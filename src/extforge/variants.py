@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .channel_ref import local_folder
 from .errors import ExtforgeError
 
 CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
@@ -36,13 +37,8 @@ class Matrix:
 
 
 def channel_files(channels: Sequence[str]) -> list[Path]:
-    files = []
-    for ch in channels:
-        if ch.startswith("file://"):
-            candidate = Path(ch[len("file://") :]) / CHANNEL_VARIANTS
-            if candidate.is_file():
-                files.append(candidate)
-    return files
+    folders = [local_folder(ch) for ch in channels]
+    return [f / CHANNEL_VARIANTS for f in folders if f is not None and (f / CHANNEL_VARIANTS).is_file()]
 
 
 def recipe_files(recipe: Path, given: Sequence[Path]) -> list[Path]:

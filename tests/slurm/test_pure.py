@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from extforge.channel_ref import listing as channel_listing
 from extforge.errors import ExtforgeError
 from extforge.slurm.config import load, merge, parse_config
 from extforge.slurm.matrix import Variant
@@ -17,7 +18,6 @@ from extforge.slurm.script import (
 from extforge.slurm.state import (
     JobRecord,
     QueueEntry,
-    channel_listing,
     classify,
     parse_sacct,
     parse_sbatch_parsable,

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..channel_ref import channel_url
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, rattler_cache_dir
@@ -43,8 +44,6 @@ def build_env_mismatch(prefix: Path, depends: list[str]) -> str | None:
 
 def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Path:
     """A cached prefix holding the package's pinned pytorch, solved from `channels` in order."""
-    from ..build import channel_url
-
     # One cache entry per torch whether a channel was named by path or URL (build, audit, publish).
     channels = [channel_url(c) for c in ([channels] if isinstance(channels, str) else channels)]
     specs = torch_specs(depends)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from .hashing import fsync_dir, sha256_file
@@ -120,7 +121,7 @@ def parse_channel(channel: Path | str) -> tuple[str, str]:
         return scheme, rest
     url = urlparse(text)
     if url.scheme == "file":
-        return "folder", url.path
+        return "folder", str(local_folder(text))
     if url.scheme in ("http", "https"):
         if url.hostname == "prefix.dev":
             return "prefix", text
@@ -173,11 +174,9 @@ def publish(
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
 
     kind, where = parse_channel(channel)
-    from ..build import channel_url
-
     upstream = [channel_url(u) for u in upstream]
     if not upstream and kind == "folder" and Path(where).is_dir():
-        upstream = [Path(where).resolve().as_uri()]
+        upstream = [channel_url(where)]
     gates: dict[Path, AuditGate] = {}
     for p in packages:
         gate = audit_gate(p, upstream) if audit else AuditGate("skipped", True)

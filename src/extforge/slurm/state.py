@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..channel_ref import listing as listing_of
+from ..channel_ref import local_folder
 from ..errors import ExtforgeError
 
 STATE_NAME = "state.json"
@@ -214,42 +216,20 @@ def classify(
     return VariantStatus(variant_id, "lost", job, "job is gone from Slurm and left no exit status (cancelled, or killed before it started)", log)
 
 
-def channel_listing(channel: Path | None, subdirs: set[str]) -> set[str]:
-    """"<subdir>/<file>" of every package the channel's index lists in `subdirs`: read once per
-    look at the channel, not once per variant."""
-    listed: set[str] = set()
-    for subdir in sorted(subdirs) if channel is not None else ():
-        try:
-            repodata = json.loads((channel / subdir / "repodata.json").read_text())
-        except (OSError, ValueError):
-            continue
-        listed |= {f"{subdir}/{name}" for key in ("packages.conda", "packages") for name in repodata.get(key, {})}
-    return listed
-
-
 def published_in(listing: set[str], outputs: list[str]) -> bool:
-    """Whether the channel's index (`channel_listing`) lists every output ("linux-64/<name>-<version>-<build>").
+    """Whether the channel's index (`channel_ref.listing`) lists every output ("linux-64/<name>-<version>-<build>").
 
     The index, not the file: publish copies the package in before it re-indexes, and a user
     told "published" installs next."""
     return all({f"{o}.conda", f"{o}.tar.bz2"} & listing for o in outputs)
 
 
-def channel_dir(channel: str) -> Path | None:
-    """A local folder for a channel given as a path or file:// URL; None for remote channels."""
-    if channel.startswith("file://"):
-        return Path(channel[len("file://"):])
-    if "://" in channel:
-        return None
-    return Path(channel).expanduser().resolve()
-
-
 def collect(state: BuildState, variant_ids: list[str] | None = None) -> list[VariantStatus]:
     """Ask Slurm (once per command, for all jobs) and the filesystem about every variant."""
     ids = variant_ids if variant_ids is not None else list(state.jobs)
-    channel = channel_dir(state.channel)
+    channel = local_folder(state.channel)
     records = {i: state.jobs.get(i) for i in ids}
-    listing = channel_listing(channel, {o.rpartition("/")[0] for r in records.values() if r for o in r.outputs})
+    listing = listing_of(channel, {o.rpartition("/")[0] for r in records.values() if r for o in r.outputs})
     published = {vid: r is not None and published_in(listing, r.outputs) for vid, r in records.items()}
     pending = [r for vid, r in records.items() if r and not published[vid]]
     queue = query_squeue([r.job_id for r in pending]) if pending else {}

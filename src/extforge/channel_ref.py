@@ -1,0 +1,98 @@
+"""What a channel string names: a URL for rattler, a local folder, the packages its index lists.
+
+Channels reach extforge as folders (`./out`, `~/channels/internal`), file:// URLs (written by
+`Path.as_uri()`, so a space is `%20` and a `#` is `%23`) or remote URLs. Every module that
+turns one into a folder goes through `local_folder`, which un-quotes: a channel folder whose
+path holds a space or a `#` is the same folder whichever way it was named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from .errors import ExtforgeError
+
+SUBDIRS = ("linux-64", "noarch")
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://")
+
+
+def is_url(channel: str | Path) -> bool:
+    return bool(_SCHEME.match(str(channel)))
+
+
+def channel_url(channel: str | Path) -> str:
+    """A URL for rattler: folders become file:// URLs, URLs pass through."""
+    text = str(channel)
+    if is_url(text):
+        return text
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ExtforgeError(
+            f"channel {text} is neither a URL nor an existing folder",
+            "extforge build only uses the channels it is given (never an implicit conda-forge)",
+            "pass --channel with a channel folder (e.g. one written by `extforge mirror`) or a URL",
+        )
+    return path.resolve().as_uri()
+
+
+def local_folder(channel: str | Path) -> Path | None:
+    """The folder of a channel given as a path or file:// URL (un-quoted); None for remote channels."""
+    text = str(channel)
+    if text.startswith("file://"):
+        return Path(url2pathname(urlparse(text).path))
+    if is_url(text):
+        return None
+    return Path(text).expanduser().resolve()
+
+
+def repodata(channel: str | Path, subdir: str) -> dict[str, Any]:
+    """The parsed `<subdir>/repodata.json` of a local channel; {} for remote, unindexed or unreadable ones."""
+    folder = local_folder(channel)
+    if folder is None:
+        return {}
+    try:
+        data = json.loads((folder / subdir / "repodata.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def records(channel: str | Path, subdir: str) -> dict[str, dict[str, Any]]:
+    """Filename -> record of every package the subdir's index lists (.conda and .tar.bz2)."""
+    data = repodata(channel, subdir)
+    out: dict[str, dict[str, Any]] = {}
+    for key in ("packages", "packages.conda"):
+        out |= data.get(key) or {}
+    return out
+
+
+def listing(channel: str | Path | None, subdirs: Iterable[str]) -> set[str]:
+    """"<subdir>/<file>" of every package the channel's index lists in `subdirs`."""
+    if channel is None:
+        return set()
+    return {f"{subdir}/{name}" for subdir in sorted(subdirs) for name in records(channel, subdir)}
+
+
+def package_names(channels: Sequence[str | Path], subdir: str = "linux-64") -> set[str]:
+    """Names of the packages local `channels` hold for `subdir` and noarch."""
+    return {rec["name"] for ch in channels for sub in (subdir, "noarch") for rec in records(ch, sub).values()}
+
+
+def repodata_mentions(channels: Sequence[str | Path], text: str) -> bool:
+    """Whether the raw index of any local channel contains `text` (a cheap look for e.g. `"__cuda`)."""
+    for ch in channels:
+        folder = local_folder(ch)
+        if folder is None:
+            continue
+        for sub in SUBDIRS:
+            with contextlib.suppress(OSError):
+                if text in (folder / sub / "repodata.json").read_text():
+                    return True
+    return False
