@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _record import append_section  # noqa: E402
+from _record import append_section
 
 OUT_ENV = "EXTFORGE_BENCH_OUT"
 # flash-attn 2.8.3 built with plain `setup.py bdist_wheel` vs torch SDPA, on an H100 80GB with
@@ -220,7 +220,7 @@ def _sdpa_kernels(case: Case) -> list[str]:
             F.scaled_dot_product_attention(*bhsd, is_causal=case.causal)
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return [f"(profiler failed: {exc})"]
     return [name[:80] for name in dict.fromkeys(names)]
 

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from extforge.audit import audit_target  # noqa: E402
-from extforge.machine import detect  # noqa: E402
-from extforge.paths import cache_root  # noqa: E402
+from extforge.audit import audit_target
+from extforge.machine import detect
+from extforge.paths import cache_root
 
 EXT = r"""
 #include <ATen/core/Tensor.h>

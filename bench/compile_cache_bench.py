@@ -37,10 +37,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from _record import append_section  # noqa: E402  (bench/ is on sys.path when run as a script)
-from extforge import compile_cache  # noqa: E402
-from extforge.machine import detect  # noqa: E402
-from extforge.mirror.toolchain import pick_compilers  # noqa: E402
+from _record import append_section
+
+from extforge import compile_cache
+from extforge.machine import detect
+from extforge.mirror.toolchain import pick_compilers
 
 KERNEL = r"""
 #include <torch/extension.h>

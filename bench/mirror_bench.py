@@ -39,9 +39,8 @@ def timed_cli(env: dict[str, str], *args: str) -> tuple[float, dict]:
 
 
 def install(channels: list[str], prefix: Path, cache: Path) -> int:
-    from rattler import BuildString, GenericVirtualPackage, PackageName, Version
+    from rattler import BuildString, GenericVirtualPackage, PackageName, Version, solve
     from rattler import install as rattler_install
-    from rattler import solve
 
     virtual = [
         GenericVirtualPackage(PackageName(n), Version(v), BuildString("0"))

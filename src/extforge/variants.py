@@ -17,7 +17,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from . import engine
 from .channel_ref import local_folder
 from .errors import ExtforgeError
 
@@ -30,10 +32,9 @@ class Matrix:
     zip_keys: list[list[str]]
     files: list[Path]  # the recipe-side files read, lowest precedence first
 
-    def config(self):
-        from rattler_build import VariantConfig
-
-        return VariantConfig(self.values, zip_keys=self.zip_keys or None)
+    def config(self) -> Any:
+        """The matrix as a rattler_build.VariantConfig."""
+        return engine.variant_config(self.values, self.zip_keys)
 
 
 def channel_files(channels: Sequence[str]) -> list[Path]:
@@ -88,21 +89,12 @@ def narrow(
     return out
 
 
-def _read(files: Sequence[Path]) -> tuple[dict[str, list], list[list[str]]]:
-    from rattler_build import VariantConfig
-
-    if not files:
-        return {}, []
-    config = VariantConfig.from_files([str(f) for f in files])
-    return config.to_dict(), [list(g) for g in (config.zip_keys or [])]
-
-
 def resolve(
     recipe: Path, channels: Sequence[str], given: Sequence[Path], overrides: Mapping[str, list[str]]
 ) -> Matrix:
     files = recipe_files(recipe, given)
-    values, zips = _read(files)
-    channel_values, _ = _read(channel_files(channels))
+    values, zips = engine.read_variant_files(files)
+    channel_values, _ = engine.read_variant_files(channel_files(channels))
     # A mirror channel holds one python and one pytorch: keep the recipe rows it can build.
     values = narrow(values, zips, {k: v for k, v in channel_values.items() if k in values},
                     source=f"the channel's {CHANNEL_VARIANTS}:", strict=True)
@@ -110,6 +102,21 @@ def resolve(
         values.setdefault(key, value)
     values = narrow(values, zips, overrides)
     return Matrix(values, zips, files)
+
+
+def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
+    """`--variant python=3.12 --variant cuda_archs=8.0,9.0` → {"python": ["3.12"], ...}."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ExtforgeError(
+                f"bad --variant '{item}'",
+                "a variant override is KEY=VALUE (values of one key may be comma-separated)",
+                "e.g. --variant python=3.12",
+            )
+        out[key.strip()] = [v.strip() for v in value.split(",")]
+    return out
 
 
 def archs(values: Mapping[str, object]) -> list[str]:

@@ -2,15 +2,11 @@
 
 import pytest
 
-from extforge.build import (
-    channel_url,
-    find_recipe,
-    missing_names,
-    parse_variant_overrides,
-    solve_context,
-    solve_failure,
-)
+from extforge.build import missing_names, solve_context, solve_failure
+from extforge.channel_ref import channel_url
+from extforge.engine import find_recipe
 from extforge.errors import ExtforgeError
+from extforge.variants import parse_variant_overrides
 
 LOG = [
     "info: Starting build of 1 outputs",

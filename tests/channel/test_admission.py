@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-from extforge.channel.admission import admission_checks, arch_runs_on, read_audit_records
+from extforge.audit.fatbin import arch_runs_on
+from extforge.audit.stamp import AuditStamp, read_stamps
+from extforge.channel.admission import admission_checks
 from extforge.channel.node import NodeFacts, cuda_version_from_int, probe_nvml
 from extforge.doctor.model import DriverFacts, Gpu
 
-FLASH = {"schema": 1, "name": "flash-attn", "version": "2.8.3", "sass_archs": ["sm_80", "sm_90"], "ptx_archs": [],
-         "glibc_floor": "2.17", "cuda_version": "13.0", "verdict": "pass"}
+FLASH_JSON = {"schema": 1, "name": "flash-attn", "version": "2.8.3", "sass_archs": ["sm_80", "sm_90"], "ptx_archs": [],
+              "glibc_floor": "2.17", "cuda_version": "13.0", "verdict": "pass"}
+FLASH = AuditStamp.from_json(FLASH_JSON)
 
 
 def _node(cuda: str | None, caps: list[str], glibc: str = "2.36") -> NodeFacts:
@@ -35,7 +39,7 @@ def test_h100_node_with_new_driver_is_admitted():
 
 
 def test_old_driver_uncovered_gpu_and_old_glibc_fail_with_reasons():
-    checks = admission_checks([{**FLASH, "glibc_floor": "2.38"}], _node("12.4", ["9.0", "12.0"], glibc="2.31"), None)
+    checks = admission_checks([dataclasses.replace(FLASH, glibc_floor="2.38")], _node("12.4", ["9.0", "12.0"], glibc="2.31"), None)
     assert _verdicts(checks) == {"driver-cuda": "fail", "gpu-arch": "fail", "glibc": "fail"}
     (gpu,) = [c for c in checks if c.name == "gpu-arch"]
     assert gpu.findings == ("flash-attn 2.8.3 has no code for GPU 1 (GPU 12.0, sm_120): sass ['sm_80', 'sm_90'], ptx []",)
@@ -49,8 +53,9 @@ def test_cpu_node_skips_gpu_checks():
 def test_audit_records_are_read_from_the_prefix(tmp_path):
     d = tmp_path / "share/extforge/audit"
     d.mkdir(parents=True)
-    (d / "flash-attn.json").write_text(json.dumps(FLASH))
-    assert read_audit_records(tmp_path) == [FLASH]
+    (d / "flash-attn.json").write_text(json.dumps({**FLASH_JSON, "added_by_a_newer_extforge": 1}))
+    assert read_stamps(tmp_path) == [FLASH]
+    assert {k: v for k, v in FLASH.to_json().items() if v is not None} == FLASH_JSON
 
 
 def test_nvml_encoding_and_missing_library():

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from extforge.archive import check_archive, unsafe_reason
+from extforge.channel import verify as verify_mod
 from extforge.channel.index import reindex
 from extforge.channel.install import install_env
 from extforge.channel.lock import lock
 from extforge.channel.manifest import read_manifest
 from extforge.channel.publish import publish
-from extforge.channel.safety import check_archive, unsafe_reason
-from extforge.channel import verify as verify_mod
 from extforge.channel.verify import verify_prefix
 from extforge.errors import ExtforgeError
 

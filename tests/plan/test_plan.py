@@ -7,9 +7,8 @@ import json
 import pytest
 
 from extforge.cli import main
-from extforge.commands.plan import parse_memory
 from extforge.errors import ExtforgeError
-from extforge.machine import GIB, Machine
+from extforge.machine import GIB, Machine, parse_memory
 from extforge.plan import load_profiles, plan_build, slurm_request
 
 

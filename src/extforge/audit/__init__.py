@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .channel_target import build_env_mismatch, pinned_torch_prefix, torch_specs
 from .checks import Context, audit_module
 from .packaging import (
     is_extension_module,
@@ -45,7 +46,6 @@ def audit_target(
         if against is None and payload.kind == "prefix":
             against, source = payload.root, "prefix"
         if against is None and payload.kind == "conda" and build_env is not None:
-            from .channel_target import build_env_mismatch
 
             if mismatch := build_env_mismatch(build_env, payload.depends):
                 pin_findings.append(Finding(
@@ -56,7 +56,6 @@ def audit_target(
             else:
                 against, source = build_env, "build"
         if against is None and payload.kind == "conda" and channel:
-            from .channel_target import pinned_torch_prefix, torch_specs
 
             # A package that pins no torch (pure Python, a plain C library) has no torch to fetch.
             if torch_specs(payload.depends):

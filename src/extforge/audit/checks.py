@@ -109,7 +109,7 @@ def symbol_findings(ctx: Context, rel: str, resolution: Resolution, module_abi: 
             "error", "symbols", f"{rel}: unresolved {shown}", module=rel, symbol=shown, library=library,
             cause=texts["causes"][kind].format(**values), fix=texts["fixes"][kind].format(**values),
         ))
-    for sym in resolution.assumed_interpreter[:1]:
+    if resolution.assumed_interpreter:
         findings.append(Finding("info", "symbols",
                                 f"{rel}: {len(resolution.assumed_interpreter)} Python C-API symbol(s) "
                                 "left to the loading interpreter (the target has no bin/python)", module=rel))

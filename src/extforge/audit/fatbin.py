@@ -14,11 +14,10 @@ The payload follows its entry header; only headers are read, never payloads, so 
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from ..channel.admission import arch_runs_on
 
 FATBIN_MAGIC = 0xBA55ED50
 _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -70,6 +69,25 @@ def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None)
             entry_pos += entry_header + padded
         pos = max(container_end, pos + 1)
     return entries
+
+
+def arch_runs_on(arch: str, cc: str, *, ptx: bool = False) -> bool:
+    """Whether code for `arch` ("sm_80", "sm_90a", "compute_80") runs on a GPU of capability cc.
+
+    SASS runs on the same major with an equal or higher minor; arch-specific SASS ("a") only
+    on its exact capability; family SASS ("f") within its major. PTX JIT-compiles for any
+    capability at or above its own.
+    """
+    m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch)
+    if not m:
+        return False
+    major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
+    gmaj, gmin = (int(x) for x in cc.split("."))
+    if ptx:
+        return (gmaj, gmin) >= (major, minor)
+    if suffix == "a":
+        return (gmaj, gmin) == (major, minor)
+    return gmaj == major and gmin >= minor
 
 
 def arch_sets(entries: Iterable[FatbinEntry]) -> tuple[list[str], list[str]]:

@@ -20,6 +20,7 @@ from typing import IO
 
 import zstandard
 
+from ..archive import member_unsafe_reason
 from ..errors import ExtforgeError
 from .elf import is_elf
 from .report import Finding
@@ -133,7 +134,6 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> N
         return
     # Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters: the install's own
     # rule refuses a member or link that would land outside root.
-    from ..channel.safety import member_unsafe_reason
 
     reason = member_unsafe_reason(member)
     if reason:

@@ -15,46 +15,79 @@ import os
 import tarfile
 import time
 import zipfile
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import zstandard
 
-from ..channel.admission import AUDIT_DIR, read_audit_records
 from ..errors import ExtforgeError
 from .report import AuditReport
 
+AUDIT_DIR = "share/extforge/audit"
 SCHEMA = 1
 ZSTD_LEVEL = 15  # rattler-build's default for .conda members
 
 
-def stamp_record(report: AuditReport) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "name": report.name,
-        "version": report.version,
-        "build": report.build,
-        "sass_archs": report.sass_archs,
-        "ptx_archs": report.ptx_archs,
-        "cxx11_abi": report.cxx11_abi,
-        "glibc_floor": report.floor("GLIBC"),
-        "glibcxx_floor": report.floor("GLIBCXX"),
-        "torch": report.torch,
-        "audited_against": report.against_source,
-        "cuda_version": report.cuda_version,
-        "verdict": report.verdict,
-    }
+@dataclass(frozen=True)
+class AuditStamp:
+    """The audit record a package carries (share/extforge/audit/<name>.json): written by
+    `stamp_package` alone, read back by `read_stamps` alone (node admission, verify)."""
+
+    name: str
+    version: str | None = None
+    build: str | None = None
+    sass_archs: tuple[str, ...] = ()
+    ptx_archs: tuple[str, ...] = ()
+    cxx11_abi: bool | None = None
+    glibc_floor: str | None = None
+    glibcxx_floor: str | None = None
+    torch: str | None = None
+    audited_against: str | None = None
+    cuda_version: str | None = None
+    verdict: str = ""
+    schema: int = SCHEMA
+
+    @classmethod
+    def from_report(cls, report: AuditReport, path: Path) -> AuditStamp:
+        if not report.name:
+            raise ExtforgeError(f"cannot stamp {path}", "the audit report has no package name (info/index.json)",
+                                "stamp only .conda/.tar.bz2 packages built by rattler-build or conda-build")
+        return cls(
+            name=report.name,
+            version=report.version,
+            build=report.build,
+            sass_archs=tuple(report.sass_archs),
+            ptx_archs=tuple(report.ptx_archs),
+            cxx11_abi=report.cxx11_abi,
+            glibc_floor=report.floor("GLIBC"),
+            glibcxx_floor=report.floor("GLIBCXX"),
+            torch=report.torch,
+            audited_against=report.against_source,
+            cuda_version=report.cuda_version,
+            verdict=report.verdict,
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AuditStamp:
+        """A record as stamped; keys a newer extforge added are ignored, missing ones default."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("name", "")
+        for key in ("sass_archs", "ptx_archs"):
+            values[key] = tuple(values.get(key) or ())
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "sass_archs": list(self.sass_archs), "ptx_archs": list(self.ptx_archs)}
 
 
-def stamp_package(path: Path, report: AuditReport) -> dict[str, Any]:
+def stamp_package(path: Path, report: AuditReport) -> AuditStamp:
     """Write the report's record into the package at `path` (replaced in place, atomically)."""
     path = Path(path)
-    if not report.name:
-        raise ExtforgeError(f"cannot stamp {path}", "the audit report has no package name (info/index.json)",
-                            "stamp only .conda/.tar.bz2 packages built by rattler-build or conda-build")
-    record = stamp_record(report)
-    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
-    stamp = _Stamp(f"{AUDIT_DIR}/{report.name}.json", data)
+    record = AuditStamp.from_report(report, path)
+    data = (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
+    stamp = _Stamp(f"{AUDIT_DIR}/{record.name}.json", data)
     tmp = path.with_name(f".{path.name}.stamp{os.getpid()}")
     try:
         if path.name.endswith(".conda"):
@@ -74,9 +107,9 @@ def stamp_package(path: Path, report: AuditReport) -> dict[str, Any]:
     return record
 
 
-def read_stamps(prefix: Path) -> list[dict[str, Any]]:
+def read_stamps(prefix: Path) -> list[AuditStamp]:
     """The audit records of every stamped package installed in `prefix`."""
-    return read_audit_records(Path(prefix))
+    return [AuditStamp.from_json(json.loads(p.read_text())) for p in sorted((Path(prefix) / AUDIT_DIR).glob("*.json"))]
 
 
 class _Stamp:

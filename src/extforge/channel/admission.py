@@ -3,17 +3,14 @@ audit records in the prefix (share/extforge/audit/*.json) and the node's facts."
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from ..audit.fatbin import arch_runs_on
+from ..audit.stamp import AuditStamp
 from ..doctor.model import Gpu
 from .node import NodeFacts
-
-AUDIT_DIR = "share/extforge/audit"
 
 
 @dataclass(frozen=True)
@@ -27,10 +24,6 @@ class Check:
         return {"name": self.name, "verdict": self.verdict, "summary": self.summary, "findings": list(self.findings)}
 
 
-def read_audit_records(prefix: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((prefix / AUDIT_DIR).glob("*.json"))]
-
-
 def _v(text: str | None) -> Version | None:
     try:
         return Version(str(text)) if text else None
@@ -38,55 +31,38 @@ def _v(text: str | None) -> Version | None:
         return None
 
 
-def arch_runs_on(arch: str, cc: str, *, ptx: bool = False) -> bool:
-    """Whether code for `arch` ("sm_80", "sm_90a", "compute_80") runs on a GPU of capability cc.
-
-    SASS runs on the same major with an equal or higher minor; arch-specific SASS ("a") only
-    on its exact capability; family SASS ("f") within its major. PTX JIT-compiles for any
-    capability at or above its own.
-    """
-    m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch)
-    if not m:
-        return False
-    major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
-    gmaj, gmin = (int(x) for x in cc.split("."))
-    if ptx:
-        return (gmaj, gmin) >= (major, minor)
-    if suffix == "a":
-        return (gmaj, gmin) == (major, minor)
-    return gmaj == major and gmin >= minor
-
-
-def gpu_covered(record: dict, gpu: Gpu) -> bool:
-    return any(arch_runs_on(a, gpu.compute_cap) for a in record.get("sass_archs", [])) or any(
-        arch_runs_on(a, gpu.compute_cap, ptx=True) for a in record.get("ptx_archs", [])
+def gpu_covered(record: AuditStamp, gpu: Gpu) -> bool:
+    return any(arch_runs_on(a, gpu.compute_cap) for a in record.sass_archs) or any(
+        arch_runs_on(a, gpu.compute_cap, ptx=True) for a in record.ptx_archs
     )
 
 
-def required_cuda(records: list[dict], env_cuda: str | None) -> str | None:
-    candidates = [v for v in [env_cuda, *(r.get("cuda_version") for r in records)] if _v(v)]
-    return max(candidates, key=_v) if candidates else None
+def required_cuda(records: list[AuditStamp], env_cuda: str | None) -> str | None:
+    candidates = [(v, t) for t in [env_cuda, *(r.cuda_version for r in records)] if t and (v := _v(t))]
+    return max(candidates, key=lambda c: c[0])[1] if candidates else None
 
 
 def check_driver_cuda(node: NodeFacts, need: str | None) -> Check:
-    if not need:
+    want = _v(need)
+    if not need or want is None:
         return Check("driver-cuda", "skip", "the environment needs no CUDA version")
     d = node.driver
-    if not d.max_cuda:
+    have = _v(d.max_cuda)
+    if have is None:
         return Check("driver-cuda", "skip", f"no CUDA driver facts on this node ({d.source}); the environment needs CUDA {need}")
-    ok = _v(d.max_cuda) >= _v(need)
+    ok = have >= want
     summary = f"driver {d.driver_version or '?'} supports CUDA {d.max_cuda}, the environment needs {need}"
     return Check("driver-cuda", "pass" if ok else "fail", summary, () if ok else (f"update the driver to one supporting CUDA {need}",))
 
 
-def check_gpu_arch(node: NodeFacts, records: list[dict]) -> Check:
+def check_gpu_arch(node: NodeFacts, records: list[AuditStamp]) -> Check:
     if not records:
         return Check("gpu-arch", "skip", "no extension audit records in the prefix")
     if not node.gpus:
         return Check("gpu-arch", "skip", "no GPU on this node")
     findings = tuple(
-        f"{r['name']} {r.get('version', '')} has no code for GPU {i} ({g.name}, {g.sm}): "
-        f"sass {r.get('sass_archs', [])}, ptx {r.get('ptx_archs', [])}"
+        f"{r.name} {r.version or ''} has no code for GPU {i} ({g.name}, {g.sm}): "
+        f"sass {list(r.sass_archs)}, ptx {list(r.ptx_archs)}"
         for r in records
         for i, g in enumerate(node.gpus)
         if not gpu_covered(r, g)
@@ -96,18 +72,19 @@ def check_gpu_arch(node: NodeFacts, records: list[dict]) -> Check:
     return Check("gpu-arch", "fail" if findings else "pass", summary, findings)
 
 
-def check_glibc(node: NodeFacts, records: list[dict]) -> Check:
-    floors = [(r["name"], r["glibc_floor"]) for r in records if _v(r.get("glibc_floor"))]
+def check_glibc(node: NodeFacts, records: list[AuditStamp]) -> Check:
+    floors = [(r.name, r.glibc_floor, v) for r in records if r.glibc_floor and (v := _v(r.glibc_floor))]
     if not floors:
         return Check("glibc", "skip", "no glibc floor recorded")
-    if not node.glibc:
+    have = _v(node.glibc)
+    if have is None:
         return Check("glibc", "fail", "this node's glibc could not be determined", ("is this a musl-based system?",))
-    findings = tuple(f"{n} needs glibc {f}, node has {node.glibc}" for n, f in floors if _v(f) > _v(node.glibc))
-    top = max((f for _, f in floors), key=_v)
+    findings = tuple(f"{n} needs glibc {f}, node has {node.glibc}" for n, f, v in floors if v > have)
+    top = max(floors, key=lambda fl: fl[2])[1]
     return Check("glibc", "fail" if findings else "pass", f"node glibc {node.glibc}, highest floor {top}", findings)
 
 
-def admission_checks(records: list[dict], node: NodeFacts, env_cuda: str | None) -> list[Check]:
+def admission_checks(records: list[AuditStamp], node: NodeFacts, env_cuda: str | None) -> list[Check]:
     return [
         check_driver_cuda(node, required_cuda(records, env_cuda)),
         check_gpu_arch(node, records),

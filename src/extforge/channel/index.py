@@ -101,3 +101,14 @@ def reindex(channel: Path) -> None:
             fsync_dir(channel / sd)
     finally:
         shutil.rmtree(shadow, ignore_errors=True)
+
+
+def index_channel(channel: Path) -> None:
+    """Write repodata.json for every subdir, readable by everyone (a shared channel is served as is)."""
+    for sub in REQUIRED_SUBDIRS:
+        (channel / sub).mkdir(parents=True, exist_ok=True)
+    reindex(channel)
+    for sub in REQUIRED_SUBDIRS:
+        for f in (channel / sub).iterdir():
+            if f.is_file():
+                f.chmod(0o644)

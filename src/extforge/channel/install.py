@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from ..archive import check_archive
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
-from .safety import check_archive
 
 
 @dataclass

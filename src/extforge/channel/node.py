@@ -12,6 +12,7 @@ import ctypes
 import os
 from dataclasses import asdict, dataclass, field
 
+from ..doctor.driver import probe_driver
 from ..doctor.model import DriverFacts, Gpu
 from ..machine import detect
 
@@ -68,6 +69,5 @@ def probe_nvml(lib: str = NVML_LIB) -> DriverFacts | None:
 
 
 def probe() -> NodeFacts:
-    from ..doctor.driver import probe_driver
 
     return NodeFacts(driver=probe_nvml() or probe_driver(os.environ), glibc=detect().glibc)

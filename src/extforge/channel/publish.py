@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .. import engine
+from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
@@ -29,7 +31,7 @@ from .index import TEMP_PREFIX, reindex, remove_leftovers
 LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
 LOG_NAME = "publish-log.jsonl"
 # Server kinds reachable through py-rattler-build's upload functions, written as a URL prefix.
-SERVERS = ("prefix", "quetz", "artifactory")
+SERVERS = engine.UPLOAD_KINDS
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,6 @@ class PublishResult:
 
 def audit_gate(path: Path, upstream: list[str]) -> AuditGate:
     """Run extforge's binary audit on a package against the torch it pins, taken from `upstream`."""
-    from ..audit import audit_package
 
     report = audit_package(path, channel=upstream)
     return AuditGate(str(report.verdict), bool(report.ok), report.to_json())
@@ -135,20 +136,12 @@ def parse_channel(channel: Path | str) -> tuple[str, str]:
 
 
 def _upload(kind: str, url: str, files: list[Path]) -> None:
-    import rattler_build
-
     parsed = urlparse(url)
     channel_name = parsed.path.rstrip("/").rsplit("/", 1)[-1]
     server = f"{parsed.scheme}://{parsed.netloc}"
     api_key = os.environ.get("EXTFORGE_UPLOAD_API_KEY")
-    fn = {
-        "prefix": rattler_build.upload_package_to_prefix,
-        "quetz": rattler_build.upload_package_to_quetz,
-        "artifactory": rattler_build.upload_package_to_artifactory,
-    }[kind]
-    key_arg = {"token": api_key} if kind == "artifactory" else {"api_key": api_key}
     try:
-        fn([str(f) for f in files], server, channel_name, **key_arg)
+        engine.upload(kind, files, server, channel_name, api_key)
     except Exception as exc:  # rattler_build.UploadError and network errors
         raise ExtforgeError(
             f"upload to {url} failed",

@@ -24,9 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..audit.stamp import read_stamps
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
-from .admission import Check, admission_checks, read_audit_records
+from .admission import Check, admission_checks
 from .hashing import hash_many
+from .install import locked_records, record_sha256
 from .node import NodeFacts, probe
 
 # Findings are listed up to this many per check; the summary always has the full count.
@@ -79,7 +81,6 @@ def read_prefix_records(prefix: Path) -> list[dict]:
 def check_packages(records: list[dict], locked: list | None, env: str | None) -> Check:
     if locked is None:
         return Check("packages", "skip", "no lock given (--lock, --env)")
-    from .install import record_sha256
 
     have = {r["name"]: r for r in records}
     want = {r.name.normalized: r for r in locked}
@@ -215,13 +216,12 @@ def verify_prefix(
     if lock_path is not None:
         if not env:
             raise ExtforgeError("--lock needs --env", "a lock holds several environments", "pass --env NAME")
-        from .install import locked_records
 
         locked = locked_records(lock_path, env)
     report.checks.append(check_packages(records, locked, env))
     report.checks.append(check_files(prefix, records, threads, report, rehash=rehash))
     report.node = node or probe()
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
-    report.checks += admission_checks(read_audit_records(prefix), report.node, env_cuda)
+    report.checks += admission_checks(read_stamps(prefix), report.node, env_cuda)
     report.seconds = time.monotonic() - start
     return report

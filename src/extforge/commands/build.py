@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
         return submit_build(args)
     from .. import ui
-    from ..build import build_recipe, parse_variant_overrides
+    from ..build import build_recipe
+    from ..variants import parse_variant_overrides
 
     overrides = parse_variant_overrides(args.variant)
     with ui.step(f"building {args.recipe}", quiet=args.json), ui.progress() as bar:

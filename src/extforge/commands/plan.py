@@ -6,22 +6,11 @@ import argparse
 import dataclasses
 import re
 
-from ..errors import EXIT_OK, ExtforgeError
+from ..errors import EXIT_OK
+from ..machine import parse_memory
 from ..ui import console, emit_json
 
 HELP = "choose MAX_JOBS/NVCC_THREADS that cannot OOM, predict the build time, print a Slurm request"
-# A bare number is megabytes, as in Slurm's --mem and sinfo's MEMORY column.
-_UNITS = {"": 1024**2, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
-
-def parse_memory(text: str) -> int:
-    """'128G', '64GiB', '512M', '2T' or a bare number of megabytes → bytes (powers of 1024, like Slurm)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ExtforgeError(f"cannot read memory size '{text}'", fix="write it like 128G, 64GiB or 512M (a bare number is megabytes, as in Slurm)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=int, help="plan for this many cores instead of this machine's")
     parser.add_argument("--memory", type=parse_memory, help="plan for this much memory, e.g. 128G")

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import machine as machine_mod
+from ..audit import audit_target
+from ..plan import plan_build
 from .checks import diagnose
 from .compiler import probe_compiler
 from .driver import probe_driver
@@ -30,16 +32,11 @@ def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[d
     """What the build planner would choose on this machine (for `archs`, else the recipe's
     default list), or why it cannot say."""
     try:
-        from ..plan import plan_build  # written separately; absent in early checkouts
-    except ImportError as exc:
-        return None, f"planner unavailable ({exc})"
-    try:
         plan = plan_build(m, archs=tuple(archs))
         values: dict[str, Any] = dict(plan.env())
         values["archs"] = list(plan.archs)
         for key in ("predicted_peak_bytes", "memory_limit_bytes", "expected_wall_seconds"):
-            if hasattr(plan, key):
-                values[key] = getattr(plan, key)
+            values[key] = getattr(plan, key)
         return values, None
     except Exception as exc:  # the planner is advisory here; doctor still reports the rest
         return None, f"planner unavailable ({type(exc).__name__}: {exc})"
@@ -48,10 +45,6 @@ def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[d
 def _audit(fa: FlashAttnFacts, prefix: str) -> tuple[FlashAttnFacts, str | None]:
     if not fa.extension:
         return fa, None
-    try:
-        from ..audit import audit_target
-    except ImportError as exc:
-        return fa, f"flash-attn audit: audit unavailable ({exc})"
     try:
         report = audit_target(Path(fa.extension), against=Path(prefix))
     except Exception as exc:

@@ -59,7 +59,7 @@ def flash_attn_facts():
         "installer": "conda" if rec else ((dist.read_text("INSTALLER") or "").strip() or "unknown"),
         "conda_build": rec.get("build") if rec else None,
         "conda_channel": rec.get("channel") if rec else None,
-        "wheel_tags": [l.split(":", 1)[1].strip() for l in wheel.splitlines() if l.startswith("Tag:")],
+        "wheel_tags": [t.split(":", 1)[1].strip() for t in wheel.splitlines() if t.startswith("Tag:")],
         "extension": spec.origin if spec and spec.origin else None,
     }
 

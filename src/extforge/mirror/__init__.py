@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..build import prepare_rattler_environment
+from .. import engine
 from ..ui import log
 from .channel import CachedPackage, build_job, place
 from .deps import closure, marker_environment
@@ -117,7 +117,7 @@ def build_mirror(
 ) -> MirrorResult:
     """Build (or take from the cache) every package and write an indexed channel at `channel`."""
     start = time.monotonic()
-    prepare_rattler_environment()
+    engine.prepare_environment()
     jobs, variants, missing = plan_jobs(inputs, list(extras), toolchain or detect())
     for name, asked_by in missing.items():
         log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)

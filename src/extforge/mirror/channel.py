@@ -9,13 +9,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import paths
-from ..build import prepare_rattler_environment
+from .. import engine, paths
+from ..channel.index import index_channel
+from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
 from ..ui import log
 from .recipes import PackageJob, render_recipe
-
-SUBDIRS = ("linux-64", "noarch")
 
 
 @dataclass
@@ -50,8 +49,6 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
     hit = lookup(job)
     if hit:
         return hit
-    from rattler_build import Stage0Recipe, ToolConfiguration
-
     start = time.monotonic()
     key = job.cache_key()
     entry = package_cache_dir() / key
@@ -65,26 +62,14 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
     out = work / "out"
     for sub in SUBDIRS:
         (out / sub).mkdir(parents=True, exist_ok=True)
-    prepare_rattler_environment()
-    logs: list[str] = []
-
-    class _Log:
-        def on_log(self, event) -> None:  # rattler-build's ProgressCallback protocol
-            logs.append(f"{event.level}: {event.message}")
-
+    engine.prepare_environment()
+    sink = engine.LogSink()
     try:
-        results = Stage0Recipe.from_file(recipe).run_build(
-            output_dir=out,
-            # Our generated recipes need nothing from a channel; an explicit one keeps
-            # rattler-build from reaching for conda-forge.
-            channels=[out.as_uri()],
-            tool_config=ToolConfiguration(test_strategy="skip"),
-            package_format=job.package_format,
-            no_include_recipe=True,
-            progress_callback=_Log(),
-        )
+        # Our generated recipes need nothing from a channel; an explicit one keeps
+        # rattler-build from reaching for conda-forge.
+        results = engine.build_generated(recipe, out, [out.as_uri()], sink, package_format=job.package_format)
     except Exception as exc:
-        (work / "build.log").write_text("\n".join(logs))
+        (work / "build.log").write_text("\n".join(sink.lines))
         raise ExtforgeError(
             f"could not package {job.name} {job.version} for the mirror",
             f"rattler-build failed: {exc}",
@@ -92,7 +77,7 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
         ) from exc
     if log_file:
         with log_file.open("a") as fh:
-            fh.write(f"## {job.name} {job.version}\n" + "\n".join(logs) + "\n")
+            fh.write(f"## {job.name} {job.version}\n" + "\n".join(sink.lines) + "\n")
     result = results[0]
     built = Path(result.packages[0])
     entry.mkdir(parents=True, exist_ok=True)
@@ -139,16 +124,3 @@ def place(packages: list[CachedPackage], channel: Path) -> list[Path]:
         placed.append(dst)
     index_channel(channel)
     return placed
-
-
-def index_channel(channel: Path) -> None:
-    """Write repodata.json for every subdir, readable by everyone (a shared channel is served as is)."""
-    from ..channel.index import reindex
-
-    for sub in SUBDIRS:
-        (channel / sub).mkdir(parents=True, exist_ok=True)
-    reindex(channel)
-    for sub in SUBDIRS:
-        for f in (channel / sub).iterdir():
-            if f.is_file():
-                f.chmod(0o644)

@@ -24,7 +24,7 @@ def needs_text_rewrite(rel: str, system_prefix: bool) -> bool:
     if not system_prefix:
         return True
     name = os.path.basename(rel)
-    return name.startswith("_sysconfigdata") or "/config-" in rel or name.startswith("python-config")
+    return name.startswith(("_sysconfigdata", "python-config")) or "/config-" in rel
 
 
 def elf_needed(path: Path) -> list[str]:

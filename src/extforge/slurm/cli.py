@@ -10,7 +10,12 @@ import argparse
 from pathlib import Path
 
 from ..errors import EXIT_CANNOT_RUN, EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..ui import console, emit_json
+from ..variants import parse_variant_overrides
 from .config import SlurmConfig, load
+from .report import print_rows, status_rows
+from .submit import BuildRequest, submit_matrix, wait_for
+from .verify import print_node_rows, verify_on_nodes
 
 
 def _add_common(group: argparse._ArgumentGroup, what: str) -> None:
@@ -58,10 +63,6 @@ def slurm_config(args: argparse.Namespace) -> SlurmConfig:
 
 
 def submit_build(args: argparse.Namespace) -> int:
-    from ..ui import console, emit_json
-    from ..build import parse_variant_overrides
-    from .report import print_rows, status_rows
-    from .submit import BuildRequest, submit_matrix, wait_for
 
     if not args.publish_to:
         raise ExtforgeError(
@@ -114,8 +115,6 @@ def submit_build(args: argparse.Namespace) -> int:
 
 def verify_slurm(args: argparse.Namespace) -> int:
     """Run `extforge verify PREFIX --json` on every node; one verdict row per node."""
-    from ..ui import console, emit_json
-    from .verify import print_node_rows, verify_on_nodes
 
     # Absolute paths: the tasks start in the same directory only where it is shared.
     verify_argv = [str(Path(args.prefix).resolve())]

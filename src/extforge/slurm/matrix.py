@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import engine
 from ..errors import ExtforgeError
 from ..variants import Matrix
 from ..variants import archs as variant_archs
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -38,11 +40,9 @@ class Variant:
 def expand(recipe: Path, resolved: Matrix) -> list[Variant]:
     """Render the recipe over its variant matrix, resolved exactly as `extforge build` resolves it
     (extforge.variants.resolve), so each job builds the variant expanded here."""
-    from rattler_build import Stage0Recipe
-
     matrix = resolved.values
     try:
-        rendered = Stage0Recipe.from_file(recipe).render(resolved.config())
+        rendered = engine.render(recipe, resolved.config())
     except Exception as exc:  # rattler-build raises its own exception types for every parse step
         raise ExtforgeError(f"could not render {recipe}", str(exc).strip().splitlines()[0], "fix the recipe or variant file") from exc
 

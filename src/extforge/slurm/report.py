@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 
 from ..ui import console
@@ -15,7 +17,7 @@ def status_rows(statuses: list[VariantStatus]) -> list[dict]:
     """One dict per variant; failed ones carry their log tail and explain's diagnosis."""
     rows = []
     for s in statuses:
-        row = {"variant": s.variant_id, "state": s.state, "job_id": s.job_id, "detail": s.detail, "log": s.log}
+        row: dict[str, Any] = {"variant": s.variant_id, "state": s.state, "job_id": s.job_id, "detail": s.detail, "log": s.log}
         if s.state in {"failed", "lost"}:
             text = read_log(s.log)
             build_output, error = split_job_log(text)

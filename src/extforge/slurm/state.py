@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..channel_ref import listing as listing_of
@@ -82,7 +82,7 @@ def save_state(root: Path, state: BuildState) -> None:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # --- Slurm query output (pure parsers) -------------------------------------------------

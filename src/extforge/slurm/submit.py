@@ -8,15 +8,31 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import paths
+from ..channel_ref import channel_url
+from ..engine import find_recipe
 from ..errors import ExtforgeError
-from ..machine import Machine
+from ..explain import explain_text
+from ..machine import Machine, parse_memory
+from ..plan import load_profiles, plan_build, slurm_request
+from ..variants import resolve
 from .config import SlurmConfig
 from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes
 from .script import BUILD_LOG_MARK, ERROR_MARK, BuildJob, JobFiles, render_build_script
-from .state import BuildState, JobRecord, VariantStatus, collect, load_state, now_iso, parse_sbatch_parsable, run_slurm, save_state
+from .state import (
+    BuildState,
+    JobRecord,
+    VariantStatus,
+    collect,
+    load_state,
+    now_iso,
+    parse_sbatch_parsable,
+    run_slurm,
+    save_state,
+)
 
 LOG_TAIL_LINES = 25
 
@@ -48,7 +64,6 @@ class SubmitResult:
 
 def node_type(config: SlurmConfig) -> Machine:
     """The build node to plan for: configured, else the partition's smallest node."""
-    from ..commands.plan import parse_memory
 
     if config.node_cores and config.node_memory:
         return Machine(config.node_cores, parse_memory(config.node_memory), None, "slurm config", "slurm config")
@@ -71,7 +86,6 @@ def node_type(config: SlurmConfig) -> Machine:
 
 def profile_for(variant: Variant, configured: str | None) -> str:
     """The planner profile: configured, else the one named like the package, else the planner's default."""
-    from ..plan import load_profiles, plan_build
 
     if configured:
         return configured
@@ -82,7 +96,6 @@ def profile_for(variant: Variant, configured: str | None) -> str:
 
 def planned_resources(machine: Machine, profile: str, archs: list[str] | None) -> tuple[str, ...]:
     """sbatch resource options for one variant, exactly as `extforge plan` computes them."""
-    from ..plan import plan_build, slurm_request
 
     plan = plan_build(machine, profile, archs) if archs else plan_build(machine, profile)
     return tuple(slurm_request(plan).sbatch_args())
@@ -125,8 +138,6 @@ def sbatch(script: Path) -> str:
 
 def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     """Submit every variant that is neither published, in flight nor already built."""
-    from ..build import channel_url, find_recipe
-    from ..variants import resolve
 
     recipe = find_recipe(req.recipe).resolve()
     channels = [channel_url(c) for c in req.channels]
@@ -203,10 +214,6 @@ def split_job_log(text: str) -> tuple[str, str]:
     return build, error.strip()
 
 
-def diagnose(log_text: str) -> dict | None:
-    """`extforge explain`'s verdict on a failed job's log; None where explain is not installed."""
-    try:
-        from ..explain import explain_text
-    except ImportError:
-        return None
+def diagnose(log_text: str) -> dict[str, Any]:
+    """`extforge explain`'s verdict on a failed job's log."""
     return explain_text(log_text).to_json()

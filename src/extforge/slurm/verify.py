@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ExtforgeError
+from ..ui import console
 from .config import SlurmConfig
 from .nodes import partition_nodes
 from .state import run_slurm
@@ -133,8 +134,6 @@ def expand_hostlist(text: str) -> list[str]:
 
 def print_node_rows(rows: list[NodeRow]) -> None:
     from rich.table import Table
-
-    from ..ui import console
 
     style = {"pass": "green", "fail": "red", "error": "red", "unreachable": "yellow"}
     table = Table(show_edge=False, pad_edge=False)

@@ -12,7 +12,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import ExtforgeError
+from .errors import ExtforgeError
 
 
 def unsafe_reason(name: str, kind: str = "file", linkname: str = "") -> str | None:

