@@ -103,7 +103,7 @@ def planned_resources(machine: Machine, profile: str, archs: list[str] | None) -
 
 def extforge_argv(config: SlurmConfig) -> tuple[str, ...]:
     # The interpreter running us: on a cluster a venv on the shared filesystem every node sees.
-    return tuple(shlex.split(config.extforge)) if config.extforge else (sys.executable, "-m", "extforge.slurm.entry")
+    return tuple(shlex.split(config.extforge)) if config.extforge else (sys.executable, "-m", "extforge.job_entry")
 
 
 def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: Machine) -> BuildJob:

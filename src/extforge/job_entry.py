@@ -1,5 +1,5 @@
-"""How Slurm jobs run extforge: like `python -m extforge`, but ending without interpreter
-finalization.
+"""How Slurm jobs run extforge (`python -m extforge.job_entry`): like `python -m extforge`,
+but ending without interpreter finalization.
 
 py-rattler 0.28 leaves native threads behind after `rattler.index.index_fs` (used by build
 and publish); about every other process then dies at exit with SIGSEGV or SIGABRT
@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import sys
 
+from .cli import main as cli_main
+
 
 def main() -> None:
-    from ..cli import main as cli_main
-
     code = cli_main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
