@@ -11,6 +11,7 @@ import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Literal
 
 from .errors import ExtforgeError
 
@@ -55,7 +56,7 @@ def member_unsafe_reason(member: tarfile.TarInfo) -> str | None:
     return unsafe_reason(member.name, _kind(member), member.linkname)
 
 
-def _tar_members(fileobj, mode: str) -> Iterator[tarfile.TarInfo]:
+def _tar_members(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> Iterator[tarfile.TarInfo]:
     # Stream mode: a 1 GB package is scanned without seeking or buffering it whole.
     with tarfile.open(fileobj=fileobj, mode=mode) as tar:
         yield from tar

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from . import __version__
 from .errors import EXIT_CANNOT_RUN, ExtforgeError
@@ -36,7 +37,7 @@ COMMANDS = (
 )
 
 
-def _load(name: str):
+def _load(name: str) -> ModuleType:
     return importlib.import_module(f"extforge.commands.{name}")
 
 

@@ -97,10 +97,11 @@ def audit_package(
     path: Path,
     *,
     against: Path | None = None,
-    channel: str | None = None,
+    channel: str | Sequence[str] | None = None,
     build_env: Path | None = None,
     archs: list[str] | None = None,
     glibc: str | None = None,
 ) -> AuditReport:
-    """The gate `extforge build` and `extforge publish` run on a built package."""
+    """The gate `extforge build` and `extforge publish` run on a built package; `channel`: the
+    channel(s), in priority order, its pinned pytorch comes from."""
     return audit_target(path, against=against, archs=archs, glibc=glibc, channel=channel, build_env=build_env)

@@ -86,10 +86,10 @@ class ElfObject:
         Uses the GNU hash table when there is one, so asking libtorch_cpu.so for a few
         hundred names does not decode its ~75k exports.
         """
-        table = self._gnu_hash
-        if table is None:
+        table, mm, layout = self._gnu_hash, self._map, self._sym_layout
+        if table is None or mm is None or layout is None:
             return self.exports.get(name, [])
-        return _gnu_lookup(self, table, name)
+        return _gnu_lookup(mm, layout, table, name)
 
     @cached_property
     def _gnu_hash(self) -> tuple[int, int, int, int] | None:
@@ -265,10 +265,9 @@ def gnu_hash(name: bytes) -> int:
     return h
 
 
-def _gnu_lookup(obj: ElfObject, table: tuple[int, int, int, int], name: str) -> list[tuple[str | None, bool]]:
+def _gnu_lookup(mm: mmap.mmap, layout: tuple, table: tuple[int, int, int, int], name: str) -> list[tuple[str | None, bool]]:
     nbuckets, symoffset, buckets, chains = table
-    elfclass, endian, sym_off, _sym_size, str_off, _str_size, versym_sec, index_names = obj._sym_layout
-    mm = obj._map
+    elfclass, endian, sym_off, _sym_size, str_off, _str_size, versym_sec, index_names = layout
     key = name.encode()
     h = gnu_hash(key)
     (index,) = struct.unpack_from(endian + "I", mm, buckets + 4 * (h % nbuckets))

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 4 * 1024 * 1024
 _local = threading.local()
@@ -22,7 +23,7 @@ def _buffer() -> bytearray:
     return buf
 
 
-def sha256_file(path: Path | str, *, copy_to=None) -> str:
+def sha256_file(path: Path | str, *, copy_to: BinaryIO | None = None) -> str:
     """Hex sha256 of a file; when copy_to (a binary file object) is given, the bytes are written
     to it too, so a copy and its hash come from the same read."""
     h = hashlib.sha256()

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..archive import check_archive
@@ -54,7 +55,7 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
 
     if not lock_path.is_file():
         raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
-    lock_file = LockFile.from_path(str(lock_path))
+    lock_file = LockFile.from_path(lock_path)
     environment = lock_file.environment(env)
     if environment is None:
         names = [name for name, _ in lock_file.environments()]
@@ -67,7 +68,7 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
     return records
 
 
-def record_sha256(record) -> str:
+def record_sha256(record: Any) -> str:
     value = record.sha256
     if value is None:
         raise ExtforgeError(f"{record.file_name} has no sha256 in the lock", "install refuses what it cannot verify", "re-lock against a channel indexed with sha256")

@@ -62,7 +62,7 @@ def virtual_packages(env: EnvSpec, platform: str) -> list:
 
 
 async def _solve(env: EnvSpec, channels: list[str], platform: str) -> list:
-    from rattler import solve
+    from rattler import Subdir, solve
 
     if not env.specs:
         return []
@@ -70,7 +70,7 @@ async def _solve(env: EnvSpec, channels: list[str], platform: str) -> list:
         return await solve(
             channels,
             env.specs,
-            platforms=[platform, "noarch"],
+            platforms=[Subdir(platform), Subdir("noarch")],
             virtual_packages=virtual_packages(env, platform),
         )
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError
@@ -132,7 +132,7 @@ def lock(manifest: Manifest, lock_path: Path, channel_map: dict[str, str], envs:
             exports[out_dir / f"{env.name}{suffix}.environment.yml"] = environment_yml(env.name, channels, records)
         result.environments[env.name] = count
     tmp = lock_path.with_name(lock_path.name + ".tmp")
-    lock_file.to_path(str(tmp))
+    lock_file.to_path(tmp)
     tmp.replace(lock_path)
     for path, text in exports.items():
         _write(path, text)

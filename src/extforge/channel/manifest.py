@@ -83,12 +83,12 @@ class Manifest:
         missing = [f for f in feature_names if f not in self.features]
         if missing:
             raise ExtforgeError(f"environment {name!r} uses undefined features {missing}", "", f"define [feature.{missing[0]}] in {self.path}")
-        feats = [self.features[f] for f in feature_names]
+        features = [self.features[f] for f in feature_names]
         deps: dict[str, str | dict] = {}
         channels: list[str] = []
         sysreq: dict[str, str] = {}
         platforms = self.platforms
-        for f in feats:
+        for f in features:
             deps.update(f.dependencies)
             sysreq.update(f.system_requirements)
             channels += [c for c in f.channels or [] if c not in channels]

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -69,7 +70,7 @@ def audit_gate(path: Path, upstream: list[str]) -> AuditGate:
     return AuditGate(str(report.verdict), bool(report.ok), report.to_json())
 
 
-def channel_lock(channel: Path):
+def channel_lock(channel: Path) -> AbstractContextManager[None]:
     return exclusive(channel / LOCK_NAME)
 
 

@@ -180,15 +180,15 @@ def check_files(prefix: Path, records: list[dict], threads: int | None, report: 
     hashes = hash_many(to_hash, threads=threads)
     for path, got in sorted(hashes.items()):
         want, pkg = expect[path]
-        rel = path.relative_to(prefix)
+        rel = str(path.relative_to(prefix))
         if isinstance(got, FileNotFoundError):
             findings.append(f"missing: {rel} ({pkg})")
         elif isinstance(got, OSError):
             findings.append(f"unreadable: {rel} ({pkg}): {got.strerror}")
         elif got != want:
             findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {want[:12]}…")
-        elif to_hash[path] is not None:
-            entries[str(rel)] = [want, *to_hash[path]]
+        elif (stat_key := to_hash[path]) is not None:
+            entries[rel] = [want, *stat_key]
     report.files_hashed = len(hashes)
     report.files_unchanged = len(expect) - len(hashes)
     report.bytes_hashed = sum(k[0] for p, k in to_hash.items() if k is not None and isinstance(hashes[p], str))

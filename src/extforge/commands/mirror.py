@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..mirror import CachedPackage, PackageJob
 
 HELP = "build a local upstream channel (python, pytorch, compilers) from pip, wheels or an environment"
 
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     with ui.step(f"mirroring {inputs.description} into {args.channel}", quiet=args.json), ui.progress() as bar:
         task = bar.add_task("packages", total=None)
 
-        def on_package(job, pkg) -> None:
+        def on_package(job: PackageJob, pkg: CachedPackage | None) -> None:
             if pkg is None:
                 bar.update(task, description=f"{job.name} {job.version}")
             else:

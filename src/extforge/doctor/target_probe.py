@@ -56,7 +56,7 @@ def flash_attn_facts():
     return {
         "version": dist.version if dist else rec["version"],
         "location": str(dist.locate_file("")) if dist else sys.prefix,
-        "installer": "conda" if rec else ((dist.read_text("INSTALLER") or "").strip() or "unknown"),
+        "installer": "conda" if rec or dist is None else ((dist.read_text("INSTALLER") or "").strip() or "unknown"),
         "conda_build": rec.get("build") if rec else None,
         "conda_channel": rec.get("channel") if rec else None,
         "wheel_tags": [t.split(":", 1)[1].strip() for t in wheel.splitlines() if t.startswith("Tag:")],
@@ -67,7 +67,7 @@ def flash_attn_facts():
 def torch_facts():
     import torch
 
-    archs = []
+    archs: list[str] = []
     try:
         # Unlike torch.cuda.get_arch_list(), this answers on a machine without a GPU.
         archs = (torch._C._cuda_getArchFlags() or "").split()

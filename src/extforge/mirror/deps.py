@@ -111,7 +111,7 @@ def requirements_for(
             continue
         name = canonicalize_name(req.name)
         prev = out.get(name)
-        extras_ = frozenset(canonicalize_name(e) for e in req.extras)
+        extras_: frozenset[str] = frozenset(canonicalize_name(e) for e in req.extras)
         spec = str(req.specifier)
         if prev:
             spec = ",".join(s for s in (prev.specifier, spec) if s)
@@ -145,7 +145,7 @@ def closure(roots: Iterable[str], dists: Mapping[str, DistInfo], env: Mapping[st
     order: list[str] = []
     depends: dict[str, list[Dependency]] = {}
     missing: dict[str, str] = {}
-    queue = [canonicalize_name(r) for r in roots]
+    queue: list[str] = [canonicalize_name(r) for r in roots]
     while queue:
         name = queue.pop(0)
         if name in depends or name in missing:
