@@ -55,9 +55,11 @@ def _tree_digest(root: Path) -> str:
 def demo_channel(mirror_channel: Path) -> Path:
     """Channel folder holding demo-ext built (tests run, audited) against `mirror_channel`."""
     from extforge.build import build_recipe
+    from extforge.build_options import BuildOptions
 
     # What the package holds depends on the recipe, the channel, and the build + audit + stamp code.
-    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
+    src = REPO / "src" / "extforge"
+    builder = _tree_digest(src / "audit") + (src / "build.py").read_text() + (src / "engine.py").read_text()
     key = hashlib.sha256(
         (_tree_digest(DEMO_RECIPE) + builder + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
     ).hexdigest()[:16]
@@ -65,7 +67,7 @@ def demo_channel(mirror_channel: Path) -> Path:
     with exclusive(_fixtures_dir() / "demo-ext.lock"):
         if not (out / ".complete").exists():
             shutil.rmtree(out, ignore_errors=True)
-            build_recipe(DEMO_RECIPE, [mirror_channel], out)
+            build_recipe(BuildOptions.make(DEMO_RECIPE, [mirror_channel], out))
             (out / ".complete").touch()
     return out
 

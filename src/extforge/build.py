@@ -18,6 +18,7 @@ from pathlib import Path
 from . import compile_cache, engine, machine, plan
 from .audit import audit_package
 from .audit.stamp import stamp_package
+from .build_options import BuildOptions
 from .channel.index import index_channel
 from .channel_ref import channel_url, package_names, repodata_mentions
 from .errors import ExtforgeError
@@ -165,34 +166,24 @@ def host_env(work_dir: Path) -> Path | None:
     return found[0] if found and (found[0] / "conda-meta").is_dir() else None
 
 
-def build_recipe(
-    recipe: Path,
-    channels: Sequence[str | Path],
-    output_dir: Path,
-    *,
-    variant_config: Sequence[Path] = (),
-    variants: Mapping[str, list[str]] | None = None,
-    profile: str | None = None,
-    test: bool = True,
-    audit: bool = True,
-    on_step: Callable[[str], None] | None = None,
-) -> list[BuiltPackage]:
-    """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
-    recipe_file = engine.find_recipe(recipe)
-    urls = [channel_url(c) for c in channels]
+def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None) -> list[BuiltPackage]:
+    """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages it made."""
+    recipe_file = engine.find_recipe(options.recipe)
+    urls = [channel_url(c) for c in options.channels]
     if not urls:
         raise ExtforgeError(
             "no channel given",
             "extforge build never falls back to conda-forge (unreachable offline)",
             "pass --channel DIR_OR_URL, e.g. the folder `extforge mirror` wrote",
         )
-    output_dir = Path(output_dir).resolve()
+    output_dir = options.output_dir.resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     engine.prepare_environment()
-    matrix = resolve_variants(recipe_file, urls, variant_config, variants or {})
+    matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     config, merged, files = matrix.config(), matrix.values, matrix.files
     env = build_environment(
-        recipe_file.read_text(), urls, merged, profile or recipe_file.parent.name, profile_explicit=bool(profile)
+        recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name,
+        profile_explicit=bool(options.profile),
     )
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
@@ -212,7 +203,7 @@ def build_recipe(
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             try:
-                result = engine.build_variant(variant, output_dir, urls, sink, test=test, keep_build=True)
+                result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except Exception as exc:
                 fh.flush()
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
@@ -223,7 +214,7 @@ def build_recipe(
                 pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
             try:
-                if audit:
+                if options.audit:
                     after_build(packages, urls, next(filter(None, map(host_env, work_dirs)), None))
             finally:
                 for work in work_dirs:

@@ -20,6 +20,7 @@ import zstandard
 
 from extforge import paths
 from extforge.build import build_recipe
+from extforge.build_options import BuildOptions
 from extforge.errors import ExtforgeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,9 +108,9 @@ def test_demo_installs_from_the_channels_and_imports(demo_channel: Path, mirror_
 @pytest.mark.slow
 def test_a_variant_the_channel_cannot_satisfy_names_the_spec(mirror_channel: Path, tmp_path: Path):
     with pytest.raises(ExtforgeError) as err:
-        build_recipe(
+        build_recipe(BuildOptions.make(
             REPO / "recipe" / "demo-ext", [mirror_channel], tmp_path / "out", variants={"python": ["3.9"]}, test=False
-        )
+        ))
     assert "python 3.9" in err.value.what
     assert "Failed to resolve" not in err.value.what
     assert (tmp_path / "out" / "logs").is_dir()

@@ -184,3 +184,24 @@ def test_published_means_listed_in_the_index_not_just_copied_in(tmp_path):
     assert published_in(channel_listing(tmp_path, {"linux-64"}), outputs)
     assert not published_in(channel_listing(tmp_path / "nowhere", {"linux-64"}), outputs)
     assert not published_in(channel_listing(None, {"linux-64"}), outputs)
+
+
+def test_a_slurm_job_builds_with_the_options_a_local_build_gets(tmp_path):
+    """One BuildOptions feeds both paths: a job's `extforge build` line carries its test/audit choice."""
+    from extforge.build_options import BuildOptions
+    from extforge.machine import Machine
+    from extforge.slurm.config import SlurmConfig
+    from extforge.slurm.submit import BuildRequest, make_job
+
+    opts = BuildOptions.make(tmp_path / "recipe", [str(tmp_path)], tmp_path / "out",
+                             variants={"python": ["3.11"]}, test=False, audit=False)
+    with pytest.raises(AttributeError):
+        opts.test = True  # type: ignore[misc]
+    req = BuildRequest(opts, str(tmp_path / "published"), SlurmConfig())
+    job = make_job(req, VARIANT, [str(tmp_path)], Machine(16, 128 * 2**30, "2.39", "test", "test"))
+    assert job.build_flags == ("--no-test", "--no-audit") and job.publish_flags == ("--no-audit",)
+    assert job.recipe == opts.recipe.resolve() and req.root == opts.output_dir / "slurm"
+    assert opts.variants == {"python": ["3.11"]}
+    audited = make_job(BuildRequest(BuildOptions.make(tmp_path, [], tmp_path), "x", SlurmConfig()), VARIANT, [],
+                       Machine(16, 128 * 2**30, "2.39", "test", "test"))
+    assert audited.build_flags == () and audited.publish_flags == ()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..build_options import BuildOptions
+
 HELP = "build a recipe with rattler-build against explicit channels (logs, variants, audit)"
 
 
@@ -34,29 +36,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_build_options(parser)
 
 
+def options_from_args(args: argparse.Namespace) -> BuildOptions:
+    """The one BuildOptions of this command line, for the local and the Slurm path alike."""
+    from ..variants import parse_variant_overrides
+
+    return BuildOptions.make(
+        args.recipe,
+        args.channel,
+        args.output_dir,
+        variant_configs=args.variant_config,
+        variants=parse_variant_overrides(args.variant),
+        profile=args.profile,
+        test=not args.no_test,
+        audit=not args.no_audit,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    opts = options_from_args(args)
     if args.slurm:
         from ..slurm.cli import submit_build
 
-        return submit_build(args)
+        return submit_build(opts, args)
     from .. import ui
     from ..build import build_recipe
-    from ..variants import parse_variant_overrides
 
-    overrides = parse_variant_overrides(args.variant)
     with ui.step(f"building {args.recipe}", quiet=args.json), ui.progress() as bar:
         task = bar.add_task("rattler-build", total=None)
-        built = build_recipe(
-            args.recipe,
-            args.channel,
-            args.output_dir,
-            variant_config=args.variant_config,
-            variants=overrides,
-            profile=args.profile,
-            test=not args.no_test,
-            audit=not args.no_audit,
-            on_step=lambda msg: bar.update(task, description=msg[:80]),
-        )
+        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80]))
     if args.json:
         ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built]})
     else:

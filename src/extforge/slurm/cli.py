@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..build_options import BuildOptions
 from ..errors import EXIT_CANNOT_RUN, EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..ui import console, emit_json
-from ..variants import parse_variant_overrides
 from .config import SlurmConfig, load
 from .report import print_rows, status_rows
 from .submit import BuildRequest, submit_matrix, wait_for
@@ -62,7 +62,8 @@ def slurm_config(args: argparse.Namespace) -> SlurmConfig:
     return load(args.slurm_config, flags)
 
 
-def submit_build(args: argparse.Namespace) -> int:
+def submit_build(opts: BuildOptions, args: argparse.Namespace) -> int:
+    """One Slurm job per variant of `opts`; `args` holds the Slurm flags this module added."""
 
     if not args.publish_to:
         raise ExtforgeError(
@@ -71,15 +72,9 @@ def submit_build(args: argparse.Namespace) -> int:
             "add --publish-to /shared/channels/internal (a folder on the shared filesystem)",
         )
     req = BuildRequest(
-        recipe=Path(args.recipe),
-        channels=tuple(args.channel or ()),
+        options=opts,
         publish_to=str(Path(args.publish_to).expanduser().resolve()) if "://" not in args.publish_to else args.publish_to,
-        output_dir=Path(args.output_dir),
-        variant_configs=tuple(args.variant_config),
-        overrides=parse_variant_overrides(args.variant),
         config=slurm_config(args),
-        no_test=args.no_test,
-        no_audit=args.no_audit,
     )
     result = submit_matrix(req, dry_run=args.dry_run)
     if args.dry_run:

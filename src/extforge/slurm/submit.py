@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
+from ..build_options import BuildOptions
 from ..channel_ref import channel_url
 from ..engine import find_recipe
 from ..errors import ExtforgeError
@@ -39,15 +40,13 @@ LOG_TAIL_LINES = 25
 
 @dataclass(frozen=True)
 class BuildRequest:
-    recipe: Path  # recipe directory or recipe.yaml
-    channels: tuple[str, ...]
+    options: BuildOptions  # what each job's `extforge build` builds, exactly as a local build would
     publish_to: str
-    output_dir: Path
-    variant_configs: tuple[Path, ...]
-    overrides: dict[str, list[str]]
     config: SlurmConfig
-    no_test: bool = False
-    no_audit: bool = False  # skips the audit in the build and in the publish gate
+
+    @property
+    def output_dir(self) -> Path:
+        return self.options.output_dir
 
     @property
     def root(self) -> Path:
@@ -111,16 +110,16 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
     profile = profile_for(variant, req.config.profile)
     return BuildJob(
         variant=variant,
-        recipe=req.recipe.resolve(),
+        recipe=req.options.recipe.resolve(),
         channels=tuple(channels),
         publish_to=req.publish_to,
-        variant_files=tuple(p.resolve() for p in req.variant_configs),
+        variant_files=tuple(p.resolve() for p in req.options.variant_configs),
         files=JobFiles.under(req.root.resolve(), variant.id),
         resources=planned_resources(machine, profile, variant.archs()),
         extforge=extforge_argv(req.config),
         profile=profile,
-        build_flags=(("--no-test",) if req.no_test else ()) + (("--no-audit",) if req.no_audit else ()),
-        publish_flags=("--no-audit",) if req.no_audit else (),
+        build_flags=(() if req.options.test else ("--no-test",)) + (() if req.options.audit else ("--no-audit",)),
+        publish_flags=() if req.options.audit else ("--no-audit",),
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
     )
@@ -139,10 +138,10 @@ def sbatch(script: Path) -> str:
 def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     """Submit every variant that is neither published, in flight nor already built."""
 
-    recipe = find_recipe(req.recipe).resolve()
-    channels = [channel_url(c) for c in req.channels]
+    recipe = find_recipe(req.options.recipe).resolve()
+    channels = [channel_url(c) for c in req.options.channels]
     # The same variant files `extforge build` will read on the node, so both render alike.
-    variants = expand(recipe, resolve(recipe, channels, list(req.variant_configs), req.overrides))
+    variants = expand(recipe, resolve(recipe, channels, req.options.variant_configs, req.options.variants))
     state = load_state(req.root) or BuildState(str(recipe), req.publish_to)
     state.channel = req.publish_to
     known = {s.variant_id: s for s in collect(state, [v.id for v in variants if v.id in state.jobs])}
