@@ -31,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="build profile for the resource planner (MAX_JOBS, NVCC_THREADS)")
     parser.add_argument("--no-test", action="store_true", help="skip the recipe's tests")
     parser.add_argument("--no-audit", action="store_true", help="skip the audit and stamp of built packages")
-    from ..slurm.cli import add_build_options
+    from ..slurm.options import add_build_options
 
     add_build_options(parser)
 

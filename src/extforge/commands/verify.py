@@ -15,7 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
-    from ..slurm.cli import add_verify_options
+    from ..slurm.options import add_verify_options
 
     add_verify_options(parser)
     parser.epilog = "exit code: 0 all checks pass or skip, 1 a check failed, 2 could not run"
