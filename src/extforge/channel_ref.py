@@ -85,6 +85,24 @@ def package_names(channels: Sequence[str | Path], subdir: str = "linux-64") -> s
     return {rec["name"] for ch in channels for sub in (subdir, "noarch") for rec in records(ch, sub).values()}
 
 
+def virtual_packages(platform: str, *, linux: str, glibc: str, cuda: str | None) -> list[Any]:
+    """The virtual packages a solve for nodes of `platform` assumes (rattler GenericVirtualPackage):
+    a CPU-only build host has no `__cuda`, so lock and audit name the nodes' own."""
+    from rattler import BuildString, GenericVirtualPackage, PackageName, Version
+
+    def vp(name: str, version: str) -> GenericVirtualPackage:
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
+
+    if not platform.startswith("linux"):
+        return []
+    out = [vp("__unix", "0"), vp("__linux", linux), vp("__glibc", glibc)]
+    if cuda:
+        out.append(vp("__cuda", cuda))
+    if platform == "linux-64":
+        out.append(vp("__archspec", "1"))
+    return out
+
+
 def repodata_mentions(channels: Sequence[str | Path], text: str) -> bool:
     """Whether the raw index of any local channel contains `text` (a cheap look for e.g. `"__cuda`)."""
     for ch in channels:

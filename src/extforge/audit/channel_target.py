@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..channel_ref import channel_url
+from ..channel_ref import channel_url, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, rattler_cache_dir
@@ -71,20 +71,10 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
 
 
 async def _solve_install(specs: list[str], channels: list[str], prefix: Path) -> None:
-    from rattler import (
-        BuildString,
-        GenericVirtualPackage,
-        PackageName,
-        Version,
-        install,
-        solve,
-    )
+    from rattler import install, solve
 
-    def vp(name: str, version: str) -> GenericVirtualPackage:
-        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
-
-    virtual = [vp("__unix", "0"), vp("__linux", "5.0"), vp("__glibc", "2.28"),
-               vp("__cuda", os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)), vp("__archspec", "1")]
+    virtual = virtual_packages("linux-64", linux="5.0", glibc="2.28",
+                               cuda=os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA))
     try:
         records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
         await install(records, target_prefix=prefix, cache_dir=rattler_cache_dir(), show_progress=False)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from .hashing import sha256_file
 from .manifest import DEFAULT_LINUX, EnvSpec, Manifest, resolve_channel
@@ -46,19 +47,8 @@ def envs_dir_for(lock_path: Path) -> Path:
 
 def virtual_packages(env: EnvSpec, platform: str) -> list:
     """The virtual packages of the target nodes, as [system-requirements] declares them."""
-    from rattler import BuildString, GenericVirtualPackage, PackageName, Version
-
-    def vp(name: str, version: str) -> GenericVirtualPackage:
-        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
-
-    if not platform.startswith("linux"):
-        return []
-    out = [vp("__unix", "0"), vp("__linux", env.system_requirements.get("linux", DEFAULT_LINUX)), vp("__glibc", env.glibc)]
-    if env.cuda:
-        out.append(vp("__cuda", env.cuda))
-    if platform == "linux-64":
-        out.append(vp("__archspec", "1"))
-    return out
+    return channel_ref.virtual_packages(platform, linux=env.system_requirements.get("linux", DEFAULT_LINUX),
+                                        glibc=env.glibc, cuda=env.cuda)
 
 
 async def _solve(env: EnvSpec, channels: list[str], platform: str) -> list:
