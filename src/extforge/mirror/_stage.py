@@ -20,7 +20,7 @@ SHEBANG_PYTHON = re.compile(rb"^#!.*python[0-9.]*\b")
 
 def wheel_member_target(member, data_dir, site, include):
     """Where a wheel member goes, relative to the prefix (None: not installed)."""
-    if member.endswith(("/", ".pyc")):
+    if member.endswith("/") or member.endswith(".pyc"):
         return None
     if member.startswith(data_dir + "/"):
         kind, _, rest = member[len(data_dir) + 1 :].partition("/")
