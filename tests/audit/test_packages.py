@@ -62,7 +62,7 @@ def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
     assert report.modules[0].is_extension
 
     record = stamp_package(pkg, report)
-    assert record["verdict"] == "pass" and record["cxx11_abi"] is True and record["schema"] == 1
+    assert record.verdict == "pass" and record.cxx11_abi is True and record.schema == 1
     # The stamp is in the payload and in info/paths.json with its sha256 and size.
     prefix = tmp_path / "prefix"
     with zipfile.ZipFile(pkg) as zf:
