@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.manifest)
     if not args.json:
         for note in manifest.deprecations:
-            console.print(f"[yellow]warning:[/yellow] {note}", soft_wrap=True)
+            console.print(f"warning: {note}", markup=False, soft_wrap=True, style="yellow")
     lock_path = (args.lock or manifest.path.parent / "pixi.lock").resolve()
     if args.check:
         reasons = stale_reasons(manifest, lock_path, args.env)
