@@ -49,7 +49,8 @@ def test_lock_made_through_one_mirror_installs_through_another(tiny_packages, ht
     (ws / ".pixi" / "config.toml").write_text(f'[mirrors]\n"{INTERNAL}" = ["{url}/extforge"]\n')
     proc = _run("lock", "--manifest", str(ws / "pixi.toml"), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["mirrors"] == {INTERNAL: [f"{url}/extforge"]}
+    report = json.loads(proc.stdout)
+    assert report["mirrors"][INTERNAL] == [f"{url}/extforge"] and str(ws / ".pixi" / "config.toml") in report["mirror_sources"]
 
     lock_path = ws / "pixi.lock"
     doc = YAML(typ="safe").load(lock_path.read_text())

@@ -33,7 +33,7 @@ def test_mirrored_pytorch_index_json_names_the_driver_major(mirror_channel: Path
 
     (pkg,) = sorted((mirror_channel / "linux-64").glob("pytorch-*.conda"))
     index = IndexJson.from_package_archive(pkg)
-    assert index.build.startswith("cuda130_") and "__cuda >=13" in index.depends, index.depends
+    assert str(index.build).startswith("cuda130_") and "__cuda >=13" in index.depends, index.depends
 
     def solvable_with(driver: str) -> bool:
         virtual = [GenericVirtualPackage(PackageName(n), Version(v), BuildString("0"))

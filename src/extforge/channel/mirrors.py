@@ -50,16 +50,6 @@ class Mirrors:
             return url
         return self.table[key][0].rstrip("/") + url[len(key.rstrip("/")):]
 
-    def canonical(self, url: str, channel: str) -> str:
-        """url fetched through channel's mirror, as the same file under channel's own URL."""
-        served = self.redirect(channel).rstrip("/")
-        if url.startswith(served + "/"):
-            return channel.rstrip("/") + url[len(served):]
-        return url
-
-    def describe(self) -> str:
-        return ", ".join(f"{k} → {v[0]}" for k, v in sorted(self.table.items()) if v) or "none"
-
 
 def pixi_config_paths(workspace: Path | None) -> list[Path]:
     """pixi's config files, lowest priority first (pixi's documented order on Linux)."""

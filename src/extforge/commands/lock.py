@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     with step(f"lock {manifest.path.name}", quiet=args.json):
         result = lock(manifest, lock_path, mirrors, args.env)
     if args.json:
-        emit_json(result.to_json() | {"mirrors": mirrors.table, "warnings": manifest.deprecations})
+        emit_json(result.to_json() | {"mirrors": mirrors.table, "mirror_sources": list(mirrors.sources), "warnings": manifest.deprecations})
     else:
         for name, count in result.environments.items():
             console.print(f"  {name}: {count} packages")
