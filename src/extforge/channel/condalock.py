@@ -21,7 +21,8 @@ from ruamel.yaml import YAML
 FORMAT_VERSION = 1
 
 
-def _hex(value) -> str | None:
+def hex_digest(value) -> str | None:
+    """A record's md5/sha256 as hex text (rattler gives bytes)."""
     if value is None:
         return None
     return value.hex() if isinstance(value, bytes) else str(value)
@@ -74,7 +75,7 @@ def package_entry(record, platform: str) -> dict:
         "platform": platform,
         "dependencies": _dependencies(record),
         "url": record.url,
-        "hash": {"md5": _hex(record.md5), "sha256": _hex(record.sha256)},
+        "hash": {"md5": hex_digest(record.md5), "sha256": hex_digest(record.sha256)},
         "category": "main",
         "optional": False,
     }
