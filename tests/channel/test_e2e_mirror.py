@@ -10,6 +10,7 @@ from extforge.channel.hashing import hash_many
 from extforge.channel.install import install_env
 from extforge.channel.lock import lock
 from extforge.channel.manifest import parse_manifest
+from extforge.channel.mirrors import parse_channel_map
 from extforge.channel.verify import verify_prefix
 
 pytestmark = pytest.mark.slow
@@ -18,17 +19,13 @@ MANIFEST = """\
 [workspace]
 name = "e2e"
 channels = ["conda-forge"]
-platforms = ["linux-64"]
-
-[system-requirements]
-cuda = "13.0"
+platforms = [{ platform = "linux-64", cuda = "13.0" }]
 
 [feature.torch.dependencies]
 python = "3.11.*"
 pytorch = "==2.14.1"
 
 [environments]
-# The default feature carries [system-requirements] (cuda): keep it, as pixi does.
 torch = { features = ["torch"] }
 """
 
@@ -48,11 +45,12 @@ def _files(prefix: Path) -> list[Path]:
 def test_torch_env_locked_installed_twice_identical(mirror, tmp_path):
     (tmp_path / "pixi.toml").write_text(MANIFEST)
     manifest = parse_manifest(MANIFEST, tmp_path / "pixi.toml")
-    result = lock(manifest, tmp_path / "pixi.lock", {"conda-forge": mirror.as_uri()})
+    mirrors = parse_channel_map([f"conda-forge={mirror.as_uri()}"], tmp_path, "test")
+    result = lock(manifest, tmp_path / "pixi.lock", mirrors)
     assert result.environments["torch"] > 10
     a, b = tmp_path / "a", tmp_path / "b"
     for prefix in (a, b):
-        install_env(tmp_path / "pixi.lock", "torch", prefix)
+        install_env(tmp_path / "pixi.lock", "torch", prefix, mirrors=mirrors)
     files_a = {p.relative_to(a) for p in _files(a)}
     assert files_a == {p.relative_to(b) for p in _files(b)}
     ha, hb = hash_many([a / f for f in files_a]), hash_many([b / f for f in files_a])

@@ -16,6 +16,7 @@ from extforge.channel.index import reindex
 from extforge.channel.install import install_env
 from extforge.channel.lock import lock
 from extforge.channel.manifest import read_manifest
+from extforge.channel.mirrors import site_mirrors
 from extforge.channel.publish import publish
 from extforge.channel.verify import verify_prefix
 from extforge.errors import ExtforgeError
@@ -27,10 +28,7 @@ MANIFEST = """\
 [workspace]
 name = "t"
 channels = ["internal"]
-platforms = ["linux-64"]
-
-[system-requirements]
-cuda = "13.0"
+platforms = [{{ platform = "linux-64", cuda = "13.0" }}]
 
 [feature.app.dependencies]
 tiny-app = "*"
@@ -45,11 +43,17 @@ app = ["app"]
 
 
 def _workspace(tmp_path: Path, channel_url: str, extra: str = "tiny-05", envs: list[str] | None = None) -> tuple[Path, Path]:
+    """A workspace whose channel `internal` is served at channel_url: a mirror in pixi's config form."""
     ws = tmp_path / "ws"
-    ws.mkdir(exist_ok=True)
+    (ws / ".pixi").mkdir(parents=True, exist_ok=True)
     (ws / "pixi.toml").write_text(MANIFEST.format(extra=extra))
-    lock(read_manifest(ws / "pixi.toml"), ws / "pixi.lock", {"internal": channel_url}, envs)
+    (ws / ".pixi" / "config.toml").write_text(f'[mirrors]\n"https://conda.anaconda.org/internal" = ["{channel_url}"]\n')
+    lock(read_manifest(ws / "pixi.toml"), ws / "pixi.lock", site_mirrors(ws), envs)
     return ws / "pixi.toml", ws / "pixi.lock"
+
+
+def _install(lock_path: Path, env: str, prefix: Path):
+    return install_env(lock_path, env, prefix, mirrors=site_mirrors(lock_path.parent))
 
 
 def _hashes_modulo_prefix(prefix: Path) -> dict[str, str]:
@@ -68,9 +72,10 @@ def test_lock_install_twice_identical_and_verify(tiny_packages, http_root, tmp_p
     manifest, lock_path = _workspace(tmp_path, f"{url}/internal")
 
     text = lock_path.read_text()
-    assert "version: 7" in text and f"{url}/internal/noarch/tiny-app-1.0-h0_0.conda" in text
+    assert "version: 7" in text and "https://conda.anaconda.org/internal/noarch/tiny-app-1.0-h0_0.conda" in text
+    assert url not in text  # the lock names the channel, not this site's mirror of it
     explicit = (lock_path.parent / "envs" / "app.explicit.txt").read_text().splitlines()
-    assert "@EXPLICIT" in explicit and sum(line.startswith(url) and "#" in line for line in explicit) == 3
+    assert "@EXPLICIT" in explicit and sum(line.startswith("https://conda.anaconda.org/internal/") and "#" in line for line in explicit) == 3
     assert "tiny-app=1.0=h0_0" in (lock_path.parent / "envs" / "app.environment.yml").read_text()
 
     a, b = tmp_path / "envs" / "a", tmp_path / "envs" / "b"
@@ -87,9 +92,9 @@ def test_lock_install_twice_identical_and_verify(tiny_packages, http_root, tmp_p
         verdicts = {c["name"]: c["verdict"] for c in json.loads(proc.stdout)["checks"]}
         assert verdicts["packages"] == "pass" and verdicts["files"] == "pass"
     # Installing again into the same prefix is a no-op, into another env's prefix a refusal.
-    assert install_env(lock_path, "app", a).status == "already-installed"
+    assert _install(lock_path, "app", a).status == "already-installed"
     with pytest.raises(ExtforgeError, match="not empty"):
-        install_env(lock_path, "tiny-05", a)
+        _install(lock_path, "tiny-05", a)
 
     # Tampering on the node: verify names the file; a different env's lock flags the packages.
     (b / "share/tiny-01/data.txt").write_text("tampered\n")
@@ -125,7 +130,7 @@ def test_package_altered_after_locking_is_refused(tiny_packages, tmp_path, isola
     prefix = tmp_path / "p"
     prefix.mkdir()  # an empty prefix stays empty
     with pytest.raises(ExtforgeError, match=r"differ from pixi.lock: tiny-00-1.0-h0_0.conda") as err:
-        install_env(lock_path, "app", prefix)
+        _install(lock_path, "app", prefix)
     assert err.value.exit_code == 1
     assert list(prefix.iterdir()) == [] and [p.name for p in tmp_path.iterdir() if "staging" in p.name] == []
 
@@ -147,7 +152,7 @@ def test_crafted_archives_are_refused(kind, tmp_path, isolated_cache):
         _, lock_path = _workspace(tmp_path, channel.as_uri(), extra=name, envs=[name])
         prefix = tmp_path / "envs" / "p"
         with pytest.raises(ExtforgeError, match="unsafe"):
-            install_env(lock_path, name, prefix)
+            _install(lock_path, name, prefix)
         assert not prefix.exists()
     assert not outside.exists() and not (tmp_path / "escaped.txt").exists() and not (tmp_path.parent / "escaped.txt").exists()
 
@@ -202,7 +207,7 @@ def test_verify_rehashes_only_files_changed_since_a_clean_run(tiny_packages, htt
     publish(tiny_packages.distinct[:6] + [tiny_packages.app], root / "internal", audit=False)
     _, lock_path = _workspace(tmp_path, f"{url}/internal")
     prefix = tmp_path / "env"
-    install_env(lock_path, "app", prefix)
+    _install(lock_path, "app", prefix)
 
     first = verify_prefix(prefix, lock_path=lock_path, env="app")
     total = first.files_hashed

@@ -1,58 +1,32 @@
 """The conda-build twin (meta.yaml + conda_build_config.yaml) says what recipe.yaml says.
 
-conda-build cannot run here, so meta.yaml is rendered with jinja2 and stubs for conda-build's
-jinja functions, per variant row, and compared with rattler-build's rendering of recipe.yaml.
+conda-build cannot run here, so meta.yaml is rendered per variant row as conda-build renders it
+(conda_build_render.py: its Jinja context, its render-time PKG_HASH placeholder, its dependency
+hash computed from the variables the recipe uses) and compared with rattler-build's rendering of
+recipe.yaml, for conda-forge's rows (variants.yaml) and the mirror's own (variants-offline.yaml).
 """
 
 from __future__ import annotations
 
-import io
 import re
 from pathlib import Path
 
-import jinja2
 import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 from ruamel.yaml import YAML
 
-COMPILER = {"c": "gcc", "cxx": "gxx", "cuda": "cuda-nvcc"}
+from .conda_build_render import RENDER_PKG_HASH, dependency_hash, render
+
+VARIANT_FILES = ("variants.yaml", "variants-offline.yaml")
 
 
-def _variant_rows(path: Path) -> list[dict[str, str]]:
-    config = VariantConfig.from_file(path)
-    return [{k: str(v) for k, v in row.items()} for row in config.combinations()]
-
-
-def _render_meta(recipe_dir: Path, variant: dict[str, str]) -> dict:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-
-    def compiler(lang: str) -> str:
-        return f"{COMPILER[lang]}_linux-64 {variant[f'{lang}_compiler_version']}.*"
-
-    def stdlib(lang: str) -> str:
-        return f"{variant['c_stdlib']}_linux-64 {variant['c_stdlib_version']}.*"
-
-    def pin_compatible(name: str, **kw) -> str:
-        return "pin_compatible " + name + " " + " ".join(f"{k}={v}" for k, v in sorted(kw.items()))
-
-    text = env.from_string((recipe_dir / "meta.yaml").read_text()).render(
-        **variant,
-        PKG_HASH="h0000000",
-        environ={},
-        compiler=compiler,
-        stdlib=stdlib,
-        pin_compatible=pin_compatible,
-    )
-    return YAML(typ="safe").load(io.StringIO(text))
-
-
-def _render_v1(recipe_dir: Path) -> list[tuple[dict, dict]]:
+def _render_v1(recipe_dir: Path, variants: str = "variants.yaml") -> list[tuple[dict, dict]]:
     recipe = Stage0Recipe.from_file(recipe_dir / "recipe.yaml")
-    variants = recipe.render(
-        VariantConfig.from_file(recipe_dir / "variants.yaml"),
+    rendered = recipe.render(
+        VariantConfig.from_file(recipe_dir / variants),
         RenderConfig(platform=PlatformConfig(target_platform="linux-64")),
     )
-    return [(v.variant, v.recipe.to_dict()) for v in variants]
+    return [(v.variant, v.recipe.to_dict()) for v in rendered]
 
 
 def _v1_pin(dep: object) -> str:
@@ -66,11 +40,11 @@ def _v1_pin(dep: object) -> str:
     return str(dep)
 
 
-@pytest.fixture(scope="module")
-def pairs(recipe_dir: Path) -> list[tuple[dict, dict, dict]]:
+@pytest.fixture(scope="module", params=VARIANT_FILES)
+def pairs(recipe_dir: Path, request) -> list[tuple[dict, dict, dict]]:
     out = []
-    for variant, v1 in _render_v1(recipe_dir):
-        meta = _render_meta(recipe_dir, {k: str(v) for k, v in variant.items()})
+    for variant, v1 in _render_v1(recipe_dir, request.param):
+        meta = render(recipe_dir, {k: str(v) for k, v in variant.items()})
         out.append((variant, v1, meta))
     return out
 
@@ -89,11 +63,28 @@ def test_same_package_and_source(pairs) -> None:
 
 def test_same_build_string_scheme(pairs) -> None:
     for _, v1, meta in pairs:
-        # conda-build's PKG_HASH carries the "h"; rattler-build's hash does not.
         assert re.sub(r"_h[0-9a-f]{7}_", "_hHASH_", v1["build"]["string"]) == re.sub(
             r"_h[0-9a-f]{7}_", "_hHASH_", meta["build"]["string"]
         )
         assert meta["build"]["number"] == v1["build"]["number"]
+
+
+def test_build_string_carries_conda_builds_dependency_hash(pairs) -> None:
+    hashes, strings = set(), set()
+    for variant, _, meta in pairs:
+        inputs = meta["extra"]["hash_inputs"]
+        # What conda-build hashes for this recipe: the pins it uses, not python (in the string).
+        assert inputs["pytorch"] == str(variant["pytorch"]) and inputs["__cuda"].startswith("__cuda >=")
+        assert {"cuda_compiler_version", "cxx_compiler_version", "flash_attn_cuda_archs", "target_platform"} <= set(inputs)
+        assert "python" not in inputs
+        real = dependency_hash(inputs)
+        assert re.fullmatch(r"h[0-9a-f]{7}", real) and real != "h" + RENDER_PKG_HASH
+        assert meta["build"]["string"].endswith(f"_{real}_0") and RENDER_PKG_HASH not in meta["build"]["string"]
+        hashes.add(real)
+        strings.add(meta["build"]["string"])
+    # Every row its own package name; rows apart only in python share the hash (py tag differs).
+    assert len(strings) == len(pairs)
+    assert len(hashes) == len({tuple(sorted((k, str(v)) for k, v in variant.items() if k != "python")) for variant, _, _ in pairs})
 
 
 def test_same_requirements(pairs) -> None:
@@ -125,12 +116,31 @@ def test_same_tests(pairs) -> None:
         assert meta["test"]["files"] == script_test["files"]["recipe"]
 
 
+def _copy(recipe_dir: Path, dest: Path) -> Path:
+    for name in ("meta.yaml", "recipe.yaml", *VARIANT_FILES, "build.sh", "check_package.py"):
+        (dest / name).write_text((recipe_dir / name).read_text())
+    return dest / "meta.yaml"
+
+
 def test_twin_detects_drift(recipe_dir: Path, tmp_path: Path) -> None:
     """A changed pin in meta.yaml alone is caught (the comparison is not vacuous)."""
-    for name in ("meta.yaml", "recipe.yaml", "variants.yaml", "build.sh", "check_package.py"):
-        (tmp_path / name).write_text((recipe_dir / name).read_text())
-    meta = tmp_path / "meta.yaml"
+    meta = _copy(recipe_dir, tmp_path)
     meta.write_text(meta.read_text().replace("pin_compatible('pytorch', exact=True)", "pin_compatible('pytorch')"))
     (variant, v1), *_ = _render_v1(tmp_path)
-    drifted = _render_meta(tmp_path, {k: str(v) for k, v in variant.items()})
+    drifted = render(tmp_path, {k: str(v) for k, v in variant.items()})
     assert [_v1_pin(d) for d in v1["requirements"]["run"]] != drifted["requirements"]["run"]
+
+
+def test_twin_detects_the_failures_conda_build_showed(recipe_dir: Path, tmp_path: Path) -> None:
+    """The two ways meta.yaml rendered wrong under conda-build are caught by this rendering."""
+    meta = _copy(recipe_dir, tmp_path)
+    text = meta.read_text()
+    # The hash without its "h": conda-build keeps the render-time placeholder in the package name.
+    meta.write_text(text.replace("_h{{ PKG_HASH }}_", "_{{ PKG_HASH }}_"))
+    (variant, _), *_ = _render_v1(tmp_path)
+    assert f"_{RENDER_PKG_HASH}_" in render(tmp_path, {k: str(v) for k, v in variant.items()})["build"]["string"]
+    # stdlib('c') without its guard: on the mirror's rows (no c_stdlib) it asks for `c_linux-64`.
+    meta.write_text(text.replace("{% if c_stdlib is defined %}", "").replace("{% endif %}", ""))
+    (variant, v1), *_ = _render_v1(tmp_path, "variants-offline.yaml")
+    build = render(tmp_path, {k: str(v) for k, v in variant.items()})["requirements"]["build"]
+    assert "c_linux-64" in build and build != [_v1_pin(d) for d in v1["requirements"]["build"]]

@@ -1,8 +1,8 @@
 """`extforge install ENV --prefix P`: exactly what pixi.lock says, no solve.
 
-Every package is fetched into a content-addressed store (from the store, the channel folder
-or over HTTP), its sha256 compared with the lock and its members checked for paths that
-leave the prefix, all before anything is linked. rattler then installs the verified copies
+Every package is fetched into a content-addressed store (from the store, or from the lock's
+URL through this site's mirror: a channel folder or HTTP), its sha256 compared with the lock
+and its members checked for paths that leave the prefix, all before anything is linked. rattler then installs the verified copies
 into a staging folder next to P (prefix placeholders are patched with P's path), which is
 renamed into place: a refusal or a crash leaves P as it was.
 """
@@ -24,6 +24,7 @@ from ..archive import check_archive
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
+from .mirrors import Mirrors
 
 
 @dataclass
@@ -97,20 +98,27 @@ def _fetch_into(url: str, dest: Path) -> str:
         return digest
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise ExtforgeError(f"cannot fetch {url}", str(exc), "check that the channel in pixi.lock is reachable from this node") from exc
+        raise ExtforgeError(
+            f"cannot fetch {url}",
+            str(exc),
+            "check that the channel is reachable from this node, or point its channel at the site's mirror "
+            "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
+        ) from exc
 
 
-def fetch_verified(records: list, store: Path) -> tuple[dict[str, Path], list[str]]:
+def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None) -> tuple[dict[str, Path], list[str]]:
     """Verified local copies by file name, and the packages whose bytes differ from the lock."""
+    mirrors = mirrors or Mirrors()
     local: dict[str, Path] = {}
     bad = []
     for r in records:
         want = record_sha256(r)
         dest = store / want / r.file_name
-        got = sha256_file(dest) if dest.is_file() else _fetch_into(r.url, dest)
+        source = mirrors.redirect(r.url)
+        got = sha256_file(dest) if dest.is_file() else _fetch_into(source, dest)
         if got != want:
             dest.unlink(missing_ok=True)
-            bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {r.url})")
+            bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {source})")
             continue
         local[r.file_name] = dest
     return local, bad
@@ -132,7 +140,7 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
     return {(r.name.normalized, str(r.version), str(r.build), record_sha256(r)) for r in records}
 
 
-def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64") -> InstallResult:
+def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64", mirrors: Mirrors | None = None) -> InstallResult:
     from rattler import install
 
     start = time.monotonic()
@@ -152,7 +160,7 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         )
 
     t = time.monotonic()
-    local, bad = fetch_verified(records, store_dir())
+    local, bad = fetch_verified(records, store_dir(), mirrors)
     if bad:
         raise ExtforgeError(
             f"{len(bad)} package(s) differ from {lock_path.name}: " + "; ".join(bad),

@@ -1,12 +1,15 @@
 """`extforge lock`: solve every environment of pixi.toml with rattler and write pixi.lock,
-plus per environment an @EXPLICIT list and an environment.yml under envs/.
+plus per environment an @EXPLICIT list, an environment.yml and a conda-lock.yml under envs/.
 
-Virtual packages come from [system-requirements] (not from this machine), so a CPU login
-node locks for GPU nodes. Staleness: pixi.lock cannot carry extra keys, so the hash of each
-environment's inputs (specs, channels, platforms, system requirements) and the sha256 of the
-written pixi.lock go to envs/lock-inputs.json; `--check` recomputes and compares them. The
-channel map is not an input: the same manifest locked against a mirror or the real
-conda-forge is the same request.
+The lock names the manifest's channels, as pixi's does: repodata and packages are fetched
+through the site's mirrors (mirrors.py), and every URL is written back under the channel it
+mirrors, so `pixi install --locked` accepts the lock and another site installs it through its
+own mirror. Virtual packages come from the platforms of the manifest (not from this machine),
+so a CPU login node locks for GPU nodes. Staleness: pixi.lock cannot carry extra keys, so the
+hash of each environment's inputs (specs, channels, platforms) and the sha256 of the written
+pixi.lock go to envs/lock-inputs.json; `--check` recomputes and compares them. Mirrors are not
+an input: the same manifest locked through a mirror or at the real conda-forge is the same
+request.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
+from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
 from .hashing import sha256_file
-from .manifest import DEFAULT_LINUX, EnvSpec, Manifest, resolve_channel
+from .manifest import EnvSpec, Manifest, Platform
+from .mirrors import Mirrors, canonical_channel
 
 INPUTS_NAME = "lock-inputs.json"
 
@@ -45,49 +49,73 @@ def envs_dir_for(lock_path: Path) -> Path:
     return lock_path.parent / "envs"
 
 
-def virtual_packages(env: EnvSpec, platform: str) -> list:
-    """The virtual packages of the target nodes, as [system-requirements] declares them."""
-    return channel_ref.virtual_packages(platform, linux=env.system_requirements.get("linux", DEFAULT_LINUX),
-                                        glibc=env.glibc, cuda=env.cuda)
+def virtual_packages(platform: Platform) -> list:
+    """The virtual packages of the target nodes, as the manifest's platform declares them."""
+    from rattler import BuildString, GenericVirtualPackage, PackageName, Version
+
+    def vp(name: str, version: str, build: str = "0") -> GenericVirtualPackage:
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build))
+
+    out = []
+    if platform.subdir.startswith("linux"):
+        out += [vp("__unix", "0"), vp("__linux", platform.linux), vp("__glibc", platform.glibc)]
+    for name, value in sorted(platform.virtual.items()):
+        if name == "__archspec":
+            out.append(vp(name, "1", value))  # the microarchitecture is the build string
+        elif name not in ("__linux", "__glibc"):
+            out.append(vp(name, value))
+    if platform.subdir == "linux-64" and "__archspec" not in platform.virtual:
+        out.append(vp("__archspec", "1"))
+    return out
 
 
-async def _solve(env: EnvSpec, channels: list[str], platform: str) -> list:
+async def _solve(env: EnvSpec, channels: list[str], served: list[str], platform: Platform) -> list:
     from rattler import Subdir, solve
 
     if not env.specs:
         return []
     try:
         return await solve(
-            channels,
+            served,
             env.specs,
-            platforms=[Subdir(platform), Subdir("noarch")],
-            virtual_packages=virtual_packages(env, platform),
+            platforms=[Subdir(platform.subdir), Subdir("noarch")],
+            virtual_packages=virtual_packages(platform),
         )
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError
+        where = ", ".join(c if c == s else f"{c} (through {s})" for c, s in zip(channels, served))
         raise ExtforgeError(
-            f"cannot solve environment {env.name!r} for {platform}",
-            f"{exc}\n  specs: {', '.join(env.specs)}\n  channels: {', '.join(channels)}"
-            f"\n  cuda: {env.cuda or 'none'}, glibc: {env.glibc}",
-            "check that the channels are reachable (map them with --channel-map NAME=URL offline) "
-            "and that they hold packages matching these specs",
+            f"cannot solve environment {env.name!r} for {platform.name}",
+            f"{exc}\n  specs: {', '.join(env.specs)}\n  channels: {where}"
+            f"\n  virtual packages: {', '.join(f'{k}={v}' for k, v in sorted(platform.virtual.items())) or 'defaults'}",
+            "check that the channels are reachable: set the site's mirrors in pixi's config.toml ([mirrors]) "
+            "or map them with --channel-map NAME=URL, and that they hold packages matching these specs",
         ) from exc
+
+
+def as_canonical(records: list, channels: list[str], served: list[str]) -> None:
+    """Name each record by the manifest's channel it was fetched through, not the mirror."""
+    pairs = [(c.rstrip("/"), s.rstrip("/")) for c, s in zip(channels, served)]
+    for r in records:
+        for canonical, mirror in pairs:
+            if r.url.startswith(mirror + "/"):
+                r.url = canonical + r.url[len(mirror):]
+                r.channel = canonical + "/"
+                break
 
 
 def explicit_text(records: list) -> str:
     lines = ["# generated by extforge lock; install with: conda create --name ENV --file THIS", "@EXPLICIT"]
-    lines += [f"{r.url}#{r.md5.hex() if isinstance(r.md5, bytes) else r.md5}" for r in _sorted(records)]
+    lines += [f"{r.url}#{hex_digest(r.md5)}" for r in explicit_order(records)]
     return "\n".join(lines) + "\n"
 
 
 def environment_yml(name: str, channels: list[str], records: list) -> str:
+    """Channels as the manifest names them (folders as file:// URLs): conda's channel_alias and
+    custom_channels apply to names."""
     lines = ["# generated by extforge lock from pixi.lock", f"name: {name}", "channels:"]
-    lines += [f"  - {c}" for c in channels] + ["  - nodefaults", "dependencies:"]
-    lines += [f"  - {r.name.normalized}={r.version}={r.build}" for r in _sorted(records)]
+    lines += [f"  - {c}" for c in channels] + ["dependencies:"]
+    lines += [f"  - {r.name.normalized}={r.version}={r.build}" for r in sorted(records, key=lambda r: r.name.normalized)]
     return "\n".join(lines) + "\n"
-
-
-def _sorted(records: list) -> list:
-    return sorted(records, key=lambda r: r.name.normalized)
 
 
 def _write(path: Path, text: str) -> None:
@@ -96,30 +124,40 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def lock(manifest: Manifest, lock_path: Path, channel_map: dict[str, str], envs: list[str] | None = None) -> LockResult:
+def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, envs: list[str] | None = None) -> LockResult:
     from rattler import LockChannel, LockFile, LockPlatform
 
     start = time.monotonic()
+    mirrors = mirrors or Mirrors()
     names = envs or manifest.env_names()
     specs = [manifest.env(n) for n in names]
-    platforms = sorted({p for e in specs for p in e.platforms})
-    lock_file = LockFile([LockPlatform(p) for p in platforms])
+    subdirs = sorted({p.subdir for e in specs for p in e.platforms})
+    lock_file = LockFile([LockPlatform(p) for p in subdirs])
     result = LockResult(lock_path=lock_path)
     out_dir = envs_dir_for(lock_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     exports: dict[Path, str] = {}
+    base = manifest.path.parent
     for env in specs:
-        channels = [resolve_channel(c, channel_map, manifest.path.parent) for c in env.channels]
-        lock_file.set_channels(env.name, [LockChannel(c) for c in channels])
+        channels = [canonical_channel(c, base) for c in env.channels]
+        served = [mirrors.redirect(c) for c in channels]
+        # pixi writes channel URLs with a trailing slash; its --locked check compares them.
+        lock_file.set_channels(env.name, [LockChannel(c + "/") for c in channels])
         count = 0
+        per_platform: dict[str, list] = {}
         for platform in env.platforms:
-            records = asyncio.run(_solve(env, channels, platform))
+            records = asyncio.run(_solve(env, channels, served, platform))
+            as_canonical(records, channels, served)
             for r in records:
-                lock_file.add_conda_package(env.name, LockPlatform(platform), r)
+                lock_file.add_conda_package(env.name, LockPlatform(platform.subdir), r)
             count += len(records)
-            suffix = "" if len(env.platforms) == 1 else f".{platform}"
+            per_platform[platform.subdir] = records
+            suffix = "" if len(env.platforms) == 1 else f".{platform.subdir}"
             exports[out_dir / f"{env.name}{suffix}.explicit.txt"] = explicit_text(records)
-            exports[out_dir / f"{env.name}{suffix}.environment.yml"] = environment_yml(env.name, channels, records)
+            named = [canonical_channel(c, base) if c.startswith((".", "/", "~")) else c for c in env.channels]
+            exports[out_dir / f"{env.name}{suffix}.environment.yml"] = environment_yml(env.name, named, records)
+        document = conda_lock_document(channels, per_platform, env.specs, manifest.path.name)
+        exports[out_dir / f"{env.name}.conda-lock.yml"] = conda_lock_text(document)
         result.environments[env.name] = count
     tmp = lock_path.with_name(lock_path.name + ".tmp")
     lock_file.to_path(tmp)
@@ -153,7 +191,7 @@ def stale_reasons(manifest: Manifest, lock_path: Path, envs: list[str] | None = 
         if name not in recorded:
             reasons.append(f"environment {name!r} is not in the lock")
         elif recorded[name] != manifest.env(name).input_hash():
-            reasons.append(f"environment {name!r} changed in {manifest.path.name} (dependencies, channels, platforms or system requirements)")
+            reasons.append(f"environment {name!r} changed in {manifest.path.name} (dependencies, channels or platforms)")
     return reasons
 
 

@@ -1,6 +1,15 @@
-"""Read a pixi.toml (the subset extforge locks: channels, platforms, system requirements,
-dependencies of features, environments) into plain data, and map channels to where they are
-served on this machine.
+"""Read a pixi.toml (the subset extforge locks: channels, platforms with their virtual packages,
+dependencies of features, environments) into plain data.
+
+Platforms come in pixi's current form, each one a subdir with the virtual packages of the
+machines it stands for:
+
+    [workspace]
+    platforms = [{ platform = "linux-64", cuda = "13.0", glibc = "2.28" }]
+
+The deprecated `[system-requirements]` table (workspace or feature) is still read, folded into
+every platform of the environments that use it the way pixi migrates it, and named in
+`Manifest.deprecations` so that `extforge lock` can say so.
 """
 
 from __future__ import annotations
@@ -10,22 +19,48 @@ import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 from ..errors import ExtforgeError
 
 DEFAULT_FEATURE = "default"
-# pixi's defaults when [system-requirements] does not say otherwise.
+# pixi's defaults for linux platforms that do not say otherwise.
 DEFAULT_GLIBC = "2.28"
 DEFAULT_LINUX = "4.18"
+# pixi's friendly platform keys and the virtual package each declares.
+FRIENDLY_KEYS = {"cuda": "__cuda", "glibc": "__glibc", "linux": "__linux", "archspec": "__archspec", "macos": "__osx", "windows": "__win"}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A named platform: a conda subdir plus the virtual packages its machines have."""
+
+    name: str
+    subdir: str
+    virtual: dict[str, str] = field(default_factory=dict)  # "__cuda" → "13.0", ...
+
+    @property
+    def cuda(self) -> str | None:
+        return self.virtual.get("__cuda")
+
+    @property
+    def glibc(self) -> str:
+        return self.virtual.get("__glibc", DEFAULT_GLIBC)
+
+    @property
+    def linux(self) -> str:
+        return self.virtual.get("__linux", DEFAULT_LINUX)
+
+    def with_defaults(self, extra: dict[str, str]) -> Platform:
+        """This platform with virtual packages of a [system-requirements] table under its own."""
+        return Platform(self.name, self.subdir, extra | self.virtual) if extra else self
 
 
 @dataclass(frozen=True)
 class Feature:
     dependencies: dict[str, str | dict] = field(default_factory=dict)
     channels: list[str] | None = None
-    platforms: list[str] | None = None
-    system_requirements: dict[str, str] = field(default_factory=dict)
+    platforms: list[str] | None = None  # platform names
+    system_requirements: dict[str, str] = field(default_factory=dict)  # as virtual packages
 
 
 @dataclass(frozen=True)
@@ -35,32 +70,23 @@ class EnvSpec:
     name: str
     specs: list[str]
     channels: list[str]
-    platforms: list[str]
-    system_requirements: dict[str, str]
+    platforms: list[Platform]
 
     def input_hash(self) -> str:
         """What the lock of this environment depends on; a change makes the lock stale."""
         data = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(data).hexdigest()
 
-    @property
-    def cuda(self) -> str | None:
-        return self.system_requirements.get("cuda")
-
-    @property
-    def glibc(self) -> str:
-        libc = self.system_requirements.get("libc", DEFAULT_GLIBC)
-        return libc if isinstance(libc, str) else str(libc.get("version", DEFAULT_GLIBC))
-
 
 @dataclass(frozen=True)
 class Manifest:
     path: Path
     channels: list[str]
-    platforms: list[str]
+    platforms: dict[str, Platform]  # by name, in the manifest's order
     features: dict[str, Feature]
     environments: dict[str, tuple[list[str], bool]]  # name → (features, include default)
     tool: dict
+    deprecations: list[str] = field(default_factory=list)
 
     def env_names(self) -> list[str]:
         names = list(self.environments)
@@ -87,15 +113,23 @@ class Manifest:
         deps: dict[str, str | dict] = {}
         channels: list[str] = []
         sysreq: dict[str, str] = {}
-        platforms = self.platforms
+        platform_names = list(self.platforms)
         for f in features:
             deps.update(f.dependencies)
             sysreq.update(f.system_requirements)
             channels += [c for c in f.channels or [] if c not in channels]
-            platforms = f.platforms or platforms
+            platform_names = f.platforms or platform_names
         # Feature channels come first: pixi gives them priority over the workspace's.
         channels += [c for c in self.channels if c not in channels]
-        return EnvSpec(name, [spec_string(n, v) for n, v in deps.items()], channels, list(platforms), sysreq)
+        unknown = [p for p in platform_names if p not in self.platforms]
+        if unknown:
+            raise ExtforgeError(
+                f"environment {name!r} uses platforms {unknown} that [workspace] platforms does not define",
+                f"it defines: {', '.join(self.platforms)}",
+                "add them to [workspace] platforms, e.g. { name = \"linux-64-cuda\", platform = \"linux-64\", cuda = \"13.0\" }",
+            )
+        platforms = [self.platforms[p].with_defaults(sysreq) for p in platform_names]
+        return EnvSpec(name, [spec_string(n, v) for n, v in deps.items()], channels, platforms)
 
 
 def spec_string(name: str, value: str | dict) -> str:
@@ -108,12 +142,53 @@ def spec_string(name: str, value: str | dict) -> str:
     return f"{spec} {build}" if build else spec
 
 
-def _feature(table: dict) -> Feature:
+def _virtual_from_sysreq(table: dict, where: str) -> dict[str, str]:
+    """[system-requirements] as virtual packages (pixi's migration of the deprecated table)."""
+    out = {}
+    for key, value in table.items():
+        if key == "libc":
+            version = value if isinstance(value, str) else value.get("version", DEFAULT_GLIBC)
+            out["__glibc"] = str(version)
+        elif key in FRIENDLY_KEYS:
+            out[FRIENDLY_KEYS[key]] = str(value)
+        else:
+            raise ExtforgeError(f"unknown key {key!r} in {where}", "pixi knows cuda, libc, linux, archspec, macos", "remove it")
+    return out
+
+
+def _platform(entry: str | dict, path: Path) -> Platform:
+    if isinstance(entry, str):
+        return Platform(entry, entry)
+    if "platform" not in entry:
+        raise ExtforgeError(f"a platform in {path} has no `platform` key", str(entry), 'write { platform = "linux-64", cuda = "13.0" }')
+    virtual = {}
+    for key, value in entry.items():
+        if key in ("name", "platform"):
+            continue
+        if key == "cuda" and isinstance(value, dict):
+            # pixi's { driver, arch } form: the driver's CUDA and the GPU's compute capability.
+            virtual["__cuda"] = str(value["driver"])
+            if "arch" in value:
+                virtual["__cuda_arch"] = str(value["arch"])
+        elif key in FRIENDLY_KEYS:
+            virtual[FRIENDLY_KEYS[key]] = str(value)
+        elif key.startswith("__"):
+            virtual[key] = str(value)
+        else:
+            raise ExtforgeError(
+                f"unknown key {key!r} on platform {entry['platform']!r} in {path}",
+                f"pixi knows name, platform, {', '.join(FRIENDLY_KEYS)} and raw __name keys",
+                "remove or rename it",
+            )
+    return Platform(str(entry.get("name", entry["platform"])), str(entry["platform"]), virtual)
+
+
+def _feature(table: dict, where: str) -> Feature:
     return Feature(
         dependencies=dict(table.get("dependencies", {})),
         channels=[c if isinstance(c, str) else c["channel"] for c in table["channels"]] if "channels" in table else None,
-        platforms=table.get("platforms"),
-        system_requirements=dict(table.get("system-requirements", {})),
+        platforms=[p if isinstance(p, str) else p.get("name", p.get("platform")) for p in table["platforms"]] if "platforms" in table else None,
+        system_requirements=_virtual_from_sysreq(table.get("system-requirements", {}), where),
     )
 
 
@@ -125,22 +200,33 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     ws = data.get("workspace") or data.get("project")
     if not ws:
         raise ExtforgeError(f"{path} has no [workspace] table", "pixi manifests declare channels and platforms there", "add [workspace] with channels and platforms")
-    features = {DEFAULT_FEATURE: _feature(data)}
+    features = {DEFAULT_FEATURE: _feature(data, "[system-requirements]")}
+    deprecations = []
+    if "system-requirements" in data:
+        deprecations.append("[system-requirements]")
     for name, table in data.get("feature", {}).items():
-        features[name] = _feature(table)
+        features[name] = _feature(table, f"[feature.{name}.system-requirements]")
+        if "system-requirements" in table:
+            deprecations.append(f"[feature.{name}.system-requirements]")
     envs: dict[str, tuple[list[str], bool]] = {}
     for name, value in data.get("environments", {}).items():
         if isinstance(value, list):
             envs[name] = (value, True)
         else:
             envs[name] = (list(value.get("features", [])), not value.get("no-default-feature", False))
+    platforms = [_platform(p, path) for p in ws.get("platforms", [])]
     return Manifest(
         path=path,
         channels=[c if isinstance(c, str) else c["channel"] for c in ws.get("channels", [])],
-        platforms=list(ws.get("platforms", [])),
+        platforms={p.name: p for p in platforms},
         features=features,
         environments=envs,
         tool=data.get("tool", {}).get("extforge", {}),
+        deprecations=[
+            f"{path.name}: {table} is deprecated in pixi (since 0.71); declare the virtual packages on the "
+            'platform instead: [workspace] platforms = [{ platform = "linux-64", cuda = "13.0", glibc = "2.28" }]'
+            for table in deprecations
+        ],
     )
 
 
@@ -148,28 +234,3 @@ def read_manifest(path: Path) -> Manifest:
     if not path.is_file():
         raise ExtforgeError(f"manifest {path} not found", "", "run from the repository root or pass --manifest PATH")
     return parse_manifest(path.read_text(), path.resolve())
-
-
-def parse_channel_map(items: list[str]) -> dict[str, str]:
-    """NAME=URL pairs (from --channel-map, EXTFORGE_CHANNEL_MAP or [tool.extforge.channel-map])."""
-    out = {}
-    for item in items:
-        name, sep, url = item.partition("=")
-        if not sep or not name or not url:
-            raise ExtforgeError(f"bad channel mapping {item!r}", "expected NAME=URL", "e.g. --channel-map conda-forge=http://127.0.0.1:8000/mirror")
-        out[name.strip()] = url.strip()
-    return out
-
-
-def resolve_channel(channel: str, mapping: dict[str, str], base: Path) -> str:
-    """The URL a channel of the manifest is fetched from here.
-
-    A mapped channel wins; a local path becomes an absolute file:// URL (pixi.lock refuses
-    relative ones); a bare name is a channel on conda.anaconda.org, as in pixi.
-    """
-    channel = mapping.get(channel, channel)
-    if urlparse(channel).scheme in ("http", "https", "file"):
-        return channel.rstrip("/")
-    if channel.startswith((".", "/", "~")):
-        return (base / Path(channel).expanduser()).resolve().as_uri()
-    return f"https://conda.anaconda.org/{channel}"

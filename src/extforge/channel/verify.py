@@ -1,6 +1,7 @@
 """`extforge verify PREFIX`: the check each node runs before jobs use an environment.
 
-(a) packages: conda-meta records vs the lock (name, version, build, sha256);
+(a) packages: conda-meta records vs the lock (name, version, build, sha256, and the URL it came
+    from: the lock's, or where this site's mirrors redirect it);
 (b) files: every installed file's sha256 vs its package's paths data (sha256_in_prefix for
     files whose prefix placeholder was rewritten at install time) — drift or tampering is
     reported per file;
@@ -29,6 +30,7 @@ from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from .admission import Check, admission_checks
 from .hashing import hash_many
 from .install import locked_records, record_sha256
+from .mirrors import Mirrors
 from .node import NodeFacts, probe
 
 # Findings are listed up to this many per check; the summary always has the full count.
@@ -78,10 +80,11 @@ def read_prefix_records(prefix: Path) -> list[dict]:
     return [json.loads(p.read_bytes()) for p in sorted(meta.glob("*.json"))]
 
 
-def check_packages(records: list[dict], locked: list | None, env: str | None) -> Check:
+def check_packages(records: list[dict], locked: list | None, env: str | None, mirrors: Mirrors | None = None) -> Check:
     if locked is None:
         return Check("packages", "skip", "no lock given (--lock, --env)")
 
+    mirrors = mirrors or Mirrors()
     have = {r["name"]: r for r in records}
     want = {r.name.normalized: r for r in locked}
     findings = [f"missing: {n} {w.version} {w.build}" for n, w in sorted(want.items()) if n not in have]
@@ -92,6 +95,8 @@ def check_packages(records: list[dict], locked: list | None, env: str | None) ->
         got = (h["version"], h["build"], h.get("sha256", ""))
         if got != expected:
             findings.append(f"differs: {n} installed {got[0]} {got[1]} sha256 {got[2][:12]}…, locked {expected[0]} {expected[1]} sha256 {expected[2][:12]}…")
+        elif h.get("url") and h["url"] not in (w.url, mirrors.redirect(w.url)):
+            findings.append(f"origin: {n} came from {h['url']}, the lock names {w.url} (and no mirror of this site maps one to the other)")
     summary = f"{len(have)} installed vs {len(want)} locked in {env!r}"
     return Check("packages", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
@@ -207,6 +212,7 @@ def verify_prefix(
     node: NodeFacts | None = None,
     threads: int | None = None,
     rehash: bool = False,
+    mirrors: Mirrors | None = None,
 ) -> VerifyReport:
     start = time.monotonic()
     prefix = prefix.resolve()
@@ -218,7 +224,7 @@ def verify_prefix(
             raise ExtforgeError("--lock needs --env", "a lock holds several environments", "pass --env NAME")
 
         locked = locked_records(lock_path, env)
-    report.checks.append(check_packages(records, locked, env))
+    report.checks.append(check_packages(records, locked, env, mirrors))
     report.checks.append(check_files(prefix, records, threads, report, rehash=rehash))
     report.node = node or probe()
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..channel.mirrors import add_channel_map_option
 from ..errors import EXIT_OK
 
 HELP = "install a locked environment into a prefix (no solve; every package hash-checked before linking)"
@@ -17,6 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
     )
+    add_channel_map_option(parser)
     parser.epilog = "exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), 2 could not run"
 
 
@@ -24,14 +26,17 @@ def run(args: argparse.Namespace) -> int:
     from ..channel.install import install_env
     from ..channel.lock import require_current
     from ..channel.manifest import read_manifest
+    from ..channel.mirrors import site_mirrors
     from ..ui import console, emit_json, step
 
     lock_path = args.lock.resolve()
     manifest_path = args.manifest or lock_path.parent / "pixi.toml"
-    if args.manifest or manifest_path.is_file():
-        require_current(read_manifest(manifest_path), lock_path, [args.env])
+    manifest = read_manifest(manifest_path) if args.manifest or manifest_path.is_file() else None
+    if manifest is not None:
+        require_current(manifest, lock_path, [args.env])
+    mirrors = site_mirrors(lock_path.parent, manifest.tool.get("channel-map", {}) if manifest else None, args.channel_map)
     with step(f"install {args.env} into {args.prefix}", quiet=args.json):
-        result = install_env(lock_path, args.env, args.prefix)
+        result = install_env(lock_path, args.env, args.prefix, mirrors=mirrors)
     if args.json:
         emit_json(result.to_json())
     else:

@@ -3,37 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from ..channel.mirrors import add_channel_map_option
 from ..errors import EXIT_FINDINGS, EXIT_OK
 
-HELP = "lock pixi.toml's environments into pixi.lock (and envs/*.explicit.txt, *.environment.yml); --check for staleness"
+HELP = ("lock pixi.toml's environments into pixi.lock (and envs/*.explicit.txt, *.environment.yml, *.conda-lock.yml); "
+        "--check for staleness")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest", type=Path, default=Path("pixi.toml"), help="the pixi manifest (default: ./pixi.toml)")
     parser.add_argument("--lock", type=Path, help="the lock file (default: pixi.lock next to the manifest)")
     parser.add_argument("--env", action="append", metavar="NAME", help="lock only these environments (repeatable)")
-    parser.add_argument(
-        "--channel-map",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="fetch manifest channel NAME from URL (repeatable). Also read from $EXTFORGE_CHANNEL_MAP "
-        "(comma-separated) and [tool.extforge.channel-map] in the manifest; the flag wins over the variable, "
-        "the variable over the manifest",
-    )
+    add_channel_map_option(parser)
     parser.add_argument("--check", action="store_true", help="only check that pixi.lock is current; exit 1 when stale")
     parser.epilog = "exit code: 0 locked (or current), 1 stale lock (--check), 2 could not run"
 
 
 def run(args: argparse.Namespace) -> int:
     from ..channel.lock import lock, stale_reasons
-    from ..channel.manifest import parse_channel_map, read_manifest
+    from ..channel.manifest import read_manifest
+    from ..channel.mirrors import site_mirrors
     from ..ui import console, emit_json, step
 
     manifest = read_manifest(args.manifest)
+    if not args.json:
+        for note in manifest.deprecations:
+            console.print(f"warning: {note}", markup=False, soft_wrap=True, style="yellow")
     lock_path = (args.lock or manifest.path.parent / "pixi.lock").resolve()
     if args.check:
         reasons = stale_reasons(manifest, lock_path, args.env)
@@ -44,14 +41,11 @@ def run(args: argparse.Namespace) -> int:
         if not reasons and not args.json:
             console.print(f"{lock_path.name} is current")
         return EXIT_FINDINGS if reasons else EXIT_OK
-    mapping = dict(manifest.tool.get("channel-map", {}))
-    env_map = os.environ.get("EXTFORGE_CHANNEL_MAP", "")
-    mapping |= parse_channel_map([i for i in env_map.split(",") if i.strip()])
-    mapping |= parse_channel_map(args.channel_map)
+    mirrors = site_mirrors(manifest.path.parent, manifest.tool.get("channel-map", {}), args.channel_map)
     with step(f"lock {manifest.path.name}", quiet=args.json):
-        result = lock(manifest, lock_path, mapping, args.env)
+        result = lock(manifest, lock_path, mirrors, args.env)
     if args.json:
-        emit_json(result.to_json())
+        emit_json(result.to_json() | {"mirrors": mirrors.table, "mirror_sources": list(mirrors.sources), "warnings": manifest.deprecations})
     else:
         for name, count in result.environments.items():
             console.print(f"  {name}: {count} packages")

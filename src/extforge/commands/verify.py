@@ -15,8 +15,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
+    from ..channel.mirrors import add_channel_map_option
     from ..slurm.options import add_verify_options
 
+    add_channel_map_option(parser)
     add_verify_options(parser)
     parser.epilog = "exit code: 0 all checks pass or skip, 1 a check failed, 2 could not run"
 
@@ -26,10 +28,14 @@ def run(args: argparse.Namespace) -> int:
         from ..slurm.cli import verify_slurm
 
         return verify_slurm(args)
+    from ..channel.mirrors import site_mirrors
     from ..channel.verify import verify_prefix
     from ..ui import console, emit_json
 
-    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash)
+    # Packages installed through this site's mirror came from the lock's channels all the same.
+    mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
+    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash,
+                           mirrors=mirrors)
     if args.json:
         emit_json(report.to_json())
     else:

@@ -1,4 +1,4 @@
-"""`pytorch`: torch's distribution with conda-forge's name, CUDA build string and `__cuda`."""
+"""`pytorch`: torch's distribution with conda-forge's name, CUDA build string and `__cuda >=major`."""
 
 from __future__ import annotations
 
@@ -57,8 +57,9 @@ def find_torch(inputs: MirrorInputs) -> Artifact:
 def as_pytorch(job: PackageJob, facts: TorchFacts, py_short: str) -> PackageJob:
     job.build_string = build_string(facts.cuda, py_short)
     if facts.cuda:
-        # As on conda-forge, a CUDA pytorch installs only where a driver is (or is declared).
-        job.depends.append("__cuda")
+        # A cuXYZ torch needs a driver of CUDA major X at least: a bare __cuda would let conda put
+        # it on an older driver, where it fails only at the first kernel launch.
+        job.depends.append(f"__cuda >={facts.cuda.split('.')[0]}")
     job.summary = f"PyTorch {facts.version} (from the torch distribution, repackaged by extforge mirror)"
     job.license = "BSD-3-Clause"
     return job

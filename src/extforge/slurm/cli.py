@@ -93,6 +93,7 @@ def verify_slurm(args: argparse.Namespace) -> int:
         verify_argv += ["--threads", str(args.threads)]
     if getattr(args, "rehash", False):
         verify_argv.append("--rehash")
+    verify_argv += [f"--channel-map={m}" for m in getattr(args, "channel_map", [])]
 
     rows = verify_on_nodes(slurm_config(args), verify_argv, nodelist=args.nodelist)
     if args.json:
