@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
-from .safety import check_archive
+from .safety import check_package
 
 
 @dataclass
@@ -160,7 +160,7 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
             exit_code=EXIT_FINDINGS,
         )
     for path in local.values():
-        check_archive(path)
+        check_package(path)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     originals = {}

@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from .hashing import fsync_dir, sha256_file
-from .index import TEMP_PREFIX, reindex, remove_leftovers
+from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers
+from .safety import check_package
 
 LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
 LOG_NAME = "publish-log.jsonl"
@@ -69,19 +70,6 @@ def audit_gate(path: Path, upstream: list[str]) -> AuditGate:
 
 def channel_lock(channel: Path):
     return exclusive(channel / LOCK_NAME)
-
-
-def _subdir_of(path: Path) -> str:
-    from rattler import IndexJson
-
-    try:
-        return IndexJson.from_package_archive(path).subdir or "noarch"
-    except Exception as exc:  # rattler raises its own types for unreadable archives
-        raise ExtforgeError(
-            f"cannot read {path.name} as a conda package",
-            str(exc),
-            "pass the .conda or .tar.bz2 files rattler-build wrote",
-        ) from exc
 
 
 def _copy_in(src: Path, dest: Path) -> str:
@@ -171,6 +159,10 @@ def publish(
     for p in packages:
         if not p.is_file():
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
+        if not is_package_file(p.name):
+            raise ExtforgeError(f"{p.name} is not a package file name", "a channel serves *.conda and *.tar.bz2 files whose names do not start with '.'", "pass the package files rattler-build wrote")
+    # The subdir and every path the packages name are checked before anything is written.
+    subdirs = {p: check_package(p).subdir for p in packages}
 
     kind, where = parse_channel(channel)
     from ..build import channel_url
@@ -195,14 +187,14 @@ def publish(
         _upload(kind, where, packages)
         for p in packages:
             result.packages.append(
-                PublishedPackage(p.name, _subdir_of(p), sha256_file(p), "uploaded", gates[p].verdict, _override(gates[p], allow_audit_failure))
+                PublishedPackage(p.name, subdirs[p], sha256_file(p), "uploaded", gates[p].verdict, _override(gates[p], allow_audit_failure))
             )
         result.seconds = time.monotonic() - start
         return result
 
     root = Path(where).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    planned = [(p, _subdir_of(p), sha256_file(p)) for p in packages]
+    planned = [(p, subdirs[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
         # Check the whole batch before writing anything: a refusal leaves the channel as it was.
