@@ -245,14 +245,23 @@ class _LogSink:
             self.on_step(event.message or event.step_name)
 
 
-def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
-    """Audit and stamp every built package (when extforge.audit is installed), against the host
-    env its build used (`build_env`) where that holds the torch it pins, else the channel's."""
+def _post_build_steps() -> tuple[Callable, Callable] | None:
+    """audit_package and stamp_package, or None when extforge.audit is not installed."""
     try:
         from .audit import audit_package
         from .audit.stamp import stamp_package
     except ImportError:
+        return None
+    return audit_package, stamp_package
+
+
+def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
+    """Audit and stamp every built package (when extforge.audit is installed), against the host
+    env its build used (`build_env`) where that holds the torch it pins, else the channel's."""
+    steps = _post_build_steps()
+    if steps is None:
         return
+    audit_package, stamp_package = steps
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         stamp_package(pkg.path, report)
@@ -280,9 +289,18 @@ def build_recipe(
     on_step: Callable[[str], None] | None = None,
 ) -> list[BuiltPackage]:
     """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
+    # What the steps after a (possibly 25-minute) compile need is imported and every path made
+    # absolute before it starts: the working directory may be gone by then, and `import rattler`
+    # reads os.getcwd() (ChannelConfig's default root_dir).
+    import rattler  # noqa: F401
     from rattler_build import Stage0Recipe, ToolConfiguration
 
-    recipe_file = find_recipe(recipe)
+    from .mirror.channel import index_channel
+
+    if audit:
+        _post_build_steps()
+    recipe_file = find_recipe(recipe).resolve()
+    variant_config = [Path(v).resolve() for v in variant_config]
     urls = [channel_url(c) for c in channels]
     if not urls:
         raise ExtforgeError(
@@ -338,7 +356,5 @@ def build_recipe(
                 for work in work_dirs:
                     shutil.rmtree(work, ignore_errors=True)
             built += packages
-    from .mirror.channel import index_channel
-
     index_channel(output_dir)
     return built

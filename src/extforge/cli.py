@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import time
+import traceback
 from collections.abc import Sequence
 
 from . import __version__
@@ -75,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_CANNOT_RUN
     setup_logging(args.verbose)
+    # SIGTERM (Slurm's time limit, kill) unwinds like Ctrl-C, so temporary folders are removed.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args._module.run(args))
     except ExtforgeError as exc:
@@ -85,6 +91,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)
+        where = _crash_log(argv, exc)
+        console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
+                      f"details in {where}", markup=False, soft_wrap=True)
+        if args.json:
+            emit_json({"error": f"{type(exc).__name__}: {exc}", "why": "unexpected failure", "fix": f"report it with {where}"})
+        return EXIT_CANNOT_RUN
+
+
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+CRASH_LOGS_KEPT = 20
+
+
+def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
+    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept)."""
+    from .paths import cache_root
+
+    logs = cache_root() / "logs"
+    path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc)))
+        for old in sorted(logs.glob("crash-*.log"))[:-CRASH_LOGS_KEPT]:
+            old.unlink(missing_ok=True)
+    except OSError as err:
+        return f"(no log: {err}; run with -vv)"
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import tarfile
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import zstandard
 
 from ..channel.safety import PackageCheck
 from ..errors import ExtforgeError
+from ..paths import scratch_dir
 from .elf import is_elf
 from .report import Finding
 
@@ -73,8 +73,7 @@ def open_target(path: Path) -> Iterator[Payload]:
         return
     name = path.name
     if name.endswith((".conda", ".tar.bz2", ".whl")):
-        with tempfile.TemporaryDirectory(prefix="extforge-audit-") as tmp:
-            root = Path(tmp)
+        with scratch_dir("audit") as root:
             if name.endswith(".conda"):
                 payload = _extract_conda(path, root)
             elif name.endswith(".tar.bz2"):

@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from ..build import build_recipe, parse_variant_overrides
 
     overrides = parse_variant_overrides(args.variant)
+    # Resolved now: the working directory may be replaced while the build runs.
+    args.output_dir = args.output_dir.resolve()
     with ui.step(f"building {args.recipe}", quiet=args.json), ui.progress() as bar:
         task = bar.add_task("rattler-build", total=None)
         built = build_recipe(
