@@ -70,7 +70,34 @@ def build_parser(available: Sequence[str] | None = None) -> argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `extforge` program (argv None) or an in-process call with explicit arguments."""
+    code = _run(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and "rattler" in sys.modules:
+        _exit_skipping_finalization(code)
+    return code
+
+
+def _exit_skipping_finalization(code: int) -> None:
+    """End the process without interpreter finalization.
+
+    py-rattler's async calls (solve, install) run on a tokio runtime whose worker threads may
+    still be finishing a task, dropping the Python objects it captured, when a quick command
+    (a failed solve takes 0.1 s) reaches interpreter finalization; those threads then take
+    the GIL of a finalizing interpreter and the process dies with SIGABRT/SIGSEGV ("Fatal
+    Python error: PyGILState_Release") after its work and output are complete. Everything
+    extforge writes is closed by then, so only the buffers are flushed here."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _run(argv: list[str]) -> int:
     # Only the named subcommand is imported and configured, keeping start-up small.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([first] if first in COMMANDS else None)

@@ -97,7 +97,14 @@ def _read(files: Sequence[Path]) -> tuple[dict[str, list], list[list[str]]]:
 
     if not files:
         return {}, []
-    config = VariantConfig.from_files([str(f) for f in files])
+    try:
+        config = VariantConfig.from_files([str(f) for f in files])
+    except Exception as exc:  # rattler-build's own error types for YAML and schema errors
+        raise ExtforgeError(
+            f"cannot read the variant config {', '.join(str(f) for f in files)}",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            "fix the YAML (a mapping of variant keys to lists of values, plus zip_keys)",
+        ) from exc
     return config.to_dict(), [list(g) for g in (config.zip_keys or [])]
 
 

@@ -169,10 +169,11 @@ def craft_wheel(dest_dir: Path, filename: str, files: dict[str, bytes] | None = 
     path = dest_dir / filename
     dest_dir.mkdir(parents=True, exist_ok=True)
     dist = filename.split("-")[0]
+    files = {f"{dist}/__init__.py": b"", f"{dist}-0.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n",
+             **(files or {})}
     with zipfile.ZipFile(path, "w") as zf:
-        for entry, data in (files or {f"{dist}/__init__.py": b""}).items():
+        for entry, data in files.items():
             zf.writestr(entry, data)
-        zf.writestr(f"{dist}-0.0.dist-info/WHEEL", b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
     return path
 
 

@@ -168,11 +168,17 @@ def _extract_tar_bz2(path: Path, root: Path) -> Payload:
 
 
 def _extract_wheel(path: Path, root: Path) -> Payload:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
     payload = Payload("wheel", path, root)
+    try:
+        parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise ExtforgeError(f"{path.name} is not a valid wheel file name", str(exc),
+                            "a wheel is named NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl") from exc
     parts = path.name[: -len(".whl")].split("-")
-    if len(parts) >= 5:
-        payload.name, payload.version = parts[0], parts[1]
-        payload.wheel_tags = [f"{parts[-3]}-{parts[-2]}-{parts[-1]}"]
+    payload.name, payload.version = parts[0], parts[1]
+    payload.wheel_tags = [f"{parts[-3]}-{parts[-2]}-{parts[-1]}"]
     try:
         with zipfile.ZipFile(path) as zf:
             for member in zf.namelist():
@@ -185,6 +191,11 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
                     tags = [line.split(":", 1)[1].strip() for line in zf.read(member).decode().splitlines()
                             if line.startswith("Tag:")]
                     payload.wheel_tags = tags or payload.wheel_tags
+        bad = [t for t in payload.wheel_tags if len(t.split("-")) != 3 or not all(t.split("-"))]
+        if bad:
+            raise ExtforgeError(f"{path.name} has a malformed wheel tag {bad[0]!r}",
+                                "a wheel tag is python-abi-platform (e.g. cp312-cp312-linux_x86_64)",
+                                "rebuild the wheel with a standard build backend")
     except zipfile.BadZipFile as exc:
         raise ExtforgeError(f"{path} is not a readable wheel", str(exc), "rebuild or re-download it") from exc
     return payload

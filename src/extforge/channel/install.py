@@ -23,6 +23,7 @@ from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
 from .safety import check_package
+from .verify import read_prefix_records
 
 
 @dataclass
@@ -54,7 +55,10 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
 
     if not lock_path.is_file():
         raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
-    lock_file = LockFile.from_path(str(lock_path))
+    try:
+        lock_file = LockFile.from_path(str(lock_path))
+    except Exception as exc:  # rattler's ParseCondaLockError and I/O errors
+        raise ExtforgeError(f"cannot read {lock_path}", str(exc), "restore it from version control or re-run `extforge lock`") from exc
     environment = lock_file.environment(env)
     if environment is None:
         names = [name for name, _ in lock_file.environments()]
@@ -117,14 +121,9 @@ def fetch_verified(records: list, store: Path) -> tuple[dict[str, Path], list[st
 
 def installed_identity(prefix: Path) -> set[tuple[str, str, str, str]] | None:
     """(name, version, build, sha256) of each package in a prefix's conda-meta, None if none."""
-    meta = prefix / "conda-meta"
-    if not meta.is_dir():
+    if not (prefix / "conda-meta").is_dir():
         return None
-    out = set()
-    for f in meta.glob("*.json"):
-        d = json.loads(f.read_text())
-        out.add((d["name"], d["version"], d["build"], d.get("sha256", "")))
-    return out
+    return {(d["name"], d["version"], d["build"], d.get("sha256", "")) for d in read_prefix_records(prefix)}
 
 
 def _identity(records: list) -> set[tuple[str, str, str, str]]:
@@ -139,6 +138,8 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
     result = InstallResult(prefix=prefix, environment=env)
     records = locked_records(lock_path, env, platform)
     result.packages = len(records)
+    if prefix.exists() and not prefix.is_dir():
+        raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
     if prefix.exists() and any(prefix.iterdir()):
         if installed_identity(prefix) == _identity(records):
             result.status = "already-installed"

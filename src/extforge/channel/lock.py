@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from .hashing import sha256_file
@@ -106,6 +107,20 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _check_folder_channel(url: str, env: str) -> None:
+    """A file:// channel must be a folder with repodata: said here, not by a solver error."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return
+    folder = Path(unquote(parsed.path))
+    if not (folder / "noarch" / "repodata.json").is_file():
+        raise ExtforgeError(
+            f"channel {url} of environment {env!r} is not a channel folder",
+            f"{folder} does not exist" if not folder.exists() else f"{folder} has no noarch/repodata.json",
+            "check the --channel-map NAME=URL entries (a folder written by `extforge publish` or `extforge mirror`)",
+        )
+
+
 def lock(manifest: Manifest, lock_path: Path, channel_map: dict[str, str], envs: list[str] | None = None) -> LockResult:
     from rattler import LockChannel, LockFile, LockPlatform
 
@@ -116,10 +131,11 @@ def lock(manifest: Manifest, lock_path: Path, channel_map: dict[str, str], envs:
     lock_file = LockFile([LockPlatform(p) for p in platforms])
     result = LockResult(lock_path=lock_path)
     out_dir = envs_dir_for(lock_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
     exports: dict[Path, str] = {}
     for env in specs:
         channels = [resolve_channel(c, channel_map, manifest.path.parent) for c in env.channels]
+        for url in channels:
+            _check_folder_channel(url, env.name)
         lock_file.set_channels(env.name, [LockChannel(c) for c in channels])
         count = 0
         for platform in env.platforms:
@@ -131,6 +147,7 @@ def lock(manifest: Manifest, lock_path: Path, channel_map: dict[str, str], envs:
             exports[out_dir / f"{env.name}{suffix}.explicit.txt"] = explicit_text(records)
             exports[out_dir / f"{env.name}{suffix}.environment.yml"] = environment_yml(env.name, channels, records)
         result.environments[env.name] = count
+    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = lock_path.with_name(lock_path.name + ".tmp")
     lock_file.to_path(str(tmp))
     tmp.replace(lock_path)

@@ -32,9 +32,9 @@ _MAX_HOPS = 40
 @functools.cache
 def known_subdirs() -> frozenset[str]:
     """The platform names conda and rattler know (linux-64, noarch, ...)."""
-    from rattler import Platform
+    from rattler import Subdir
 
-    return frozenset(str(p) for p in Platform.all())
+    return frozenset(str(p) for p in Subdir.all())
 
 
 def subdir_reason(subdir: object) -> str | None:

@@ -73,7 +73,22 @@ def read_prefix_records(prefix: Path) -> list[dict]:
     meta = prefix / "conda-meta"
     if not meta.is_dir():
         raise ExtforgeError(f"{prefix} is not a conda environment", "it has no conda-meta folder", "pass the prefix given to `extforge install`")
-    return [json.loads(p.read_bytes()) for p in sorted(meta.glob("*.json"))]
+    records = []
+    for p in sorted(meta.glob("*.json")):
+        try:
+            record = json.loads(p.read_bytes())
+        except (OSError, ValueError) as exc:
+            record, why = None, str(exc)
+        else:
+            why = "it is not a package record (name, version, build)"
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("name", "version", "build")):
+            raise ExtforgeError(
+                f"{p} is not a readable package record", why,
+                "the environment was damaged or edited: reinstall it with `extforge install` into a new prefix",
+                exit_code=1,
+            )
+        records.append(record)
+    return records
 
 
 def check_packages(records: list[dict], locked: list | None, env: str | None) -> Check:
