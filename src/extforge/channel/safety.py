@@ -84,6 +84,15 @@ def member_unsafe_reason(member: tarfile.TarInfo) -> str | None:
     return unsafe_reason(member.name, _kind(member), member.linkname)
 
 
+def member_refusal(archive: str, member: str, reason: str, kind: str = "package") -> ExtforgeError:
+    return ExtforgeError(
+        f"{kind} {archive} refused: member {member!r} is unsafe ({reason})",
+        "using it would write outside the channel, the environment prefix or the folder it is extracted into",
+        "use the file its build tool wrote; do not use archives edited by hand",
+        exit_code=1,
+    )
+
+
 class PathRule:
     """unsafe_reason plus the symlinks seen so far: `lib -> .` then `lib/../../x` is caught,
     because the filesystem resolves `lib` before `..`, where plain normalisation would not."""
@@ -164,12 +173,7 @@ class PackageCheck:
         self._metadata: dict[str, bytes] = {}
 
     def refuse(self, member: str, reason: str) -> ExtforgeError:
-        return ExtforgeError(
-            f"package {self.path.name} refused: member {member!r} is unsafe ({reason})",
-            "installing, publishing or extracting it would write outside the channel or the environment prefix",
-            "rebuild the package from its recipe; do not use archives edited by hand",
-            exit_code=1,
-        )
+        return member_refusal(self.path.name, member, reason)
 
     def outer(self, name: str) -> None:
         """A member of a .conda's outer zip."""
