@@ -63,7 +63,9 @@ def index_fs(folder: Path) -> None:
         "asyncio.run(index_fs(sys.argv[1], write_zst=False, write_shards=False)); sys.stdout.flush(); "
         "import os; os._exit(0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+    # cwd given: the caller's may be gone (a build outliving its checkout), and a Python
+    # started in a deleted directory fails before running any code.
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=folder)
     if proc.returncode != 0:
         raise ExtforgeError(
             f"could not index the channel folder {folder}",
