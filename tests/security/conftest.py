@@ -7,6 +7,7 @@ and prove nothing outside the allowed folders changed.
             res = sandbox.run("publish", str(pkg), "--channel", str(sandbox.root / "ch"), expect=1)
         res.refused("../../x")
 
+sandbox.lock(channel, "pkg") locks a one-package workspace for install/verify cases.
 Every sandbox.run fails the test on a Python traceback or a Rust panic in the output, on a
 process killed by a signal, and on anything the command left in its TMPDIR.
 """
@@ -24,6 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# A workspace of one environment ("default") on one channel ("internal"), for lock/install cases.
+MANIFEST = """\
+[workspace]
+name = "sec"
+channels = ["internal"]
+platforms = ["linux-64"]
+
+[dependencies]
+{package} = "*"
+"""
 
 # Output that means the command crashed instead of refusing.
 CRASH_MARKERS = ("Traceback (most recent call last)", "panicked at", "RUST_BACKTRACE", "Segmentation fault", "core dumped")
@@ -148,6 +160,18 @@ class Sandbox:
             codes = {expect} if isinstance(expect, int) else set(expect)
             assert res.returncode in codes, f"extforge {' '.join(args)}: exit {res.returncode}, wanted {codes}\n{res.output}"
         return res
+
+    def manifest(self, package: str) -> Path:
+        """ws/pixi.toml whose default environment asks for `package` from the channel "internal"."""
+        path = self.path("ws") / "pixi.toml"
+        path.write_text(MANIFEST.format(package=package))
+        return path
+
+    def lock(self, channel: Path, package: str) -> Path:
+        """`extforge lock` of manifest(package) against the channel folder; the pixi.lock path."""
+        manifest = self.manifest(package)
+        self.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+        return manifest.with_name("pixi.lock")
 
     def listing(self, *allowed: Path) -> Listing:
         return listing(self.base, skip=[self.cache, self.tmp, *allowed])

@@ -19,17 +19,6 @@ from extforge.channel.publish import publish
 
 from .crafted import craft_package, craft_wheel, gxx_so, member
 
-MANIFEST = """\
-[workspace]
-name = "sec"
-channels = ["internal"]
-platforms = ["linux-64"]
-
-[dependencies]
-{name} = "*"
-"""
-
-
 @pytest.mark.parametrize("args, message", [
     (["plan", "--cores", "-3"], "-3 is not a positive whole number"),
     (["plan", "--cores", "0"], "0 is not a positive whole number"),
@@ -59,12 +48,10 @@ def locked_env(sandbox):
     """A channel with one harmless package, its pixi.lock and an installed prefix."""
     channel = sandbox.root / "ch"
     publish([craft_package(sandbox.path("in"), "okpkg")], channel, audit=False)
-    ws = sandbox.path("ws")
-    (ws / "pixi.toml").write_text(MANIFEST.format(name="okpkg"))
-    sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+    lock = sandbox.lock(channel, "okpkg")
     prefix = sandbox.path("envs") / "p"
-    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(ws / "pixi.lock"), expect=0)
-    return ws / "pixi.lock", prefix
+    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    return lock, prefix
 
 
 def test_truncated_lock_file(sandbox, locked_env):
@@ -140,13 +127,12 @@ def test_failed_lock_never_dies_by_a_signal(sandbox, why):
     solve (SIGABRT/SIGSEGV in 6 of 20 runs); 20 runs in a row must all exit 2."""
     channel = sandbox.root / "ch"
     publish([craft_package(sandbox.path("in"), "okpkg")], channel, audit=False)
-    ws = sandbox.path("ws")
-    (ws / "pixi.toml").write_text(MANIFEST.format(name="okpkg" if why == "missing folder" else "nosuchpkg"))
+    manifest = sandbox.manifest("okpkg" if why == "missing folder" else "nosuchpkg")
     url = (sandbox.root / "missing").as_uri() if why == "missing folder" else channel.as_uri()
     codes = []
     with sandbox.unchanged_outside():
         for _ in range(20):
-            res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--channel-map", f"internal={url}")
+            res = sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={url}")
             codes.append(res.returncode)
     assert codes == [2] * 20, codes
     assert "not a channel folder" in res.output if why == "missing folder" else "nosuchpkg" in res.output

@@ -15,16 +15,6 @@ from .crafted import Member, craft_conda_outer, craft_package, device, hardlink,
 
 FORMATS = ["conda", "tar.bz2"]
 
-MANIFEST = """\
-[workspace]
-name = "sec"
-channels = ["internal"]
-platforms = ["linux-64"]
-
-[dependencies]
-{name} = "*"
-"""
-
 # name -> (members, paths.json entries or None for the members' own, extra info files, what the refusal names)
 INSTALL_CASES: dict[str, tuple[list[Member], list[dict] | None, dict[str, bytes], str]] = {
     "member-dotdot": ([member("../../escaped.txt")], None, {}, "../../escaped.txt"),
@@ -102,12 +92,10 @@ def test_install_refuses_unsafe_paths(sandbox, fmt, case):
     channel = sandbox.path("ch")
     _craft(sandbox, name, fmt, case).rename(sandbox.path("ch", "noarch") / f"{name}-1.0-0.{fmt}")
     reindex(channel)
-    ws = sandbox.path("ws")
-    (ws / "pixi.toml").write_text(MANIFEST.format(name=name))
-    sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+    lock = sandbox.lock(channel, name)
     prefix = sandbox.root / "envs" / "p"
     with sandbox.unchanged_outside(prefix):
-        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(ws / "pixi.lock"))
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock))
     res.refused("unsafe", _abs(sandbox, INSTALL_CASES[case][3]), code=1)
     assert not prefix.exists()
 
@@ -131,10 +119,8 @@ def test_a_safe_package_with_inside_links_is_published_and_installed(sandbox, fm
     channel = sandbox.root / "ch"
     with sandbox.unchanged_outside(channel):
         sandbox.run("publish", str(pkg), "--channel", str(channel), "--no-audit", expect=0)
-    ws = sandbox.path("ws")
-    (ws / "pixi.toml").write_text(MANIFEST.format(name=name))
-    sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+    lock = sandbox.lock(channel, name)
     prefix = sandbox.path("envs") / "p"
     with sandbox.unchanged_outside(prefix):
-        sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(ws / "pixi.lock"), expect=0)
+        sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert (prefix / "share" / "fine" / "b.txt").read_bytes() == (prefix / "share" / "fine" / "a.txt").read_bytes()
