@@ -71,6 +71,9 @@ def build_parser(available: Sequence[str] | None = None) -> argparse.ArgumentPar
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `extforge` program (argv None) or an in-process call with explicit arguments."""
+    if argv is None:
+        # SIGTERM (Slurm's time limit, kill) unwinds like Ctrl-C, so temporary folders are removed.
+        signal.signal(signal.SIGTERM, _terminated)
     code = _run(list(sys.argv[1:] if argv is None else argv))
     if argv is None and "rattler" in sys.modules:
         _exit_skipping_finalization(code)
@@ -106,8 +109,6 @@ def _run(argv: list[str]) -> int:
         parser.print_help(sys.stderr)
         return EXIT_CANNOT_RUN
     setup_logging(args.verbose)
-    # SIGTERM (Slurm's time limit, kill) unwinds like Ctrl-C, so temporary folders are removed.
-    signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args._module.run(args))
     except ExtforgeError as exc:
