@@ -103,6 +103,14 @@ def test_malformed_wheel(sandbox, filename, files, message):
         sandbox.run("audit", str(wheel)).refused(message, code=2)
 
 
+@pytest.mark.parametrize("member", ["../../escaped.so", "/ABS/escaped.so"])
+def test_audit_refuses_a_wheel_member_leaving_its_folder(sandbox, member):
+    member = member.replace("/ABS", str(sandbox.base / "abs-target"))
+    wheel = craft_wheel(sandbox.path("in"), "evil-1.0-cp311-cp311-linux_x86_64.whl", {member: b"\x7fELF not really"})
+    with sandbox.unchanged_outside():
+        sandbox.run("audit", str(wheel)).refused("unsafe", member, code=1)
+
+
 @pytest.mark.parametrize("member", ["torch-2.14.1.data/data/../../escaped.txt", "../escaped.txt", "torch/../../escaped.txt"])
 def test_mirror_refuses_a_wheel_member_leaving_the_prefix(sandbox, member):
     wheels = sandbox.path("wheels")

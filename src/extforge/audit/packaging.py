@@ -18,7 +18,7 @@ from typing import IO
 
 import zstandard
 
-from ..channel.safety import PackageCheck
+from ..channel.safety import PackageCheck, member_refusal, unsafe_reason
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
 from .elf import is_elf
@@ -182,6 +182,8 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
     try:
         with zipfile.ZipFile(path) as zf:
             for member in zf.namelist():
+                if reason := unsafe_reason(member):
+                    raise member_refusal(path.name, member, reason, "wheel")
                 if member.endswith(".py"):
                     payload.python_files += 1
                 elif _SHARED.search(member):
