@@ -238,3 +238,21 @@ def test_build_survives_its_working_directory_being_replaced(sandbox):
     assert res.returncode in (0, 1), res.output  # the audit may fail a package without ELF files
     assert list((out / "noarch").glob("cwd-victim-1.0-*.conda")), res.output
     assert "getcwd" not in res.output and "FileNotFoundError" not in res.output
+
+
+def test_publish_repairs_a_log_that_lacks_a_channel_file(sandbox):
+    """A publisher killed between copying a package in and logging it leaves a file the log
+    lacks (and a torn last line); the next publish logs it before any re-index serves it."""
+    channel = sandbox.root / "ch"
+    publish([craft_package(sandbox.path("in"), "first")], channel, audit=False)
+    orphan = craft_package(channel / "noarch", "orphan")
+    with (channel / "publish-log.jsonl").open("a") as log:
+        log.write('{"file": "noarch/torn')  # killed inside its write
+    second = craft_package(sandbox.path("in"), "second")
+    with sandbox.unchanged_outside(channel):
+        res = sandbox.run("publish", str(second), "--channel", str(channel), "--no-audit", expect=0)
+    assert "publish log repaired: 1 package file(s)" in res.output and f"noarch/{orphan.name}" in res.output
+    entries = [json.loads(line) for line in (channel / "publish-log.jsonl").read_text().splitlines() if line.endswith("}")]
+    by_file = {e["file"]: e["status"] for e in entries if "status" in e}
+    assert by_file == {"noarch/first-1.0-0.conda": "published", f"noarch/{orphan.name}": "recovered",
+                       "noarch/second-1.0-0.conda": "published"}, by_file
