@@ -168,6 +168,10 @@ def host_env(work_dir: Path) -> Path | None:
 
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None) -> list[BuiltPackage]:
     """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages it made."""
+    # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
+    # 25-minute compile the working directory may be gone, so it is imported before the build.
+    import rattler  # noqa: F401
+
     recipe_file = engine.find_recipe(options.recipe)
     urls = [channel_url(c) for c in options.channels]
     if not urls:

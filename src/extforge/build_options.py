@@ -34,10 +34,11 @@ class BuildOptions:
         audit: bool = True,
     ) -> BuildOptions:
         return cls(
-            recipe=Path(recipe),
+            # Absolute now: the working directory may be replaced while a long build runs.
+            recipe=Path(recipe).absolute(),
             channels=tuple(str(c) for c in channels),
-            output_dir=Path(output_dir),
-            variant_configs=tuple(Path(p) for p in variant_configs),
+            output_dir=Path(output_dir).absolute(),
+            variant_configs=tuple(Path(p).absolute() for p in variant_configs),
             overrides=tuple((k, tuple(v)) for k, v in (variants or {}).items()),
             profile=profile,
             test=test,

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import time
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -67,7 +71,37 @@ def build_parser(available: Sequence[str] | None = None) -> argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `extforge` program (argv None) or an in-process call with explicit arguments."""
+    if argv is None:
+        # SIGTERM (Slurm's time limit, kill) unwinds like Ctrl-C, so temporary folders are removed.
+        signal.signal(signal.SIGTERM, _terminated)
+    code = _run(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and "rattler" in sys.modules:
+        _exit_skipping_finalization(code)
+    return code
+
+
+def _exit_skipping_finalization(code: int) -> None:
+    """End the process without interpreter finalization.
+
+    py-rattler's async calls (solve, install) run on a tokio runtime whose worker threads may
+    still be finishing a task, dropping the Python objects it captured, when a quick command
+    (a failed solve takes 0.1 s) reaches interpreter finalization; those threads then take
+    the GIL of a finalizing interpreter and the process dies with SIGABRT/SIGSEGV ("Fatal
+    Python error: PyGILState_Release") after its work and output are complete. Everything
+    extforge writes is closed by then, so only the buffers are flushed here."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _run(argv: list[str]) -> int:
     # Only the named subcommand is imported and configured, keeping start-up small.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([first] if first in COMMANDS else None)
@@ -86,6 +120,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)
+        where = _crash_log(argv, exc)
+        console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
+                      f"details in {where}", markup=False, soft_wrap=True)
+        if args.json:
+            emit_json({"error": f"{type(exc).__name__}: {exc}", "why": "unexpected failure", "fix": f"report it with {where}"})
+        return EXIT_CANNOT_RUN
+
+
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+CRASH_LOGS_KEPT = 20
+
+
+def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
+    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept)."""
+    from .paths import cache_root
+
+    logs = cache_root() / "logs"
+    path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc)))
+        for old in sorted(logs.glob("crash-*.log"))[:-CRASH_LOGS_KEPT]:
+            old.unlink(missing_ok=True)
+    except OSError as err:
+        return f"(no log: {err}; run with -vv)"
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,14 @@ def read_variant_files(files: Sequence[Path]) -> tuple[dict[str, list[Any]], lis
     """The merged values and zip_keys of variant files."""
     if not files:
         return {}, []
-    config = load_variant_files(files)
+    try:
+        config = load_variant_files(files)
+    except Exception as exc:  # rattler-build's own error types for YAML and schema errors
+        raise ExtforgeError(
+            f"cannot read the variant config {', '.join(str(f) for f in files)}",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            "fix the YAML (a mapping of variant keys to lists of values, plus zip_keys)",
+        ) from exc
     return config.to_dict(), [list(g) for g in (config.zip_keys or [])]
 
 

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -28,3 +34,50 @@ def rattler_cache_dir() -> Path:
     """
     env = os.environ.get("RATTLER_CACHE_DIR")
     return Path(env) if env else cache_root() / "rattler"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# Folders of the naming before scratch_dir carry no pid; a day-old one belongs to no live run.
+_LEGACY_SCRATCH_AGE_S = 24 * 3600
+
+
+def sweep_scratch(kind: str, base: Path | None = None) -> list[Path]:
+    """Remove scratch folders of `kind` that runs killed on this host left behind (their pid is gone)."""
+    base = Path(tempfile.gettempdir()) if base is None else base
+    mine = f"extforge-{kind}-{socket.gethostname()}-"
+    removed = []
+    for path in base.glob(f"extforge-{kind}-*"):
+        if path.name.startswith(mine):
+            pid = path.name[len(mine):].split("-", 1)[0]
+            stale = pid.isdigit() and not _alive(int(pid))
+        else:
+            try:
+                stale = path.name.count("-") == 2 and time.time() - path.lstat().st_mtime > _LEGACY_SCRATCH_AGE_S
+            except OSError:
+                stale = False
+        if stale and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextmanager
+def scratch_dir(kind: str) -> Iterator[Path]:
+    """A temporary folder `extforge-KIND-HOST-PID-*` in TMPDIR, removed on every exit path.
+
+    A SIGKILL skips every cleanup, so each new one first removes those of dead runs on this host."""
+    sweep_scratch(kind)
+    path = Path(tempfile.mkdtemp(prefix=f"extforge-{kind}-{socket.gethostname()}-{os.getpid()}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

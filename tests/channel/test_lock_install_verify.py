@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.archive import check_archive, unsafe_reason
+from extforge.archive import check_package, unsafe_reason
 from extforge.channel import verify as verify_mod
 from extforge.channel.index import reindex
 from extforge.channel.install import install_env
@@ -144,9 +144,9 @@ def test_crafted_archives_are_refused(kind, tmp_path, isolated_cache):
     dotdot = make(channel / "noarch", "evil-dotdot", "../../escaped.txt")
     absolute = make(channel / "noarch", "evil-abs", str(outside))
     with pytest.raises(ExtforgeError, match="path leaves the prefix"):
-        check_archive(dotdot)
+        check_package(dotdot)
     with pytest.raises(ExtforgeError, match="absolute path"):
-        check_archive(absolute)
+        check_package(absolute)
     reindex(channel)
     for name in ("evil-dotdot", "evil-abs"):
         _, lock_path = _workspace(tmp_path, channel.as_uri(), extra=name, envs=[name])

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from extforge.channel.index import TEMP_PREFIX
-from extforge.channel.publish import LOG_NAME, publish
+from extforge.channel.publish import LOG_NAME, logged_files, publish
 
 from .procs import channel_problems
 
@@ -79,15 +79,19 @@ def test_sigkilled_publishers_leave_a_valid_channel(tiny_packages, tmp_path):
             p.send_signal(signal.SIGKILL)
             killed += 1
         p.communicate()
-        problems, _ = channel_problems(channel)
+        problems, listed = channel_problems(channel)
         assert not problems, f"after attempt {attempts}: {problems}"
+        served = {f"noarch/{p.name}" for p in tiny_packages.distinct if p.name.rsplit("-", 2)[0] in listed}
+        assert served <= logged_files(channel), f"after attempt {attempts}: served without a log entry"
     leftovers_before = list(channel.rglob(f"{TEMP_PREFIX}tmp-*")) + list(channel.glob(f"{TEMP_PREFIX}index-*"))
     result = publish(tiny_packages.distinct, channel, audit=False)
     assert result.leftovers_removed == len(leftovers_before)
+    on_disk = {f"noarch/{p.name}" for p in channel.joinpath("noarch").glob("*.conda")}
+    assert on_disk == logged_files(channel), "the publish log and the channel disagree after the repairing publish"
     assert not list(channel.rglob(f"{TEMP_PREFIX}tmp-*")) and not list(channel.glob(f"{TEMP_PREFIX}index-*"))
     repodata = json.loads((channel / "noarch" / "repodata.json").read_text())
     assert sorted(repodata["packages.conda"]) == sorted(p.name for p in tiny_packages.distinct)
     assert not channel_problems(channel)[0]
     assert killed == KILLS, "publishers kept finishing before their kill; the test lost its teeth"
     print(f"\n{attempts} publishers started, {killed} SIGKILLed mid-run, {len(leftovers_before)} leftovers "
-          f"cleaned by the next publish, {len(tiny_packages.distinct)} packages present")
+          f"cleaned and {len(result.log_repaired)} log entries repaired by the next publish, {len(tiny_packages.distinct)} packages present")

@@ -43,6 +43,7 @@ def test_unknown_text() -> None:
 
 
 def test_no_input_and_missing_file() -> None:
-    assert explain(stdin="").returncode == 1  # empty stdin: nothing recognised
+    empty = explain(stdin="")  # empty stdin is no input: exit 2, as the help says
+    assert empty.returncode == 2 and "nothing to explain" in empty.stderr
     missing = explain("--file", "/nonexistent/build.log")
     assert missing.returncode == 2 and "cannot read" in missing.stderr

@@ -7,10 +7,8 @@ are extracted to a temporary folder; Python sources are counted, not written.
 
 from __future__ import annotations
 
-import json
 import re
 import tarfile
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +18,9 @@ from typing import IO
 
 import zstandard
 
-from ..archive import member_unsafe_reason
+from ..archive import PackageCheck, member_refusal, unsafe_reason
 from ..errors import ExtforgeError
+from ..paths import scratch_dir
 from .elf import is_elf
 from .report import Finding
 
@@ -74,8 +73,7 @@ def open_target(path: Path) -> Iterator[Payload]:
         return
     name = path.name
     if name.endswith((".conda", ".tar.bz2", ".whl")):
-        with tempfile.TemporaryDirectory(prefix="extforge-audit-") as tmp:
-            root = Path(tmp)
+        with scratch_dir("audit") as root:
             if name.endswith(".conda"):
                 payload = _extract_conda(path, root)
             elif name.endswith(".tar.bz2"):
@@ -116,37 +114,25 @@ def _scan_directory(root: Path) -> Payload:
     return payload
 
 
-def _extract_members(tar: tarfile.TarFile, root: Path, payload: Payload, metadata: set[str]) -> None:
-    """Extract shared objects and the named metadata files from a streamed tar."""
+def _extract_members(tar: tarfile.TarFile, root: Path, payload: Payload, check: PackageCheck) -> None:
+    """Extract shared objects from a streamed tar, after the package path rule passed each member."""
     for member in tar:
+        check.feed(tar, member)
         name = member.name.lstrip("./")
         if name.endswith(".py"):
             payload.python_files += 1
-        if name in metadata or _SHARED.search(name) and (member.isfile() or member.issym()):
-            _extract_one(tar, member, root)
-            if member.isfile() and _SHARED.search(name):
+        if _SHARED.search(name) and (member.isfile() or member.issym()):
+            # Checked above; the data filter is a second line where this Python has it (>= 3.11.4).
+            tar.extract(member, root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            if member.isfile():
                 payload.elf_files.append(root / name)
 
 
-def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:
-    if hasattr(tarfile, "data_filter"):
-        tar.extract(member, root, filter="data")
-        return
-    # Pythons before 3.11.4 (Debian 12's 3.11.2) have no extraction filters: the install's own
-    # rule refuses a member or link that would land outside root.
-
-    reason = member_unsafe_reason(member)
-    if reason:
-        raise tarfile.TarError(f"{member.name!r} would be written outside the extraction folder ({reason})")
-    tar.extract(member, root)
-
-
-def _read_index(payload: Payload, root: Path) -> None:
-    index = root / "info" / "index.json"
-    if index.is_file():
-        meta = json.loads(index.read_text())
-        payload.name, payload.version, payload.build = meta.get("name"), meta.get("version"), meta.get("build")
-        payload.depends = list(meta.get("depends", []))
+def _read_index(payload: Payload, check: PackageCheck) -> None:
+    meta = check.finish()
+    payload.name, payload.version, payload.build = meta.name, meta.version, meta.build
+    depends = meta.index.get("depends", [])
+    payload.depends = [str(d) for d in depends] if isinstance(depends, list) else []
 
 
 def _zstd_tar(fileobj: IO[bytes]) -> tarfile.TarFile:
@@ -155,38 +141,49 @@ def _zstd_tar(fileobj: IO[bytes]) -> tarfile.TarFile:
 
 def _extract_conda(path: Path, root: Path) -> Payload:
     payload = Payload("conda", path, root)
+    check = PackageCheck(path)
     try:
         with zipfile.ZipFile(path) as zf:
             for member in zf.namelist():
+                check.outer(member)
                 if member.endswith(".tar.zst") and member.startswith(("pkg-", "info-")):
                     with zf.open(member) as raw, _zstd_tar(raw) as tar:
-                        _extract_members(tar, root, payload, {"info/index.json"})
-    except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError) as exc:
+                        _extract_members(tar, root, payload, check)
+    except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raise ExtforgeError(f"{path} is not a readable .conda package", str(exc), "rebuild or re-download it") from exc
-    _read_index(payload, root)
+    _read_index(payload, check)
     return payload
 
 
 def _extract_tar_bz2(path: Path, root: Path) -> Payload:
     payload = Payload("conda", path, root)
+    check = PackageCheck(path)
     try:
         with tarfile.open(path, mode="r|bz2") as tar:
-            _extract_members(tar, root, payload, {"info/index.json"})
+            _extract_members(tar, root, payload, check)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ExtforgeError(f"{path} is not a readable .tar.bz2 package", str(exc), "rebuild or re-download it") from exc
-    _read_index(payload, root)
+    _read_index(payload, check)
     return payload
 
 
 def _extract_wheel(path: Path, root: Path) -> Payload:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
     payload = Payload("wheel", path, root)
+    try:
+        parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise ExtforgeError(f"{path.name} is not a valid wheel file name", str(exc),
+                            "a wheel is named NAME-VERSION[-BUILD]-PYTHON-ABI-PLATFORM.whl") from exc
     parts = path.name[: -len(".whl")].split("-")
-    if len(parts) >= 5:
-        payload.name, payload.version = parts[0], parts[1]
-        payload.wheel_tags = [f"{parts[-3]}-{parts[-2]}-{parts[-1]}"]
+    payload.name, payload.version = parts[0], parts[1]
+    payload.wheel_tags = [f"{parts[-3]}-{parts[-2]}-{parts[-1]}"]
     try:
         with zipfile.ZipFile(path) as zf:
             for member in zf.namelist():
+                if reason := unsafe_reason(member):
+                    raise member_refusal(path.name, member, reason, "wheel")
                 if member.endswith(".py"):
                     payload.python_files += 1
                 elif _SHARED.search(member):
@@ -196,6 +193,11 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
                     tags = [line.split(":", 1)[1].strip() for line in zf.read(member).decode().splitlines()
                             if line.startswith("Tag:")]
                     payload.wheel_tags = tags or payload.wheel_tags
+        bad = [t for t in payload.wheel_tags if len(t.split("-")) != 3 or not all(t.split("-"))]
+        if bad:
+            raise ExtforgeError(f"{path.name} has a malformed wheel tag {bad[0]!r}",
+                                "a wheel tag is python-abi-platform (e.g. cp312-cp312-linux_x86_64)",
+                                "rebuild the wheel with a standard build backend")
     except zipfile.BadZipFile as exc:
         raise ExtforgeError(f"{path} is not a readable wheel", str(exc), "rebuild or re-download it") from exc
     return payload

@@ -58,12 +58,20 @@ def index_fs(folder: Path) -> None:
     """rattler's indexer, in a child process: py-rattler 0.28 leaves runtime threads behind
     that abort the interpreter at exit about every other time (SIGABRT/SIGSEGV after
     "PyGILState_Release ... finalizing"), which would turn a finished publish into a crash."""
+    # The child dies with its parent (PR_SET_PDEATHSIG): an indexer orphaned by a SIGKILLed
+    # publisher went on writing into the shadow folder after the next publish removed it.
     code = (
-        "import asyncio, sys; from rattler.index import index_fs; "
+        "import asyncio, ctypes, os, signal, sys; "
+        "ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+        "os.getppid() == int(sys.argv[2]) or os._exit(3); "
+        "from rattler.index import index_fs; "
         "asyncio.run(index_fs(sys.argv[1], write_zst=False, write_shards=False)); sys.stdout.flush(); "
-        "import os; os._exit(0)"
+        "os._exit(0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+    # cwd given: the caller's may be gone (a build outliving its checkout), and a Python
+    # started in a deleted directory fails before running any code.
+    proc = subprocess.run([sys.executable, "-c", code, str(folder), str(os.getpid())], capture_output=True, text=True,
+                          cwd=folder)
     if proc.returncode != 0:
         raise ExtforgeError(
             f"could not index the channel folder {folder}",

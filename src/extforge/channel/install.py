@@ -20,11 +20,33 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from ..archive import check_archive
+from ..archive import check_package
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
 from .mirrors import Mirrors
+
+
+def read_prefix_records(prefix: Path) -> list[dict]:
+    meta = prefix / "conda-meta"
+    if not meta.is_dir():
+        raise ExtforgeError(f"{prefix} is not a conda environment", "it has no conda-meta folder", "pass the prefix given to `extforge install`")
+    records = []
+    for p in sorted(meta.glob("*.json")):
+        try:
+            record = json.loads(p.read_bytes())
+        except (OSError, ValueError) as exc:
+            record, why = None, str(exc)
+        else:
+            why = "it is not a package record (name, version, build)"
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("name", "version", "build")):
+            raise ExtforgeError(
+                f"{p} is not a readable package record", why,
+                "the environment was damaged or edited: reinstall it with `extforge install` into a new prefix",
+                exit_code=1,
+            )
+        records.append(record)
+    return records
 
 
 @dataclass
@@ -56,7 +78,10 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
 
     if not lock_path.is_file():
         raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
-    lock_file = LockFile.from_path(lock_path)
+    try:
+        lock_file = LockFile.from_path(str(lock_path))
+    except Exception as exc:  # rattler's ParseCondaLockError and I/O errors
+        raise ExtforgeError(f"cannot read {lock_path}", str(exc), "restore it from version control or re-run `extforge lock`") from exc
     environment = lock_file.environment(env)
     if environment is None:
         names = [name for name, _ in lock_file.environments()]
@@ -126,14 +151,9 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None) -
 
 def installed_identity(prefix: Path) -> set[tuple[str, str, str, str]] | None:
     """(name, version, build, sha256) of each package in a prefix's conda-meta, None if none."""
-    meta = prefix / "conda-meta"
-    if not meta.is_dir():
+    if not (prefix / "conda-meta").is_dir():
         return None
-    out = set()
-    for f in meta.glob("*.json"):
-        d = json.loads(f.read_text())
-        out.add((d["name"], d["version"], d["build"], d.get("sha256", "")))
-    return out
+    return {(d["name"], d["version"], d["build"], d.get("sha256", "")) for d in read_prefix_records(prefix)}
 
 
 def _identity(records: list) -> set[tuple[str, str, str, str]]:
@@ -148,6 +168,8 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
     result = InstallResult(prefix=prefix, environment=env)
     records = locked_records(lock_path, env, platform)
     result.packages = len(records)
+    if prefix.exists() and not prefix.is_dir():
+        raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
     if prefix.exists() and any(prefix.iterdir()):
         if installed_identity(prefix) == _identity(records):
             result.status = "already-installed"
@@ -169,7 +191,7 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
             exit_code=EXIT_FINDINGS,
         )
     for path in local.values():
-        check_archive(path)
+        check_package(path)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     originals = {}

@@ -19,6 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
@@ -124,6 +125,20 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _check_folder_channel(url: str, env: str) -> None:
+    """A file:// channel must be a folder with repodata: said here, not by a solver error."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return
+    folder = Path(unquote(parsed.path))
+    if not (folder / "noarch" / "repodata.json").is_file():
+        raise ExtforgeError(
+            f"channel {url} of environment {env!r} is not a channel folder",
+            f"{folder} does not exist" if not folder.exists() else f"{folder} has no noarch/repodata.json",
+            "check the site's mirrors and --channel-map NAME=URL entries (a folder written by `extforge publish` or `extforge mirror`)",
+        )
+
+
 def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, envs: list[str] | None = None) -> LockResult:
     from rattler import LockChannel, LockFile, LockPlatform
 
@@ -135,12 +150,13 @@ def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, en
     lock_file = LockFile([LockPlatform(p) for p in subdirs])
     result = LockResult(lock_path=lock_path)
     out_dir = envs_dir_for(lock_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
     exports: dict[Path, str] = {}
     base = manifest.path.parent
     for env in specs:
         channels = [canonical_channel(c, base) for c in env.channels]
         served = [mirrors.redirect(c) for c in channels]
+        for url in served:
+            _check_folder_channel(url, env.name)
         # pixi writes channel URLs with a trailing slash; its --locked check compares them.
         lock_file.set_channels(env.name, [LockChannel(c + "/") for c in channels])
         count = 0
@@ -159,6 +175,7 @@ def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, en
         document = conda_lock_document(channels, per_platform, env.specs, manifest.path.name)
         exports[out_dir / f"{env.name}.conda-lock.yml"] = conda_lock_text(document)
         result.environments[env.name] = count
+    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = lock_path.with_name(lock_path.name + ".tmp")
     lock_file.to_path(tmp)
     tmp.replace(lock_path)

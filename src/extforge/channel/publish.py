@@ -22,12 +22,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .. import engine
+from ..archive import check_package
 from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from .hashing import fsync_dir, sha256_file
-from .index import TEMP_PREFIX, reindex, remove_leftovers
+from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers, subdirs
 
 LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
 LOG_NAME = "publish-log.jsonl"
@@ -57,6 +58,7 @@ class PublishResult:
     channel: str
     packages: list[PublishedPackage] = field(default_factory=list)
     leftovers_removed: int = 0
+    log_repaired: list[str] = field(default_factory=list)  # package files the log lacked (a killed run)
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -74,19 +76,6 @@ def channel_lock(channel: Path) -> AbstractContextManager[None]:
     return exclusive(channel / LOCK_NAME)
 
 
-def _subdir_of(path: Path) -> str:
-    from rattler import IndexJson
-
-    try:
-        return IndexJson.from_package_archive(path).subdir or "noarch"
-    except Exception as exc:  # rattler raises its own types for unreadable archives
-        raise ExtforgeError(
-            f"cannot read {path.name} as a conda package",
-            str(exc),
-            "pass the .conda or .tar.bz2 files rattler-build wrote",
-        ) from exc
-
-
 def _copy_in(src: Path, dest: Path) -> str:
     """Copy to a temp name next to dest, fsync, rename; return the sha256 of what was copied."""
     tmp = dest.parent / f"{TEMP_PREFIX}tmp-{os.getpid()}-{dest.name}.part"
@@ -102,12 +91,66 @@ def _copy_in(src: Path, dest: Path) -> str:
 
 
 def _append_log(channel: Path, entries: list[dict]) -> None:
-    fd = os.open(channel / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    path = channel / LOG_NAME
+    # A run killed inside its write leaves a line without its newline: end it first.
+    torn = path.exists() and path.stat().st_size > 0 and path.read_bytes()[-1:] != b"\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries).encode())
+        os.write(fd, (b"\n" if torn else b"") + "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _log_entry(file: str, digest: str, status: str, audit: str, override: str | None) -> dict:
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "file": file,
+        "sha256": digest,
+        "status": status,
+        "audit": audit,
+        "audit_override": override,
+    }
+
+
+def logged_files(channel: Path) -> set[str]:
+    """`subdir/file` of every package the publish log has an entry for (torn lines skipped)."""
+    path = channel / LOG_NAME
+    if not path.exists():
+        return set()
+    files = set()
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            files.add(json.loads(line)["file"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return files
+
+
+def _repair_log(root: Path) -> list[str]:
+    """Log the package files the log lacks, before the re-index serves them: those a killed
+    publisher copied in but did not log ("recovered"), or, in a channel without a log yet,
+    those another tool put there ("adopted")."""
+    status = "recovered" if (root / LOG_NAME).exists() else "adopted"
+    logged = logged_files(root)
+    entries = []
+    for sd in subdirs(root):
+        if not (root / sd).is_dir():
+            continue
+        try:
+            repodata = json.loads((root / sd / "repodata.json").read_bytes())
+            indexed = {**repodata.get("packages", {}), **repodata.get("packages.conda", {})}
+        except (OSError, ValueError, AttributeError):
+            indexed = {}
+        for name in sorted(e.name for e in os.scandir(root / sd)):
+            if is_package_file(name) and f"{sd}/{name}" not in logged:
+                digest = (indexed.get(name) or {}).get("sha256") or sha256_file(root / sd / name)
+                entries.append(_log_entry(f"{sd}/{name}", digest, status, "unknown", None))
+    if entries:
+        _append_log(root, entries)
+    return [e["file"] for e in entries]
 
 
 def parse_channel(channel: Path | str) -> tuple[str, str]:
@@ -166,6 +209,10 @@ def publish(
     for p in packages:
         if not p.is_file():
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
+        if not is_package_file(p.name):
+            raise ExtforgeError(f"{p.name} is not a package file name", "a channel serves *.conda and *.tar.bz2 files whose names do not start with '.'", "pass the package files rattler-build wrote")
+    # The subdir and every path the packages name are checked before anything is written.
+    subdir_of = {p: check_package(p).subdir for p in packages}
 
     kind, where = parse_channel(channel)
     upstream = [channel_url(u) for u in upstream]
@@ -188,16 +235,17 @@ def publish(
         _upload(kind, where, packages)
         for p in packages:
             result.packages.append(
-                PublishedPackage(p.name, _subdir_of(p), sha256_file(p), "uploaded", gates[p].verdict, _override(gates[p], allow_audit_failure))
+                PublishedPackage(p.name, subdir_of[p], sha256_file(p), "uploaded", gates[p].verdict, _override(gates[p], allow_audit_failure))
             )
         result.seconds = time.monotonic() - start
         return result
 
     root = Path(where).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    planned = [(p, _subdir_of(p), sha256_file(p)) for p in packages]
+    planned = [(p, subdir_of[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
+        result.log_repaired = _repair_log(root)
         # Check the whole batch before writing anything: a refusal leaves the channel as it was.
         for p, subdir, digest in planned:
             dest = root / subdir / p.name
@@ -217,20 +265,10 @@ def publish(
                 _copy_in(p, dest)
             override = _override(gates[p], allow_audit_failure)
             result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
-            log.append(
-                {
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "user": getpass.getuser(),
-                    "host": socket.gethostname(),
-                    "file": f"{subdir}/{p.name}",
-                    "sha256": digest,
-                    "status": status,
-                    "audit": gates[p].verdict,
-                    "audit_override": override,
-                }
-            )
-        reindex(root)
+            log.append(_log_entry(f"{subdir}/{p.name}", digest, status, gates[p].verdict, override))
+        # Logged before the re-index serves them: the log never lacks a served package.
         _append_log(root, log)
+        reindex(root)
     result.seconds = time.monotonic() - start
     return result
 

@@ -29,7 +29,7 @@ from ..audit.stamp import read_stamps
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from .admission import Check, admission_checks
 from .hashing import hash_many
-from .install import locked_records, record_sha256
+from .install import locked_records, read_prefix_records, record_sha256
 from .mirrors import Mirrors
 from .node import NodeFacts, probe
 
@@ -73,11 +73,6 @@ class VerifyReport:
         }
 
 
-def read_prefix_records(prefix: Path) -> list[dict]:
-    meta = prefix / "conda-meta"
-    if not meta.is_dir():
-        raise ExtforgeError(f"{prefix} is not a conda environment", "it has no conda-meta folder", "pass the prefix given to `extforge install`")
-    return [json.loads(p.read_bytes()) for p in sorted(meta.glob("*.json"))]
 
 
 def check_packages(records: list[dict], locked: list | None, env: str | None, mirrors: Mirrors | None = None) -> Check:

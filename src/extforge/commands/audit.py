@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import ExtforgeError
+from ..options import glibc_version, option_type
+
 HELP = "audit a package, wheel, prefix or .so: symbols, C++ ABI, GPU archs, glibc floor, packaging"
 
 
@@ -27,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channel", metavar="URL",
                         help="without --against: install the package's pinned pytorch from this channel")
     parser.add_argument("--archs", type=_archs, metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90")
-    parser.add_argument("--glibc", metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
+    parser.add_argument("--glibc", type=option_type(glibc_version), metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
     parser.epilog = "exit code: 0 no errors, 1 errors found, 2 could not run"
 
 
@@ -36,6 +39,15 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import EXIT_FINDINGS, EXIT_OK
     from ..ui import console, emit_json, step
 
+    if args.against is not None and not args.against.exists():
+        raise ExtforgeError(f"--against {args.against} does not exist", "",
+                            "pass the environment's prefix, its site-packages folder or its torch/lib folder")
+    if args.channel and not args.target.name.endswith((".conda", ".tar.bz2")):
+        raise ExtforgeError(
+            f"--channel does not apply to {args.target.name}",
+            "the channel is where a package's pinned pytorch is installed from; a wheel, a prefix or a .so pins none",
+            "pass --against with the environment it must run in",
+        )
     with step(f"auditing {args.target.name}", quiet=args.json or not args.verbose):
         report = audit_target(args.target, against=args.against, archs=args.archs, glibc=args.glibc,
                               channel=args.channel)

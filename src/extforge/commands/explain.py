@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from ..ui import console, emit_json
 
     text = _read_input(args)
+    if not text.strip():
+        raise ExtforgeError("nothing to explain", "the input is empty", "pass the error message, a log file, or pipe the failing command's output")
     torch_abi = None
     if args.python:
         from ..doctor.target import probe_target

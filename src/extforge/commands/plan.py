@@ -6,16 +6,28 @@ import argparse
 import dataclasses
 import re
 
+from ..audit.fatbin import arch_number
 from ..errors import EXIT_OK
 from ..machine import parse_memory
+from ..options import option_type, positive_int, positive_size
 from ..ui import console, emit_json
 
 HELP = "choose MAX_JOBS/NVCC_THREADS that cannot OOM, predict the build time, print a Slurm request"
+
+
+def parse_archs(text: str) -> tuple[str, ...]:
+    """'80,90', 'sm_80;9.0' -> ('80', '90')."""
+    archs = tuple(str(arch_number(a)) for a in re.split(r"[,;]", text) if a.strip())
+    if not archs:
+        raise ValueError("no GPU arch given (write them like 80,90)")
+    return archs
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", type=int, help="plan for this many cores instead of this machine's")
-    parser.add_argument("--memory", type=parse_memory, help="plan for this much memory, e.g. 128G")
+    parser.add_argument("--cores", type=option_type(positive_int), help="plan for this many cores instead of this machine's")
+    parser.add_argument("--memory", type=option_type(positive_size(parse_memory)), help="plan for this much memory, e.g. 128G")
     parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
-    parser.add_argument("--archs", default="80,90", help="GPU archs, comma separated (default 80,90)")
+    parser.add_argument("--archs", type=option_type(parse_archs), default="80,90", help="GPU archs, comma separated (default 80,90)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
         machine = dataclasses.replace(machine, cores=args.cores, cores_source="--cores")
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
-    archs = tuple(a.strip() for a in re.split(r"[,;]", args.archs) if a.strip())
-    plan = plan_build(machine, args.profile, archs)
+    plan = plan_build(machine, args.profile, args.archs)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),

@@ -43,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_json())
     else:
+        if result.log_repaired:
+            console.print(f"  publish log repaired: {len(result.log_repaired)} package file(s) in the channel had no entry "
+                          f"(a publish killed mid-way, or files put there by another tool): {', '.join(result.log_repaired)}",
+                          markup=False, soft_wrap=True)
         for p in result.packages:
             note = f" (audit override: {p.audit_override})" if p.audit_override else ""
             console.print(f"  {p.status:16} {p.subdir}/{p.file}  audit {p.audit}{note}", markup=False)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExtforgeError
+from ..paths import scratch_dir
 from .model import FlashAttnFacts, PythonFacts, TorchFacts
 from .run import run_text
 
@@ -41,7 +41,7 @@ def parse_probe_output(stdout: str) -> TargetFacts:
 def probe_target(python: str, timeout: float = 120) -> TargetFacts:
     # A neutral working directory: a flash-attention source checkout in the cwd would shadow
     # the installed package and make the installed one look broken.
-    with tempfile.TemporaryDirectory(prefix="extforge-doctor-") as cwd:
+    with scratch_dir("doctor") as cwd:
         out = run_text([python, "-c", PROBE.read_text()], timeout=timeout, cwd=cwd)
     if out is None or SENTINEL not in out.stdout:
         detail = (out.stderr.strip().splitlines() or ["no output"])[-1] if out else "it did not start or timed out"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..archive import member_refusal, unsafe_reason
 from ..doctor.compiler import parse_print_file_name
 from ..errors import ExtforgeError
 from ..ui import log
@@ -200,6 +201,8 @@ def headers_job(inputs: MirrorInputs, cuda_short: str) -> PackageJob:
                 with zipfile.ZipFile(whl) as zf:
                     for member in zf.namelist():
                         if HEADER_DIR.match(member) and not member.endswith("/"):
+                            if reason := unsafe_reason(HEADER_DIR.sub("", member)):
+                                raise member_refusal(whl.name, member, reason, "wheel")
                             out = root / HEADER_DIR.sub("", member)
                             out.parent.mkdir(parents=True, exist_ok=True)
                             out.write_bytes(zf.read(member))

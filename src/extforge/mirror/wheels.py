@@ -7,6 +7,8 @@ import os
 import zipfile
 from pathlib import Path
 
+from ..archive import member_refusal, unsafe_reason
+from ._stage import wheel_member_target
 from .deps import Dependency, conda_name, conda_version, python_abi_pin, python_pin
 from .hashing import sha256_file, stat_identity
 from .inputs import Artifact, Interpreter
@@ -40,6 +42,23 @@ def _wheel_entry_points(wheel: Path, data_dir_stem: str) -> list[tuple[str, str]
     parser.optionxform = str  # type: ignore[assignment]
     parser.read_string(text)
     return list(parser.items("console_scripts")) if parser.has_section("console_scripts") else []
+
+
+def check_wheel_targets(path: Path, wheel: dict, scripts: list[str]) -> None:
+    """The package path rule for a wheel: every member, where _stage.py will write it, and
+    every console script stays inside the prefix."""
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    for name in names:
+        target = wheel_member_target(name, wheel["data_dir"], wheel["site"], wheel["include"])
+        reason = unsafe_reason(name) or (target is not None and unsafe_reason(target))
+        if not reason:
+            continue
+        raise member_refusal(path.name, name, reason, "wheel")
+    for script in scripts:
+        reason = unsafe_reason(script) if script.count("/") == 1 else "a console script name holds a '/'"
+        if reason:
+            raise member_refusal(path.name, f"entry point {script}", reason, "wheel")
 
 
 def _dist_info_stem(wheel: Path) -> str:
@@ -78,17 +97,17 @@ def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> Pack
     manifest: dict = {"python": interp.python_rel}
     if art.wheel is not None:
         stem = _dist_info_stem(art.wheel)
-        manifest["wheels"] = [
-            {
-                "path": str(art.wheel),
-                "data_dir": f"{stem}.data",
-                "site": interp.site_rel,
-                "include": f"include/python{interp.short}/{art.display_name}",
-            }
-        ]
+        wheel = {
+            "path": str(art.wheel),
+            "data_dir": f"{stem}.data",
+            "site": interp.site_rel,
+            "include": f"include/python{interp.short}/{art.display_name}",
+        }
+        manifest["wheels"] = [wheel]
         manifest["texts"] = [
             console_script(n, v, interp.python_rel) for n, v in _wheel_entry_points(art.wheel, stem)
         ]
+        check_wheel_targets(art.wheel, wheel, [t[0] for t in manifest["texts"]])
         identity = sha256_file(art.wheel)
         size = art.wheel.stat().st_size * 2
     else:

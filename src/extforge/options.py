@@ -1,0 +1,56 @@
+"""argparse types for numeric and enumerated options: a bad value is a usage error (exit 2)
+naming the option, never a traceback or a silently ignored value."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import ExtforgeError
+
+T = TypeVar("T")
+
+
+def option_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """parse as an argparse type: its ExtforgeError or ValueError becomes argparse's usage error."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ExtforgeError as exc:
+            raise argparse.ArgumentTypeError(" ".join(filter(None, (exc.what, exc.fix and f"({exc.fix})")))) from exc
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    convert.__name__ = parse.__name__  # argparse names the type in its message
+    return convert
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"{text} is not a positive whole number")
+    return value
+
+
+def positive_size(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """A size parser that also refuses zero, nan and infinity."""
+
+    def checked(text: str) -> int:
+        value = parse(text)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{text} is not a positive size")
+        return value
+
+    checked.__name__ = parse.__name__
+    return checked
+
+
+def glibc_version(text: str) -> str:
+    """'2.28' (major.minor, as in GLIBC_2.28 symbol versions)."""
+    if not re.fullmatch(r"\d+\.\d+", text.strip()):
+        raise ValueError(f"not a glibc version: {text!r} (write it like 2.28)")
+    return text.strip()
