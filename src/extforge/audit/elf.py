@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ..errors import ExtforgeError
@@ -49,10 +48,12 @@ class ElfObject:
     """One mapped ELF shared object or executable; symbol tables decode on first use."""
 
     path: Path
-    machine: str
+    machine: str  # e_machine as pyelftools names it: "EM_X86_64", "EM_AARCH64"
+    elfclass: int  # 32 or 64
+    little_endian: bool
     soname: str | None
     needed: list[str]
-    rpath: list[str]
+    rpath: list[str]  # entries as written, empty ones included: the loader reads "" as the cwd
     runpath: list[str]
     sections: dict[str, Section]
     version_needs: dict[str, list[str]]  # file -> versions required from it
@@ -68,7 +69,10 @@ class ElfObject:
 
     @cached_property
     def _symbols(self) -> tuple[list[Symbol], dict[str, list[tuple[str | None, bool]]]]:
-        return _decode_dynsym(self)
+        try:
+            return _decode_dynsym(self)
+        except (struct.error, IndexError, ValueError) as exc:
+            raise unreadable(self.path, f"its dynamic symbol table cannot be decoded: {exc}") from exc
 
     @property
     def undefined(self) -> list[Symbol]:
@@ -89,7 +93,10 @@ class ElfObject:
         table = self._gnu_hash
         if table is None:
             return self.exports.get(name, [])
-        return _gnu_lookup(self, table, name)
+        try:
+            return _gnu_lookup(self, table, name)
+        except (struct.error, IndexError, ValueError) as exc:
+            raise unreadable(self.path, f"its GNU hash table leads outside the file: {exc}") from exc
 
     @cached_property
     def _gnu_hash(self) -> tuple[int, int, int, int] | None:
@@ -109,6 +116,13 @@ class ElfObject:
             except BufferError:  # a memoryview is still alive; the GC closes it later
                 pass
             self._map = None
+
+
+def unreadable(path: Path, why: str) -> ExtforgeError:
+    """A module the audit cannot read is never passed: the audit stops, exit 2."""
+    return ExtforgeError(f"could not audit {path}: the loader would read it, the audit cannot", why,
+                         "rebuild it, or re-extract it if it was truncated on the way; an audit vouches only "
+                         "for what it has read")
 
 
 def is_elf(path: Path) -> bool:
@@ -136,17 +150,29 @@ def open_elf(path: Path) -> ElfObject:
                             "pass a shared library (.so), a package, a wheel or a prefix")
     try:
         return _read_headers(path, mm)
-    except (ELFError, struct.error, ValueError) as exc:
+    except ExtforgeError:
         mm.close()
-        raise ExtforgeError(f"{path} is a damaged ELF file", str(exc),
-                            "re-extract or rebuild it; a truncated download looks like this") from exc
+        raise
+    # pyelftools meets hostile or truncated headers with whatever its parsing hits first
+    # (ELFError, construct's errors, struct.error, IndexError, ...): all mean the same here.
+    except Exception as exc:
+        mm.close()
+        raise unreadable(path, f"its headers cannot be parsed ({type(exc).__name__}: {exc})") from exc
 
 
 def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     elf = ELFFile(mm)
+    # Everything below is read through the section headers, which the loader never uses: a file
+    # without them, or with sections past its end, would otherwise look like one with no
+    # dependencies and no symbols, and pass.
+    if elf.num_sections() == 0:
+        raise unreadable(path, "it has no section headers (stripped with sstrip, or crafted)")
     sections: dict[str, Section] = {}
     for sec in elf.iter_sections():
         if sec["sh_type"] != "SHT_NOBITS":
+            if sec["sh_offset"] + sec["sh_size"] > len(mm):
+                raise unreadable(path, f"section {sec.name or '#?'} ends at byte {sec['sh_offset'] + sec['sh_size']} "
+                                       f"of a {len(mm)}-byte file (truncated)")
             sections[sec.name] = Section(sec.name, sec["sh_offset"], sec["sh_size"])
 
     needed: list[str] = []
@@ -154,15 +180,21 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     runpath: list[str] = []
     soname = None
     dynamic = elf.get_section_by_name(".dynamic")
+    # The loader reads the PT_DYNAMIC segment; the section must be that very table.
+    segment = next((seg for seg in elf.iter_segments() if seg["p_type"] == "PT_DYNAMIC"), None)
+    if segment is not None and (dynamic is None or dynamic["sh_offset"] != segment["p_offset"]):
+        where = f"at byte {dynamic['sh_offset']}" if dynamic is not None else "nowhere"
+        raise unreadable(path, f"the loader reads its dynamic table at byte {segment['p_offset']}, "
+                               f"its section headers put it {where}")
     if dynamic is not None:
         for tag in dynamic.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_NEEDED":
                 needed.append(tag.needed)
             elif kind == "DT_RPATH":
-                rpath.extend(p for p in tag.rpath.split(":") if p)
+                rpath.extend(tag.rpath.split(":"))
             elif kind == "DT_RUNPATH":
-                runpath.extend(p for p in tag.runpath.split(":") if p)
+                runpath.extend(tag.runpath.split(":"))
             elif kind == "DT_SONAME":
                 soname = tag.soname
 
@@ -201,6 +233,8 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     return ElfObject(
         path=path,
         machine=elf["e_machine"],
+        elfclass=elf.elfclass,
+        little_endian=elf.little_endian,
         soname=soname,
         needed=needed,
         rpath=rpath,
