@@ -120,7 +120,7 @@ class ElfObject:
 
 def unreadable(path: Path, why: str) -> ExtforgeError:
     """A module the audit cannot read is never passed: the audit stops, exit 2."""
-    return ExtforgeError(f"could not audit {path}: the loader would read it, the audit cannot", why,
+    return ExtforgeError(f"could not audit {path}", why,
                          "rebuild it, or re-extract it if it was truncated on the way; an audit vouches only "
                          "for what it has read")
 
