@@ -23,8 +23,6 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..channel.admission import arch_runs_on
-
 FATBIN_MAGIC = 0xBA55ED50
 _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 KIND_PTX, KIND_ELF = 1, 2
@@ -77,6 +75,27 @@ def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None)
             entry_pos += entry_header + padded
         pos = max(container_end, pos + 1)
     return entries
+
+
+def arch_runs_on(arch: str, cc: str, *, ptx: bool = False) -> bool:
+    """Whether code for `arch` ("sm_80", "sm_90a", "sm_100f", "compute_80") runs on a GPU of capability cc.
+
+    NVIDIA's compatibility rules: generic SASS runs on the same major with an equal or higher
+    minor; arch-specific code ("a", SASS or PTX) only on its exact capability; family-specific
+    code ("f") on the members of its family at or above its own capability (sm_100f on 10.0 and
+    10.3, sm_120f on 12.0 and 12.1; a family never spans majors). Generic PTX JIT-compiles for
+    any capability at or above its own.
+    """
+    m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch)
+    if not m:
+        return False
+    major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
+    gmaj, gmin = (int(x) for x in cc.split("."))
+    if suffix == "a":
+        return (gmaj, gmin) == (major, minor)
+    if ptx and not suffix:
+        return (gmaj, gmin) >= (major, minor)
+    return gmaj == major and gmin >= minor
 
 
 def arch_sets(entries: Iterable[FatbinEntry]) -> tuple[list[str], list[str]]:

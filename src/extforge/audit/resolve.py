@@ -124,7 +124,7 @@ class Resolver:
     inside those two trees.
     """
 
-    def __init__(self, env: TargetEnv, audited: Path | None = None):
+    def __init__(self, env: TargetEnv, audited: Path):
         self.env = env
         self.roots = tuple(dict.fromkeys(_normal(r) for r in (audited, env.root) if r is not None))
         self._objects: dict[Path, ElfObject] = {}

@@ -4,12 +4,12 @@ audit records in the prefix (share/extforge/audit/*.json) and the node's facts."
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from ..audit.fatbin import arch_runs_on
 from ..doctor.model import Gpu
 from .node import NodeFacts
 
@@ -36,27 +36,6 @@ def _v(text: str | None) -> Version | None:
         return Version(str(text)) if text else None
     except InvalidVersion:
         return None
-
-
-def arch_runs_on(arch: str, cc: str, *, ptx: bool = False) -> bool:
-    """Whether code for `arch` ("sm_80", "sm_90a", "sm_100f", "compute_80") runs on a GPU of capability cc.
-
-    NVIDIA's compatibility rules: generic SASS runs on the same major with an equal or higher
-    minor; arch-specific code ("a", SASS or PTX) only on its exact capability; family-specific
-    code ("f") on the members of its family at or above its own capability (sm_100f on 10.0 and
-    10.3, sm_120f on 12.0 and 12.1; a family never spans majors). Generic PTX JIT-compiles for
-    any capability at or above its own.
-    """
-    m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch)
-    if not m:
-        return False
-    major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
-    gmaj, gmin = (int(x) for x in cc.split("."))
-    if suffix == "a":
-        return (gmaj, gmin) == (major, minor)
-    if ptx and not suffix:
-        return (gmaj, gmin) >= (major, minor)
-    return gmaj == major and gmin >= minor
 
 
 def gpu_covered(record: dict, gpu: Gpu) -> bool:
