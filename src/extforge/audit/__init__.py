@@ -81,7 +81,7 @@ def audit_target(
         report.extend(packaging_findings(payload))
         floor = glibc or pinned_glibc(payload.depends)
         resolver = Resolver(env, payload.root)
-        subdir = _target_subdir(payload, env, resolver)
+        subdir = report.platform = _target_subdir(payload, env, resolver)
         report.extend(_platform_findings(payload, subdir))
         ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor, subdir=subdir)
         try:
