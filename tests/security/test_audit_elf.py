@@ -10,6 +10,7 @@ the audit reads. The 32-bit module is real: `gcc -m32 -nostdlib`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,8 @@ from .crafted import Member, craft_package, craft_wheel, gxx_so
 EXT_NAME = "ext.cpython-311-x86_64-linux-gnu.so"
 SITE = "lib/python3.11/site-packages"
 EM_AARCH64 = 183
+# A build prefix as conda-build and rattler-build write it into binaries they record for relocation.
+PLACEHOLDER = "/opt/conda-bld/ext_1700000000/_h_env_placehold_placehold_placehold_placehold"
 
 # A stand-in for torch's libc10: the audited module calls c10_op(); a crafted copy elsewhere
 # also defines c10_extra(), which the target's libc10 does not.
@@ -88,6 +91,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
         "runpath-escape": ["-Wl,-rpath,$ORIGIN/../../../../../outside/lib"],
         "runpath-origin": ["-Wl,-rpath,$ORIGIN/../.."],
         "runpath-system": ["-Wl,-rpath,/usr/lib/x86_64-linux-gnu"],
+        "runpath-placeholder": [f"-Wl,-rpath,{PLACEHOLDER}/lib"],
     }.items():
         out[name] = gxx_so(root, f"{name}.so", 'extern "C" int f(int x) { return x + 1; }\n', *flags)
     return out
@@ -200,6 +204,19 @@ def test_search_path_inside_the_prefix_passes_and_a_system_one_warns(sandbox, bu
     assert _audit(sandbox, _ext_package(sandbox, built["runpath-origin"]), expect=0)["verdict"] == "pass"
     report = _audit(sandbox, _ext_package(sandbox, built["runpath-system"]), expect=0)
     assert any("is a system folder" in m for m in _messages(report, "warning"))
+
+
+def test_absolute_runpath_at_the_prefix_placeholder_is_the_prefix(sandbox, built):
+    """A build prefix the package records in paths.json as a binary placeholder becomes the install
+    prefix at install time: inside the prefix. Unrecorded, the same path is a build machine's."""
+    data = built["runpath-placeholder"].read_bytes()
+    entry = {"_path": f"{SITE}/{EXT_NAME}", "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+             "size_in_bytes": len(data), "file_mode": "binary", "prefix_placeholder": PLACEHOLDER}
+    members = [Member(f"{SITE}/{EXT_NAME}", data, mode=0o755)]
+    pkg = craft_package(sandbox.path("in"), "ext", members, subdir="linux-64", paths=[entry])
+    assert _audit(sandbox, pkg, expect=0)["verdict"] == "pass"
+    report = _audit(sandbox, _ext_package(sandbox, built["runpath-placeholder"]), expect=1)
+    assert any(f"RUNPATH '{PLACEHOLDER}/lib' is an absolute folder outside the prefix" in m for m in _messages(report))
 
 
 def test_world_writable_folder_inside_an_installed_prefix_is_an_error(sandbox, built):
