@@ -51,6 +51,11 @@ def _section(path: Path, name: str) -> tuple[int, int]:
         return index, elf["e_shoff"] + index * elf["e_shentsize"]
 
 
+def _section_offset(path: Path, name: str) -> int:
+    with path.open("rb") as fh:
+        return ELFFile(fh).get_section_by_name(name)["sh_offset"]
+
+
 def _copy(src: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest)
@@ -78,9 +83,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
     _patch(out["section-past-end"], _section(out["plain"], ".dynsym")[1] + 0x20, "<Q", 24 << 26)  # a whole number of symbols, as pyelftools checks
     # The .dynamic section header points at .dynsym while PT_DYNAMIC (what the loader reads) stays.
     out["dynamic-moved"] = _copy(out["plain"], root / "dynamic-moved.so")
-    with out["plain"].open("rb") as fh:
-        dynsym_offset = ELFFile(fh).get_section_by_name(".dynsym")["sh_offset"]
-    _patch(out["dynamic-moved"], _section(out["plain"], ".dynamic")[1] + 0x18, "<Q", dynsym_offset)
+    _patch(out["dynamic-moved"], _section(out["plain"], ".dynamic")[1] + 0x18, "<Q", _section_offset(out["plain"], ".dynsym"))
 
     for name, flags in {
         "runpath-build": ["-Wl,-rpath,/home/builder/torch/lib"],
@@ -167,6 +170,20 @@ def test_unreadable_module_cannot_be_audited(sandbox, built, case, form):
         res = sandbox.run("audit", str(target))
     res.refused("could not audit", UNREADABLE[case], code=2)
     assert "pass" not in res.output.split()
+
+
+def test_library_of_the_package_with_a_crafted_hash_table_cannot_be_audited(sandbox):
+    """Symbols are looked up through the GNU hash table of each library the module loads; one with
+    zero buckets (crafted) cannot be followed."""
+    lib = gxx_so(sandbox.path("build"), "libown.so", C10, "-Wl,-soname,libown.so", "-Wl,--hash-style=gnu")
+    module = gxx_so(sandbox.path("build"), "ext.so", 'extern "C" int c10_op(int);\nint g(int x) { return c10_op(x); }\n',
+                    f"-L{lib.parent}", "-lown", "-Wl,-rpath,$ORIGIN")
+    _patch(lib, _section_offset(lib, ".gnu.hash"), "<I", 0)
+    members = [Member(f"{SITE}/{EXT_NAME}", module.read_bytes(), mode=0o755),
+               Member(f"{SITE}/libown.so", lib.read_bytes(), mode=0o755)]
+    pkg = craft_package(sandbox.path("in"), "ext", members, subdir="linux-64")
+    res = sandbox.run("audit", str(pkg))
+    res.refused("could not audit", "libown.so", "GNU hash table", code=2)
 
 
 def test_unreadable_module_blocks_publish(sandbox, built):

@@ -19,7 +19,7 @@ from .packaging import (
     packaging_findings,
     pinned_glibc,
 )
-from .platforms import SUBDIRS, host_subdir, wheel_subdir
+from .platforms import SUBDIRS, host_subdir, runs_on, wheel_subdir
 from .policy import parse_archs, parse_glibc
 from .report import AuditReport, Finding, ModuleFacts
 from .resolve import Resolver, TargetEnv, target_env
@@ -117,9 +117,8 @@ def _target_subdir(payload: Payload, env: TargetEnv, resolver: Resolver) -> str 
         return next((s for s in map(wheel_subdir, payload.wheel_tags) if s), None)
     if env.interpreter is not None:
         python = resolver.load(env.interpreter)
-        return next((name for name, code in SUBDIRS.items()
-                     if (code.machine, code.elfclass, code.little_endian)
-                     == (python.machine, python.elfclass, python.little_endian)), host_subdir())
+        return next((name for name in SUBDIRS if runs_on(name, python.machine, python.elfclass, python.little_endian)),
+                    host_subdir())
     return host_subdir()
 
 

@@ -24,6 +24,8 @@ SHN_UNDEF = 0
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 STV_HIDDEN, STV_INTERNAL = 2, 1
 VERSYM_HIDDEN = 0x8000  # the symbol is `name@VER`, not the default `name@@VER`
+# What decoding a crafted symbol or hash table raises (an index past the end, zero buckets).
+_UNDECODABLE = (struct.error, IndexError, ValueError, ZeroDivisionError)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class ElfObject:
     def _symbols(self) -> tuple[list[Symbol], dict[str, list[tuple[str | None, bool]]]]:
         try:
             return _decode_dynsym(self)
-        except (struct.error, IndexError, ValueError) as exc:
+        except _UNDECODABLE as exc:
             raise unreadable(self.path, f"its dynamic symbol table cannot be decoded: {exc}") from exc
 
     @property
@@ -95,8 +97,8 @@ class ElfObject:
             return self.exports.get(name, [])
         try:
             return _gnu_lookup(self, table, name)
-        except (struct.error, IndexError, ValueError) as exc:
-            raise unreadable(self.path, f"its GNU hash table leads outside the file: {exc}") from exc
+        except _UNDECODABLE as exc:
+            raise unreadable(self.path, f"its GNU hash table cannot be followed: {exc}") from exc
 
     @cached_property
     def _gnu_hash(self) -> tuple[int, int, int, int] | None:
