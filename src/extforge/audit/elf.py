@@ -162,26 +162,51 @@ def open_elf(path: Path) -> ElfObject:
         raise unreadable(path, f"its headers cannot be parsed ({type(exc).__name__}: {exc})") from exc
 
 
+_SHDR = {32: "10I", 64: "IIQQQQIIQQ"}  # sh_name, sh_type, ..., sh_offset [4], sh_size [5], ...
+SHT_NOBITS = 8
+
+
+def _section_table(path: Path, elf: ELFFile, mm: mmap.mmap) -> tuple[dict[str, Section], dict[str, int]]:
+    """Sections by name, and their indexes, read straight from the section header table:
+    pyelftools would build an object per section (and parse each hash table) just to name them.
+
+    Everything the audit reads goes through these headers, which the loader never uses: a file
+    without them, or with sections past its end, would otherwise look like one with no
+    dependencies and no symbols, and pass."""
+    count, shoff, entsize = elf.num_sections(), elf["e_shoff"], elf["e_shentsize"]
+    if count == 0:
+        raise unreadable(path, "it has no section headers (stripped with sstrip, or crafted)")
+    fmt = struct.Struct(("<" if elf.little_endian else ">") + _SHDR[elf.elfclass])
+    if entsize < fmt.size or shoff + count * entsize > len(mm):
+        raise unreadable(path, f"its section header table ends past the end of the {len(mm)}-byte file (truncated)")
+    headers = [fmt.unpack_from(mm, shoff + i * entsize) for i in range(count)]
+    _n, _t, _f, _a, names_at, names_size, *_ = headers[elf.get_shstrndx()]
+    sections: dict[str, Section] = {}
+    index: dict[str, int] = {}
+    for i, (sh_name, sh_type, _f, _a, offset, size, *_rest) in enumerate(headers):
+        end = mm.find(b"\0", names_at + sh_name, names_at + names_size)
+        name = mm[names_at + sh_name : end].decode("utf-8", "replace") if end >= 0 else ""
+        if sh_type != SHT_NOBITS:
+            if offset + size > len(mm):
+                raise unreadable(path, f"section {name or f'#{i}'} ends at byte {offset + size} "
+                                       f"of a {len(mm)}-byte file (truncated)")
+            sections[name] = Section(name, offset, size)
+        index.setdefault(name, i)
+    return sections, index
+
+
 def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     elf = ELFFile(mm)
-    # Everything below is read through the section headers, which the loader never uses: a file
-    # without them, or with sections past its end, would otherwise look like one with no
-    # dependencies and no symbols, and pass.
-    if elf.num_sections() == 0:
-        raise unreadable(path, "it has no section headers (stripped with sstrip, or crafted)")
-    sections: dict[str, Section] = {}
-    for sec in elf.iter_sections():
-        if sec["sh_type"] != "SHT_NOBITS":
-            if sec["sh_offset"] + sec["sh_size"] > len(mm):
-                raise unreadable(path, f"section {sec.name or '#?'} ends at byte {sec['sh_offset'] + sec['sh_size']} "
-                                       f"of a {len(mm)}-byte file (truncated)")
-            sections[sec.name] = Section(sec.name, sec["sh_offset"], sec["sh_size"])
+    sections, index = _section_table(path, elf, mm)
+
+    def section(name: str):
+        return elf.get_section(index[name]) if name in index else None
 
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
     soname = None
-    dynamic = elf.get_section_by_name(".dynamic")
+    dynamic = section(".dynamic")
     # The loader reads the PT_DYNAMIC segment; the section must be that very table.
     segment = next((seg for seg in elf.iter_segments() if seg["p_type"] == "PT_DYNAMIC"), None)
     if segment is not None and (dynamic is None or dynamic["sh_offset"] != segment["p_offset"]):
@@ -201,7 +226,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
                 soname = tag.soname
 
     version_needs: dict[str, list[str]] = {}
-    verneed = elf.get_section_by_name(".gnu.version_r")
+    verneed = section(".gnu.version_r")
     # Version index -> (name, file); index 0/1 are "local"/"global" (unversioned).
     index_names: dict[int, tuple[str, str | None]] = {}
     if verneed is not None:
@@ -210,7 +235,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
                 version_needs.setdefault(need.name, []).append(aux.name)
                 index_names[aux["vna_other"]] = (aux.name, need.name)
     version_defs: list[str] = []
-    verdef = elf.get_section_by_name(".gnu.version_d")
+    verdef = section(".gnu.version_d")
     if verdef is not None:
         for vd, auxes in verdef.iter_versions():
             names = [a.name for a in auxes]
@@ -220,7 +245,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
                 version_defs.append(names[0])
                 index_names[vd["vd_ndx"]] = (names[0], None)
 
-    dynsym = elf.get_section_by_name(".dynsym")
+    dynsym = section(".dynsym")
     layout = None
     if dynsym is not None:
         strtab = elf.get_section(dynsym["sh_link"])
