@@ -97,14 +97,14 @@ def test_node_admission_follows_the_same_rules(arch, cc, runs):
 
 
 BAD_OPTIONS = [
-    (["--glibc", "abc"], "'abc' is not a glibc version"),
-    (["--glibc", "2"], "'2' is not a glibc version"),
-    (["--glibc", "3.1"], "'3.1' is not a glibc version"),
-    (["--archs", "sm_9x"], "'sm_9x' is not a GPU arch"),
-    (["--archs", "sm_91"], "'sm_91' is not a known GPU arch"),
-    (["--archs", "sm_80a"], "arch-specific ('a') code exists from sm_90 on"),
-    (["--archs", "sm_90f"], "family-specific ('f') code exists from sm_100 on"),
-    (["--archs", ","], "names no GPU arch"),
+    (["--glibc", "abc"], "not a glibc version: 'abc'"),
+    (["--glibc", "2"], "not a glibc version: '2'"),
+    (["--glibc", "3.1"], "not a glibc version: '3.1'"),
+    (["--archs", "sm_9x"], "not a CUDA arch: 'sm_9x'"),
+    (["--archs", "sm_91"], "not a known CUDA arch: 'sm_91' (known: sm_35"),
+    (["--archs", "sm_80a"], "arch-specific 'a' code exists from sm_90 on"),
+    (["--archs", "sm_90f"], "family-specific 'f' code exists from sm_100 on"),
+    (["--archs", ","], "no GPU arch given"),
 ]
 
 
