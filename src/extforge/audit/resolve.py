@@ -242,13 +242,13 @@ def _normal(path: Path) -> Path:
 
 
 def _expand(paths: list[str], requester: ElfObject) -> list[Path]:
-    origin = str(requester.path.parent)
-    lib = "lib64" if "64" in platform.machine() else "lib"
-    out = []
-    for p in paths:
-        p = p.replace("${ORIGIN}", origin).replace("$ORIGIN", origin).replace("${LIB}", lib).replace("$LIB", lib)
-        out.append(Path(p))
-    return out
+    """The loader's substitutions: $ORIGIN / ${ORIGIN} and $LIB / ${LIB}, as whole names only
+    (`$ORIGINAL` is no token)."""
+    values = {"ORIGIN": str(requester.path.parent), "LIB": "lib64" if "64" in platform.machine() else "lib"}
+    return [Path(_DST.sub(lambda m: values[m.group(1) or m.group(2)], p)) for p in paths]
+
+
+_DST = re.compile(r"\$\{(ORIGIN|LIB)\}|\$(ORIGIN|LIB)(?![A-Za-z0-9_])")
 
 
 def _defined_in(sym: Symbol, scope: list[ElfObject]) -> bool:

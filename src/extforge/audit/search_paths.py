@@ -63,7 +63,10 @@ def placement(kind: str, rel: str, root: Path, env_root: Path | None, placeholde
     if kind == "prefix":
         return Placement(folder, tuple(dict.fromkeys([str(Path(os.path.normpath(root.absolute()))), *prefixes])), root)
     if kind == "conda":
-        return Placement(folder, tuple([placeholder, *prefixes] if placeholder else prefixes))
+        # Clients write the install prefix over the placeholder, so what lies under it is the
+        # prefix; a placeholder that is no absolute folder ("/", "x") replaces nothing sensible.
+        usable = placeholder and placeholder.startswith("/") and posixpath.normpath(placeholder) != "/"
+        return Placement(folder, tuple([posixpath.normpath(placeholder), *prefixes] if usable else prefixes))
     if kind == "wheel":  # a wheel's root is site-packages; the python version does not change the depth
         return Placement(PurePosixPath("lib/python3/site-packages") / folder, tuple(prefixes))
     return Placement(None, tuple(prefixes))
@@ -72,12 +75,12 @@ def placement(kind: str, rel: str, root: Path, env_root: Path | None, placeholde
 def judge(entry: str, where: Placement) -> tuple[str, str | None]:
     """(verdict, where it leads): 'origin' or 'prefix' (vouched for, with the prefix-relative folder
     when known), else a key of VERDICTS."""
-    if entry == "" or not entry.startswith(("/", *_ORIGIN)):
-        return "cwd", None
     for token, value in _TOKENS.items():
         entry = entry.replace(token, value)
-    if entry.startswith(_ORIGIN):
-        rest = entry.split("}", 1)[1] if entry.startswith("${") else entry[len("$ORIGIN"):]
+    rest = next((entry[len(t):] for t in _ORIGIN if entry.startswith(t) and entry[len(t):][:1] in ("", "/")), None)
+    if rest is None and not entry.startswith("/"):
+        return "cwd", None
+    if rest is not None:
         if where.module_dir is None:
             return "origin", None
         inside = posixpath.normpath(posixpath.join(str(where.module_dir), rest.lstrip("/")))
