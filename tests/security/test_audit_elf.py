@@ -298,3 +298,21 @@ def test_needed_by_absolute_path_is_refused(sandbox, planted):
     assert any(f"NEEDED '{lib}' is" in m for m in errors), errors
     assert any(f"{lib} (needed by ext_path.so) is not found" in m for m in errors), errors
     assert os.path.exists(lib)
+
+
+@pytest.mark.parametrize("entry, placeholder, verdict", [
+    ("$ORIGIN/../lib", None, "origin"),
+    ("${ORIGIN}/../../lib", None, "origin"),
+    ("$ORIGINAL/lib", None, "cwd"),  # not the $ORIGIN token: relative, as for the loader
+    ("$LIB/x", None, "cwd"),
+    ("$ORIGIN/../../../..", None, "escapes"),
+    (f"{PLACEHOLDER}/lib", PLACEHOLDER, "prefix"),
+    ("/home/builder/torch/lib", "/", "absolute"),  # "/" as placeholder does not make everything the prefix
+    ("/var/tmp/x", None, "world-writable"),
+    ("/usr/lib64", None, "system"),
+])
+def test_search_path_verdicts(entry, placeholder, verdict):
+    from extforge.audit.search_paths import judge, placement
+
+    where = placement("conda", f"{SITE}/{EXT_NAME}", Path("/unused"), None, placeholder)
+    assert judge(entry, where)[0] == verdict
