@@ -216,6 +216,10 @@ class PackageCheck:
                 raise self.refuse(listed, f"{reason}; named in the package's metadata")
         return self.meta
 
+    def paths_entries(self) -> list[dict]:
+        """info/paths.json's entries, each a dict with a '_path' string (finish() checked them)."""
+        return self._json("info/paths.json").get("paths", []) if "info/paths.json" in self._metadata else []
+
     def _listed_paths(self) -> Iterator[str]:
         if "info/paths.json" in self._metadata:
             entries = self._json("info/paths.json").get("paths", [])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -47,10 +46,3 @@ def positive_size(parse: Callable[[str], int]) -> Callable[[str], int]:
 
     checked.__name__ = parse.__name__
     return checked
-
-
-def glibc_version(text: str) -> str:
-    """'2.28' (major.minor, as in GLIBC_2.28 symbol versions)."""
-    if not re.fullmatch(r"\d+\.\d+", text.strip()):
-        raise ValueError(f"not a glibc version: {text!r} (write it like 2.28)")
-    return text.strip()

@@ -87,7 +87,7 @@ def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
 
 def test_tar_bz2_package_is_stamped(elfs, tmp_path):
     pkg = tmp_path / "greeter-1.0-0.tar.bz2"
-    index = {"name": "greeter", "version": "1.0", "build": "0", "depends": []}
+    index = {"name": "greeter", "version": "1.0", "build": "0", "depends": [], "subdir": "linux-64"}
     files = {**_ext_payload(elfs), "info/index.json": json.dumps(index).encode(),
              "info/paths.json": json.dumps({"paths_version": 1, "paths": []}).encode()}
     with tarfile.open(pkg, "w:bz2") as tar:

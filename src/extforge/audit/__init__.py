@@ -10,16 +10,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import ExtforgeError
 from .channel_target import build_env_mismatch, pinned_torch_prefix, torch_specs
 from .checks import Context, audit_module
 from .packaging import (
+    Payload,
     is_extension_module,
     open_target,
     packaging_findings,
     pinned_glibc,
 )
+from .platforms import SUBDIRS, host_subdir, runs_on, wheel_subdir
+from .policy import parse_archs, parse_glibc
 from .report import AuditReport, Finding, ModuleFacts
-from .resolve import Resolver, target_env
+from .resolve import Resolver, TargetEnv, target_env
+from .search_paths import placement
 
 __all__ = ["AuditReport", "Finding", "ModuleFacts", "audit_package", "audit_target"]
 
@@ -41,6 +46,11 @@ def audit_target(
     """
     start = time.monotonic()
     target = Path(target)
+    try:
+        archs = parse_archs(",".join(archs)) if archs else archs
+        glibc = parse_glibc(glibc) if glibc else glibc
+    except ValueError as exc:
+        raise ExtforgeError("invalid audit options", str(exc), "pass --archs like sm_80,sm_90 and --glibc like 2.28") from exc
     with open_target(target) as payload:
         source, pin_findings = ("given" if against else None), []
         if against is None and payload.kind == "prefix":
@@ -69,11 +79,15 @@ def audit_target(
         report.extend(pin_findings)
         report.extend(packaging_findings(payload))
         floor = glibc or pinned_glibc(payload.depends)
-        resolver = Resolver(env)
-        ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor)
+        resolver = Resolver(env, payload.root)
+        subdir = report.platform = _target_subdir(payload, env, resolver)
+        report.extend(_platform_findings(payload, subdir))
+        ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor, subdir=subdir)
         try:
             for path in payload.elf_files:
-                result = audit_module(ctx, resolver.load(path), payload.relative(path), is_extension_module(path))
+                rel = payload.relative(path)
+                where = placement(payload.kind, rel, payload.root, env.root, payload.placeholders.get(rel))
+                result = audit_module(ctx, resolver.load(path), rel, is_extension_module(path), where)
                 report.modules.append(result.facts)
                 report.extend(result.findings)
                 if report.target_cxx11_abi is None:
@@ -91,6 +105,33 @@ def audit_target(
                                                "pass --glibc to check a node's floor"))
     report.seconds = time.monotonic() - start
     return report
+
+
+def _target_subdir(payload: Payload, env: TargetEnv, resolver: Resolver) -> str | None:
+    """The platform the modules must run on: the one a package declares, else the target
+    environment's (its python's machine), else the auditing machine's."""
+    if payload.kind == "conda":
+        return payload.subdir
+    if payload.kind == "wheel":
+        return next((s for s in map(wheel_subdir, payload.wheel_tags) if s), None)
+    if env.interpreter is not None:
+        python = resolver.load(env.interpreter)
+        return next((name for name in SUBDIRS if runs_on(name, python.machine, python.elfclass, python.little_endian)),
+                    host_subdir())
+    return host_subdir()
+
+
+def _platform_findings(payload: Payload, subdir: str | None) -> list[Finding]:
+    if not payload.elf_files or subdir in SUBDIRS or payload.kind == "wheel":
+        return []
+    if subdir == "noarch":
+        return [Finding("error", "platform", f"{payload.source.name} is a noarch package but ships machine code",
+                        cause="noarch packages install on every platform; its ELF files run on one",
+                        fix="build it per platform (drop `noarch:` from the recipe)")]
+    said = f"declares platform {subdir!r}" if subdir else "declares no platform (no subdir in info/index.json)"
+    return [Finding("error", "platform", f"{payload.source.name} {said}, none of {', '.join(SUBDIRS)}",
+                    cause="its machine code cannot be checked against the platform it installs on",
+                    fix="rebuild it with rattler-build for a Linux platform")]
 
 
 def audit_package(

@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from .abi import AbiEvidence, abi_evidence, uses_old_string
 from .demangle import demangle_all
 from .elf import ElfObject, Symbol
-from .fatbin import arch_coverage, arch_number, arch_sets, parse_fatbin
+from .fatbin import arch_coverage, arch_sets, gencode, parse_fatbin
 from .glibc import baseline, exceeds, floors
+from .platforms import SUBDIRS, describe_elf, runs_on
 from .policy import is_torch_library, owner_library, policy
 from .report import Finding, ModuleFacts
 from .resolve import Resolution, Resolver, TargetEnv
+from .search_paths import Placement, search_path_findings
 
 _RUNTIME_LIBS = ("libstdc++.so", "libgcc_s.so", "libc.so", "libm.so")
 # Mangled names in the runtime's namespaces: std (St, and the abbreviations Sa Sb Ss Si So Sd)
@@ -28,6 +30,7 @@ class Context:
     resolver: Resolver
     archs: list[str] | None  # promised GPU archs ("sm_90"); None: report only
     glibc: str | None  # the node's glibc floor; None: report only
+    subdir: str | None = None  # the platform the modules must run on ("linux-64"); None: unknown
 
 
 @dataclass
@@ -37,8 +40,10 @@ class ModuleAudit:
     target_cxx11_abi: bool | None  # of the C++ libraries this module links to in the target
 
 
-def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool) -> ModuleAudit:
-    findings: list[Finding] = []
+def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool, where: Placement) -> ModuleAudit:
+    findings: list[Finding] = machine_findings(ctx, obj, rel)
+    tags = [("RPATH", obj.rpath), ("RUNPATH", obj.runpath), ("NEEDED", [n for n in obj.needed if "/" in n])]
+    findings += search_path_findings(rel, tags, where)
     resolution = ctx.resolver.resolve(obj)
     runtime = [n for n in policy()["cxx_runtime_markers"] if n in obj.exports]
     # A static libstdc++ brings both string ABIs' std:: instantiations of its own (the dual-ABI
@@ -58,6 +63,20 @@ def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool) -> 
     findings += gpu_findings(ctx, obj, rel, facts)
     findings += platform_findings(ctx, obj, rel, facts, resolution)
     return ModuleAudit(facts, findings, target_abi)
+
+
+def machine_findings(ctx: Context, obj: ElfObject, rel: str) -> list[Finding]:
+    if ctx.subdir not in SUBDIRS or runs_on(ctx.subdir, obj.machine, obj.elfclass, obj.little_endian):
+        return []
+    want = SUBDIRS[ctx.subdir]
+    return [Finding(
+        "error", "platform",
+        f"{rel} is {describe_elf(obj.machine, obj.elfclass, obj.little_endian)} code; {ctx.subdir} runs "
+        f"{want.describe()}",
+        module=rel,
+        cause="it was compiled for another CPU (a cross-compiler, or a file copied from another platform's build)",
+        fix=f"build it on (or for) {ctx.subdir}, or publish it under the platform it was built for",
+    )]
 
 
 def library_findings(rel: str, resolution: Resolution) -> list[Finding]:
@@ -189,13 +208,13 @@ def gpu_findings(ctx: Context, obj: ElfObject, rel: str, facts: ModuleFacts) -> 
             findings.append(Finding(
                 "error", "gpu", f"{rel}: promised {arch} but has no SASS or PTX for it (has {has})",
                 module=rel, arch=arch, cause="the build's arch list (TORCH_CUDA_ARCH_LIST / -gencode) left it out",
-                fix=f"add -gencode arch=compute_{arch_number(arch)},code=sm_{arch_number(arch)} to the build",
+                fix=f"add {gencode(arch)} to the build",
             ))
         elif coverage == "ptx":
             findings.append(Finding(
                 "warning", "gpu", f"{rel}: {arch} is served only by PTX (has {has})", module=rel, arch=arch,
                 cause="the driver JIT-compiles the PTX at first use: a slow first start, maybe slower kernels",
-                fix=f"add SASS for it: -gencode arch=compute_{arch_number(arch)},code=sm_{arch_number(arch)}",
+                fix=f"add SASS for it: {gencode(arch)}",
             ))
     return findings
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ..errors import ExtforgeError
@@ -25,6 +24,8 @@ SHN_UNDEF = 0
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 STV_HIDDEN, STV_INTERNAL = 2, 1
 VERSYM_HIDDEN = 0x8000  # the symbol is `name@VER`, not the default `name@@VER`
+# What decoding a crafted symbol or hash table raises (an index past the end, zero buckets).
+_UNDECODABLE = (struct.error, IndexError, ValueError, ZeroDivisionError)
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,12 @@ class ElfObject:
     """One mapped ELF shared object or executable; symbol tables decode on first use."""
 
     path: Path
-    machine: str
+    machine: str  # e_machine as pyelftools names it: "EM_X86_64", "EM_AARCH64"
+    elfclass: int  # 32 or 64
+    little_endian: bool
     soname: str | None
     needed: list[str]
-    rpath: list[str]
+    rpath: list[str]  # entries as written, empty ones included: the loader reads "" as the cwd
     runpath: list[str]
     sections: dict[str, Section]
     version_needs: dict[str, list[str]]  # file -> versions required from it
@@ -68,7 +71,10 @@ class ElfObject:
 
     @cached_property
     def _symbols(self) -> tuple[list[Symbol], dict[str, list[tuple[str | None, bool]]]]:
-        return _decode_dynsym(self)
+        try:
+            return _decode_dynsym(self)
+        except _UNDECODABLE as exc:
+            raise unreadable(self.path, f"its dynamic symbol table cannot be decoded: {exc}") from exc
 
     @property
     def undefined(self) -> list[Symbol]:
@@ -89,7 +95,10 @@ class ElfObject:
         table, mm, layout = self._gnu_hash, self._map, self._sym_layout
         if table is None or mm is None or layout is None:
             return self.exports.get(name, [])
-        return _gnu_lookup(mm, layout, table, name)
+        try:
+            return _gnu_lookup(mm, layout, table, name)
+        except _UNDECODABLE as exc:
+            raise unreadable(self.path, f"its GNU hash table cannot be followed: {exc}") from exc
 
     @cached_property
     def _gnu_hash(self) -> tuple[int, int, int, int] | None:
@@ -109,6 +118,13 @@ class ElfObject:
             except BufferError:  # a memoryview is still alive; the GC closes it later
                 pass
             self._map = None
+
+
+def unreadable(path: Path, why: str) -> ExtforgeError:
+    """A module the audit cannot read is never passed: the audit stops, exit 2."""
+    return ExtforgeError(f"could not audit {path}", why,
+                         "rebuild it, or re-extract it if it was truncated on the way; an audit vouches only "
+                         "for what it has read")
 
 
 def is_elf(path: Path) -> bool:
@@ -136,38 +152,81 @@ def open_elf(path: Path) -> ElfObject:
                             "pass a shared library (.so), a package, a wheel or a prefix")
     try:
         return _read_headers(path, mm)
-    except (ELFError, struct.error, ValueError) as exc:
+    except ExtforgeError:
         mm.close()
-        raise ExtforgeError(f"{path} is a damaged ELF file", str(exc),
-                            "re-extract or rebuild it; a truncated download looks like this") from exc
+        raise
+    # pyelftools meets hostile or truncated headers with whatever its parsing hits first
+    # (ELFError, construct's errors, struct.error, IndexError, ...): all mean the same here.
+    except Exception as exc:
+        mm.close()
+        raise unreadable(path, f"its headers cannot be parsed ({type(exc).__name__}: {exc})") from exc
+
+
+_SHDR = {32: "10I", 64: "IIQQQQIIQQ"}  # sh_name, sh_type, ..., sh_offset [4], sh_size [5], ...
+SHT_NOBITS = 8
+
+
+def _section_table(path: Path, elf: ELFFile, mm: mmap.mmap) -> tuple[dict[str, Section], dict[str, int]]:
+    """Sections by name, and their indexes, read straight from the section header table:
+    pyelftools would build an object per section (and parse each hash table) just to name them.
+
+    Everything the audit reads goes through these headers, which the loader never uses: a file
+    without them, or with sections past its end, would otherwise look like one with no
+    dependencies and no symbols, and pass."""
+    count, shoff, entsize = elf.num_sections(), elf["e_shoff"], elf["e_shentsize"]
+    if count == 0:
+        raise unreadable(path, "it has no section headers (stripped with sstrip, or crafted)")
+    fmt = struct.Struct(("<" if elf.little_endian else ">") + _SHDR[elf.elfclass])
+    if entsize < fmt.size or shoff + count * entsize > len(mm):
+        raise unreadable(path, f"its section header table ends past the end of the {len(mm)}-byte file (truncated)")
+    headers = [fmt.unpack_from(mm, shoff + i * entsize) for i in range(count)]
+    _n, _t, _f, _a, names_at, names_size, *_ = headers[elf.get_shstrndx()]
+    sections: dict[str, Section] = {}
+    index: dict[str, int] = {}
+    for i, (sh_name, sh_type, _f, _a, offset, size, *_rest) in enumerate(headers):
+        end = mm.find(b"\0", names_at + sh_name, names_at + names_size)
+        name = mm[names_at + sh_name : end].decode("utf-8", "replace") if end >= 0 else ""
+        if sh_type != SHT_NOBITS:
+            if offset + size > len(mm):
+                raise unreadable(path, f"section {name or f'#{i}'} ends at byte {offset + size} "
+                                       f"of a {len(mm)}-byte file (truncated)")
+            sections[name] = Section(name, offset, size)
+        index.setdefault(name, i)
+    return sections, index
 
 
 def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     elf = ELFFile(mm)
-    sections: dict[str, Section] = {}
-    for sec in elf.iter_sections():
-        if sec["sh_type"] != "SHT_NOBITS":
-            sections[sec.name] = Section(sec.name, sec["sh_offset"], sec["sh_size"])
+    sections, index = _section_table(path, elf, mm)
+
+    def section(name: str):
+        return elf.get_section(index[name]) if name in index else None
 
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
     soname = None
-    dynamic = elf.get_section_by_name(".dynamic")
+    dynamic = section(".dynamic")
+    # The loader reads the PT_DYNAMIC segment; the section must be that very table.
+    segment = next((seg for seg in elf.iter_segments() if seg["p_type"] == "PT_DYNAMIC"), None)
+    if segment is not None and (dynamic is None or dynamic["sh_offset"] != segment["p_offset"]):
+        where = f"at byte {dynamic['sh_offset']}" if dynamic is not None else "nowhere"
+        raise unreadable(path, f"the loader reads its dynamic table at byte {segment['p_offset']}, "
+                               f"its section headers put it {where}")
     if dynamic is not None:
         for tag in dynamic.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_NEEDED":
                 needed.append(tag.needed)
             elif kind == "DT_RPATH":
-                rpath.extend(p for p in tag.rpath.split(":") if p)
+                rpath.extend(tag.rpath.split(":"))
             elif kind == "DT_RUNPATH":
-                runpath.extend(p for p in tag.runpath.split(":") if p)
+                runpath.extend(tag.runpath.split(":"))
             elif kind == "DT_SONAME":
                 soname = tag.soname
 
     version_needs: dict[str, list[str]] = {}
-    verneed = elf.get_section_by_name(".gnu.version_r")
+    verneed = section(".gnu.version_r")
     # Version index -> (name, file); index 0/1 are "local"/"global" (unversioned).
     index_names: dict[int, tuple[str, str | None]] = {}
     if verneed is not None:
@@ -176,7 +235,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
                 version_needs.setdefault(need.name, []).append(aux.name)
                 index_names[aux["vna_other"]] = (aux.name, need.name)
     version_defs: list[str] = []
-    verdef = elf.get_section_by_name(".gnu.version_d")
+    verdef = section(".gnu.version_d")
     if verdef is not None:
         for vd, auxes in verdef.iter_versions():
             names = [a.name for a in auxes]
@@ -186,7 +245,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
                 version_defs.append(names[0])
                 index_names[vd["vd_ndx"]] = (names[0], None)
 
-    dynsym = elf.get_section_by_name(".dynsym")
+    dynsym = section(".dynsym")
     layout = None
     if dynsym is not None:
         strtab = elf.get_section(dynsym["sh_link"])
@@ -201,6 +260,8 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     return ElfObject(
         path=path,
         machine=elf["e_machine"],
+        elfclass=elf.elfclass,
+        little_endian=elf.little_endian,
         soname=soname,
         needed=needed,
         rpath=rpath,

@@ -9,6 +9,10 @@ Layout (little endian), as written by nvcc/fatbinary and read by the CUDA driver
       u32 name offset, u32 name length, u64 flags, u64 -, u64 uncompressed size
 The payload follows its entry header; only headers are read, never payloads, so a
 200 MB section costs a few hundred small reads from the mapped file.
+
+Arch-specific code (`sm_90a`, `compute_100a`) and family-specific code (`sm_100f`) carry the
+same arch number as the generic code; the entry's flags tell them apart (bits seen in nvcc
+13.0's output for SASS and PTX alike).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ KIND_PTX, KIND_ELF = 1, 2
 # Compressed payloads: 0x2000 marks the LZ4-style compression of CUDA <= 12,
 # 0x8000 the zstd compression introduced with CUDA 12.8/13.
 FLAG_COMPRESSED = 0x2000 | 0x8000
+FLAG_ARCH_SPECIFIC, FLAG_FAMILY = 0x100000, 0x200000
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 
@@ -35,10 +40,11 @@ class FatbinEntry:
     arch: int  # 90 for sm_90 / compute_90
     compressed: bool
     size: int
+    suffix: str = ""  # "a" arch-specific, "f" family-specific, "" generic
 
     @property
     def name(self) -> str:
-        return f"{'sm' if self.kind == 'sass' else 'compute'}_{self.arch}"
+        return f"{'sm' if self.kind == 'sass' else 'compute'}_{self.arch}{self.suffix}"
 
 
 def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None) -> list[FatbinEntry]:
@@ -63,55 +69,82 @@ def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None)
             if entry_header == 0:
                 break
             if kind in (KIND_PTX, KIND_ELF):
-                entries.append(
-                    FatbinEntry("ptx" if kind == KIND_PTX else "sass", arch, bool(flags & FLAG_COMPRESSED), payload)
-                )
+                suffix = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else ""
+                entries.append(FatbinEntry("ptx" if kind == KIND_PTX else "sass", arch,
+                                           bool(flags & FLAG_COMPRESSED), payload, suffix))
             entry_pos += entry_header + padded
         pos = max(container_end, pos + 1)
     return entries
 
 
 def arch_runs_on(arch: str, cc: str, *, ptx: bool = False) -> bool:
-    """Whether code for `arch` ("sm_80", "sm_90a", "compute_80") runs on a GPU of capability cc.
+    """Whether code for `arch` ("sm_80", "sm_90a", "sm_100f", "compute_80") runs on a GPU of capability cc.
 
-    SASS runs on the same major with an equal or higher minor; arch-specific SASS ("a") only
-    on its exact capability; family SASS ("f") within its major. PTX JIT-compiles for any
-    capability at or above its own.
+    NVIDIA's compatibility rules: generic SASS runs on the same major with an equal or higher
+    minor; arch-specific code ("a", SASS or PTX) only on its exact capability; family-specific
+    code ("f") on the members of its family at or above its own capability (sm_100f on 10.0 and
+    10.3, sm_120f on 12.0 and 12.1; a family never spans majors). Generic PTX JIT-compiles for
+    any capability at or above its own.
     """
     m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch)
     if not m:
         return False
     major, minor, suffix = int(m.group(1)), int(m.group(2)), m.group(3)
     gmaj, gmin = (int(x) for x in cc.split("."))
-    if ptx:
-        return (gmaj, gmin) >= (major, minor)
     if suffix == "a":
         return (gmaj, gmin) == (major, minor)
+    if ptx and not suffix:
+        return (gmaj, gmin) >= (major, minor)
     return gmaj == major and gmin >= minor
 
 
 def arch_sets(entries: Iterable[FatbinEntry]) -> tuple[list[str], list[str]]:
-    """(SASS archs "sm_XX", PTX archs "compute_XX"), sorted by arch number."""
-    sass = sorted({e.arch for e in entries if e.kind == "sass"})
-    ptx = sorted({e.arch for e in entries if e.kind == "ptx"})
-    return [f"sm_{a}" for a in sass], [f"compute_{a}" for a in ptx]
+    """(SASS archs "sm_XX[a|f]", PTX archs "compute_XX[a|f]"), sorted by arch number."""
+    entries = sorted(entries, key=lambda e: (e.arch, e.suffix))
+    sass = dict.fromkeys(e.name for e in entries if e.kind == "sass")
+    ptx = dict.fromkeys(e.name for e in entries if e.kind == "ptx")
+    return list(sass), list(ptx)
+
+
+_ARCH = re.compile(r"(?:sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{1,2})(\d))([af]?)")
+
+
+def parse_arch(arch: str) -> tuple[int, str]:
+    """'sm_90' -> (90, ''), 'sm_90a' -> (90, 'a'), 'compute_100f' -> (100, 'f'), '9.0' -> (90, '')."""
+    m = _ARCH.fullmatch(arch.strip().lower())
+    if not m:
+        raise ValueError(f"not a CUDA arch: {arch!r}")
+    major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    return int(major) * 10 + int(minor), m.group(5)
 
 
 def arch_number(arch: str) -> int:
     """'sm_90', 'sm_90a', 'compute_90', '90', '9.0' -> 90."""
-    text = arch.strip().lower()
-    for prefix in ("sm_", "compute_"):
-        text = text.removeprefix(prefix)
-    text = text.rstrip("af").replace(".", "")
-    if not text.isdigit():
-        raise ValueError(f"not a CUDA arch: {arch!r}")
-    return int(text)
+    return parse_arch(arch)[0]
+
+
+def gencode(arch: str) -> str:
+    """The nvcc flag that produces SASS for `arch`: sm_90a -> -gencode arch=compute_90a,code=sm_90a."""
+    number, suffix = parse_arch(arch)
+    return f"-gencode arch=compute_{number}{suffix},code=sm_{number}{suffix}"
 
 
 def arch_coverage(promised: str, sass: Iterable[str], ptx: Iterable[str]) -> str:
     """'sass' if a cubin runs natively on the promised arch, 'ptx' if only JIT from PTX can
-    serve it, else 'missing' (same rules as node admission: sm_80 code runs on sm_86)."""
-    number = arch_number(promised)
+    serve it, else 'missing'.
+
+    A plain promise ("sm_103") names the GPUs that must run the module: any code that runs on
+    that capability serves it, by the rules of node admission (sm_80 runs on 8.6, sm_100f on
+    10.3, sm_100a on 10.0 only). A suffixed promise ("sm_90a", "sm_100f") names the code the
+    build promised to produce, with its arch-specific or family-specific instructions: only that
+    exact SASS (or its PTX) serves it.
+    """
+    number, suffix = parse_arch(promised)
+    sass, ptx = list(sass), list(ptx)
+    if suffix:
+        if f"sm_{number}{suffix}" in sass:
+            return "sass"
+        return "ptx" if f"compute_{number}{suffix}" in ptx else "missing"
     cc = f"{number // 10}.{number % 10}"
     if any(arch_runs_on(s, cc) for s in sass):
         return "sass"

@@ -40,6 +40,9 @@ class Payload:
     build: str | None = None
     depends: list[str] = field(default_factory=list)
     wheel_tags: list[str] = field(default_factory=list)
+    subdir: str | None = None  # the platform a conda package installs on (info/index.json)
+    # file -> the build prefix written into it, which conda clients replace with the install prefix
+    placeholders: dict[str, str] = field(default_factory=dict)
 
     @property
     def extension_modules(self) -> list[Path]:
@@ -133,6 +136,9 @@ def _read_index(payload: Payload, check: PackageCheck) -> None:
     payload.name, payload.version, payload.build = meta.name, meta.version, meta.build
     depends = meta.index.get("depends", [])
     payload.depends = [str(d) for d in depends] if isinstance(depends, list) else []
+    payload.subdir = meta.subdir
+    payload.placeholders = {e["_path"]: e["prefix_placeholder"] for e in check.paths_entries()
+                            if isinstance(e.get("prefix_placeholder"), str) and e.get("file_mode") == "binary"}
 
 
 def _zstd_tar(fileobj: IO[bytes]) -> tarfile.TarFile:

@@ -1,7 +1,9 @@
-"""The audit policy data (data/audit-policy.yaml), loaded once."""
+"""The audit policy data (data/audit-policy.yaml), loaded once, and the validation of the
+values a user gives the audit (`--archs`, `--glibc`): every command that takes them calls these."""
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -29,3 +31,38 @@ def is_torch_library(name: str) -> bool:
 
 def is_interpreter_symbol(name: str) -> bool:
     return name.startswith(tuple(policy()["interpreter_prefixes"]))
+
+
+def parse_archs(text: str) -> list[str]:
+    """'sm_80, 90,9.0,sm_90a' -> ['sm_80', 'sm_90', 'sm_90', 'sm_90a']; ValueError with the reason."""
+    from .fatbin import parse_arch
+
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    if not archs:
+        raise ValueError("no GPU arch given (write them like sm_80,sm_90)")
+    out = []
+    for arch in archs:
+        try:
+            number, suffix = parse_arch(arch)
+        except ValueError:
+            raise ValueError(f"not a CUDA arch: {arch!r} (write sm_90, 90 or 9.0; sm_90a for arch-specific, "
+                             "sm_100f for family-specific code)") from None
+        known = policy()["cuda_archs"]
+        if number not in known:
+            raise ValueError(f"not a known CUDA arch: {arch!r} (known: {', '.join(f'sm_{n}' for n in known)})")
+        since = {"a": policy()["arch_specific_since"], "f": policy()["family_specific_since"]}.get(suffix)
+        if since and number < since:
+            kind = "arch-specific" if suffix == "a" else "family-specific"
+            raise ValueError(f"not a CUDA arch: {arch!r} ({kind} '{suffix}' code exists from sm_{since} on)")
+        kind = "compute" if arch.strip().lower().startswith("compute_") else "sm"
+        out.append(f"{kind}_{number}{suffix}")
+    return out
+
+
+def parse_glibc(text: str) -> str:
+    """'2.28' -> '2.28'; ValueError unless it is a glibc version (2.N or 2.N.M)."""
+    value = text.strip()
+    if not re.fullmatch(r"2\.\d{1,3}(\.\d{1,3})?", value):
+        raise ValueError(f"not a glibc version: {text!r} (write the oldest node's glibc, e.g. 2.28; "
+                         "`ldd --version` prints it)")
+    return value

@@ -57,6 +57,7 @@ class AuditReport:
     build: str | None = None
     torch: str | None = None  # the target's torch, "2.14.1+cu130" or "2.14.1 <build>"
     cuda_version: str | None = None
+    platform: str | None = None  # the conda platform the modules must run on ("linux-64")
     target_cxx11_abi: bool | None = None
     modules: list[ModuleFacts] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -112,6 +113,7 @@ class AuditReport:
             "build": self.build,
             "torch": self.torch,
             "cuda_version": self.cuda_version,
+            "platform": self.platform,
             "target_cxx11_abi": self.target_cxx11_abi,
             "verdict": self.verdict,
             "ok": self.ok,
@@ -130,6 +132,8 @@ class AuditReport:
         lines = [f"[bold]audit of {self.target}[/bold]" + (f" against {self.against}" if self.against else "")]
         if self.against_source:
             lines.append(f"  target: {AGAINST_SOURCES[self.against_source]}")
+        if self.platform:
+            lines.append(f"  platform: {self.platform}")
         if self.torch:
             lines.append(f"  target torch {self.torch}, CXX11 ABI {_abi_text(self.target_cxx11_abi)}")
         for m in self.modules:

@@ -1,16 +1,21 @@
 """Where a module's libraries and symbols come from in a target environment.
 
-Library search follows the dynamic loader: the requester's RPATH (only when it has
-no RUNPATH), its RUNPATH, then the target prefix's lib dirs, the torch lib dir
-inside site-packages (an extension finds libc10.so because `import torch` loaded it
-first), the nvidia wheels' lib dirs, then the system dirs. Symbol lookup walks the
-global scope (the interpreter and its libraries) and then the module's DT_NEEDED
-closure breadth-first, honouring symbol versions.
+Library search follows the dynamic loader at the user's site: a name the process has
+already loaded (the interpreter's libraries, and the torch libraries `import torch` loaded
+before the extension) is that object, matched by soname; else the requester's RPATH (only
+when it has no RUNPATH), its RUNPATH, then the target prefix's lib dirs, the torch lib dir
+inside site-packages, the nvidia wheels' lib dirs, then the system dirs. A search path of the
+audited files or the target environment is searched only where it leads inside them (or to a
+system dir): a folder of the auditing machine that an absolute RUNPATH names is never read,
+since on a node it is not the folder the build had (search_paths reports such entries).
+Symbol lookup walks the global scope (the interpreter and its libraries) and then the
+module's DT_NEEDED closure breadth-first, honouring symbol versions.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 from collections import deque
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .elf import ElfObject, Symbol, open_elf
-from .policy import is_interpreter_symbol
+from .policy import is_interpreter_symbol, policy
 
 _MULTIARCH = f"{platform.machine()}-linux-gnu"
 SYSTEM_DIRS = tuple(
@@ -112,12 +117,19 @@ class Resolution:
 
 
 class Resolver:
-    """Loads each library once per audit; a package's modules share their closures."""
+    """Loads each library once per audit; a package's modules share their closures.
 
-    def __init__(self, env: TargetEnv):
+    `audited` is where the audited files lie (a prefix, an extraction folder, a .so's folder):
+    its files and the target environment's are input, so their search paths are followed only
+    inside those two trees.
+    """
+
+    def __init__(self, env: TargetEnv, audited: Path):
         self.env = env
+        self.roots = tuple(dict.fromkeys(_normal(r) for r in (audited, env.root) if r is not None))
         self._objects: dict[Path, ElfObject] = {}
         self._global: list[ElfObject] | None = None
+        self._preloaded: dict[str, ElfObject] | None = None
 
     def load(self, path: Path) -> ElfObject:
         key = path.resolve()
@@ -130,14 +142,25 @@ class Resolver:
             obj.close()
         self._objects.clear()
 
+    def _inside(self, path: Path) -> bool:
+        return any(path.is_relative_to(r) for r in self.roots)
+
+    def _searchable(self, path: Path, requester: ElfObject) -> bool:
+        # The interpreter a venv points to and the system's libraries are the node's own
+        # installation: their search paths are followed as written.
+        if not self._inside(_normal(requester.path)):
+            return True
+        return path.is_absolute() and (self._inside(_normal(path)) or _normal(path) in SYSTEM_DIRS)
+
     def find_library(self, name: str, requester: ElfObject) -> Path | None:
         if "/" in name:
-            path = Path(name)
-            return path if path.is_file() else None
+            path = _expand([name], requester)[0]
+            return path if self._searchable(path, requester) and path.is_file() else None
         dirs: list[Path] = []
         if not requester.runpath:
             dirs += _expand(requester.rpath, requester)
         dirs += _expand(requester.runpath, requester)
+        dirs = [d for d in dirs if self._searchable(d, requester)]
         dirs += self.env.lib_dirs
         dirs += SYSTEM_DIRS
         for d in dirs:
@@ -145,6 +168,24 @@ class Resolver:
             if candidate.is_file():
                 return candidate
         return None
+
+    def preloaded(self) -> dict[str, ElfObject]:
+        """What the process holds when the extension is imported, by soname and file name: the
+        interpreter's closure, then the torch libraries `import torch` loaded."""
+        if self._preloaded is None:
+            self._preloaded = {}  # closures computed below must not look here yet
+            loaded = list(self.global_scope())
+            torch_libs = policy()["torch_libraries"] if self.env.torch_lib else []
+            for name in torch_libs:
+                if (self.env.torch_lib / name).is_file():
+                    loaded += self.closure(self.load(self.env.torch_lib / name))[0]
+            preloaded: dict[str, ElfObject] = {}
+            for obj in loaded:
+                for key in (obj.soname, obj.path.name):
+                    if key:
+                        preloaded.setdefault(key, obj)
+            self._preloaded = preloaded
+        return self._preloaded
 
     def closure(self, root: ElfObject) -> tuple[list[ElfObject], list[tuple[str, str]]]:
         order = [root]
@@ -158,14 +199,16 @@ class Resolver:
                 if name in names_seen:  # the loader matches an already loaded SONAME
                     continue
                 names_seen.add(name)
-                path = self.find_library(name, obj)
-                if path is None:
-                    missing.append((name, obj.path.name))
+                lib = self.preloaded().get(name)
+                if lib is None:
+                    path = self.find_library(name, obj)
+                    if path is None:
+                        missing.append((name, obj.path.name))
+                        continue
+                    lib = self.load(path)
+                if lib.path.resolve() in seen:
                     continue
-                if path.resolve() in seen:
-                    continue
-                seen.add(path.resolve())
-                lib = self.load(path)
+                seen.add(lib.path.resolve())
                 order.append(lib)
                 queue.append(lib)
         return order, missing
@@ -192,14 +235,20 @@ class Resolver:
         return Resolution(closure, missing, unresolved, assumed)
 
 
+def _normal(path: Path) -> Path:
+    """Absolute and without `..`, symlinks left as they are (the loader does not resolve them
+    before it searches)."""
+    return Path(os.path.normpath(Path(path).absolute()))
+
+
 def _expand(paths: list[str], requester: ElfObject) -> list[Path]:
-    origin = str(requester.path.parent)
-    lib = "lib64" if "64" in platform.machine() else "lib"
-    out = []
-    for p in paths:
-        p = p.replace("${ORIGIN}", origin).replace("$ORIGIN", origin).replace("${LIB}", lib).replace("$LIB", lib)
-        out.append(Path(p))
-    return out
+    """The loader's substitutions: $ORIGIN / ${ORIGIN} and $LIB / ${LIB}, as whole names only
+    (`$ORIGINAL` is no token)."""
+    values = {"ORIGIN": str(requester.path.parent), "LIB": "lib64" if "64" in platform.machine() else "lib"}
+    return [Path(_DST.sub(lambda m: values[m.group(1) or m.group(2)], p)) for p in paths]
+
+
+_DST = re.compile(r"\$\{(ORIGIN|LIB)\}|\$(ORIGIN|LIB)(?![A-Za-z0-9_])")
 
 
 def _defined_in(sym: Symbol, scope: list[ElfObject]) -> bool:

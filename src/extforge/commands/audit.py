@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..errors import ExtforgeError
-from ..options import glibc_version, option_type
+from ..options import option_type
 
 HELP = "audit a package, wheel, prefix or .so: symbols, C++ ABI, GPU archs, glibc floor, packaging"
 
 
-def _archs(text: str) -> list[str]:
-    from ..audit.fatbin import arch_number
+def _policy(validator: str) -> Callable[[str], Any]:
+    """One of audit.policy's validators, imported only when the option is given (the audit
+    package is heavy for `extforge audit --help`)."""
+    def parse(text: str) -> Any:
+        from ..audit import policy
 
-    archs = [a.strip() for a in text.split(",") if a.strip()]
-    for a in archs:
-        try:
-            arch_number(a)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-    return [a if a.startswith(("sm_", "compute_")) else f"sm_{a.replace('.', '')}" for a in archs]
+        return getattr(policy, validator)(text)
+
+    parse.__name__ = validator
+    return parse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the environment it must run in (a prefix, a site-packages dir or a torch/lib dir)")
     parser.add_argument("--channel", metavar="URL",
                         help="without --against: install the package's pinned pytorch from this channel")
-    parser.add_argument("--archs", type=_archs, metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90")
-    parser.add_argument("--glibc", type=option_type(glibc_version), metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
+    parser.add_argument("--archs", type=option_type(_policy("parse_archs")), metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90")
+    parser.add_argument("--glibc", type=option_type(_policy("parse_glibc")), metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
     parser.epilog = "exit code: 0 no errors, 1 errors found, 2 could not run"
 
 
