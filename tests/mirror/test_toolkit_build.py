@@ -7,9 +7,12 @@ its time in nvcc (~30 s for the probe on 2 cores).
 
 from __future__ import annotations
 
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from extforge import paths
 from extforge.audit.elf import open_elf
@@ -17,12 +20,15 @@ from extforge.audit.fatbin import arch_sets, parse_fatbin
 from extforge.audit.packaging import open_target
 from extforge.build import build_recipe
 from extforge.locking import exclusive
+from extforge import mirror
 from extforge.mirror import cuda_sources, variants_yaml
 from extforge.mirror.channel import build_job, place
 from extforge.mirror.cuda_toolkit import Offer, Toolkit, toolkit_jobs
 from extforge.mirror.toolchain import compiler_jobs, detect
 
 PROBE = Path(__file__).parent / "data" / "nvcc-probe"
+HOST_CUDA = "/usr/local/cuda"
+MIRROR_TORCH = "torch==2.14.1"  # the suite's mirror fixture
 
 
 def toolkit_channel(tk: Toolkit, channel: Path) -> Path:
@@ -38,6 +44,8 @@ def toolkit_channel(tk: Toolkit, channel: Path) -> Path:
 
 
 def fetched(offer: Offer) -> Toolkit:
+    if offer.source == "host":
+        return host_toolkit()
     with exclusive(paths.cache_root() / "test-fixtures" / "toolkits.lock"):
         try:
             return cuda_sources.fetch(offer)
@@ -45,10 +53,22 @@ def fetched(offer: Offer) -> Toolkit:
             pytest.skip(f"CUDA {offer.version} from {offer.source} cannot be fetched here: {exc}")
 
 
+def host_toolkit() -> Toolkit:
+    """This machine's /usr/local/cuda (as on an offline node), completed with the math headers of
+    torch 2.14.1's nvidia wheels when it lacks them (this CI image's toolkit does)."""
+    if not Path(HOST_CUDA, "bin", "nvcc").exists():
+        pytest.skip(f"no CUDA toolkit in {HOST_CUDA}")
+    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
+    if not (wheels / ".complete").exists():
+        pytest.skip(f"torch {MIRROR_TORCH}'s wheels are not in the cache yet (the mirror fixture fetches them)")
+    return cuda_sources.add_wheel_headers(cuda_sources.from_host(HOST_CUDA), mirror.from_wheels(wheels))
+
+
 @pytest.mark.parametrize(("offer", "cudart"), [
     (Offer("12.4", "debian"), "libcudart.so.12"),
     (Offer("13.0", "wheels"), "libcudart.so.13"),
-], ids=["12.4-debian", "13.0-wheels"])
+    (Offer("13.0", "host"), "libcudart.so.13"),
+], ids=["12.4-debian", "13.0-wheels", "host"])
 def test_packaged_nvcc_builds_a_kernel_in_the_build_prefix(offer, cudart, tmp_path):
     tk = fetched(offer)
     channel = toolkit_channel(tk, tmp_path / "channel")
@@ -65,6 +85,16 @@ def test_packaged_nvcc_builds_a_kernel_in_the_build_prefix(offer, cudart, tmp_pa
         sass, _ = arch_sets(parse_fatbin(obj._map, sec.offset, sec.offset + sec.size))
         obj.close()
     assert sass == ["sm_90"]
-    # The toolkit's files are in the packages, not on this host: nothing references /usr/local/cuda.
-    nvcc_tools = next((tmp_path / "channel" / "linux-64").glob("cuda-nvcc-tools-*.conda"))
-    assert nvcc_tools.stat().st_size > 10_000_000
+    # The toolkit's files are in the packages, not links to wherever they came from.
+    tools = conda_members(next((tmp_path / "channel" / "linux-64").glob("cuda-nvcc-tools-*.conda")))
+    assert tools["bin/nvcc"][0].isfile() and tools["bin/nvcc"][0].size > 1_000_000
+    assert b"$(_HERE_)" in tools["bin/nvcc.profile"][1]
+
+
+def conda_members(path: Path) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
+    """The files of a .conda package's payload with the contents of the small ones."""
+    with zipfile.ZipFile(path) as zf:
+        (inner,) = [n for n in zf.namelist() if n.startswith("pkg-")]
+        data = zstandard.ZstdDecompressor().stream_reader(zf.open(inner))
+        with tarfile.open(fileobj=data, mode="r|") as tar:
+            return {m.name: (m, tar.extractfile(m).read() if m.isfile() and m.size < 65536 else b"") for m in tar}

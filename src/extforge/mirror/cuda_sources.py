@@ -20,8 +20,9 @@ from .. import paths
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..ui import log
-from .cuda_toolkit import CUDART_LIBS, INCLUDE, LIB, NVCC_TOOLS, Offer, Toolkit, choose, package_of
+from .cuda_toolkit import CUDART_LIBS, INCLUDE, LIB, NVCC_TOOLS, TARGET, Offer, Toolkit, choose, package_of
 from .inputs import MirrorInputs
+from ..channel.hashing import sha256_file as hash_file
 from .hashing import sha256_file, stat_identity, text_identity
 from .toolchain import parse_nvcc_version
 
@@ -132,48 +133,61 @@ def wheel_target(member: str) -> str | None:
 
 
 def from_wheels(short: str, python: str = sys.executable) -> Toolkit:
+    """CUDA `short` from NVIDIA's wheels. The wheels (1.2 GB for 13.0, mostly math libraries of
+    which only headers are kept) are deleted once unpacked; a note maps the request to its tree."""
     req = f"cuda-toolkit[{WHEEL_EXTRAS}]=={short}.*"
-    wheel_dir = toolkits_dir() / "wheels" / text_identity(req)[:16]
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    if not (wheel_dir / ".complete").exists():
-        start = time.monotonic()
-        proc = subprocess.run(
-            [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheel_dir), req],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise ExtforgeError(
-                f"pip could not download the CUDA {short} toolkit wheels",
-                (proc.stderr.strip().splitlines() or ["no output"])[-1],
-                f"check the package index pip uses; or pass --cuda-home DIR with a CUDA {short} toolkit installed here",
+    note = toolkits_dir() / "wheels" / f"{text_identity(str(LAYOUT), req)[:16]}.json"
+    with exclusive(note.with_suffix(".lock")):
+        if note.exists():
+            root = toolkits_dir() / json.loads(note.read_text())["key"]
+            if (root / ".complete").exists():
+                return _tree_toolkit(root, "wheels")
+        with tempfile.TemporaryDirectory(dir=toolkits_dir()) as tmp:
+            start = time.monotonic()
+            proc = subprocess.run(
+                [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", tmp, req],
+                capture_output=True,
+                text=True,
             )
-        (wheel_dir / "download.json").write_text(json.dumps({"seconds": round(time.monotonic() - start, 1)}))
-        (wheel_dir / ".complete").touch()
-    wheels = sorted(wheel_dir.glob("nvidia_*.whl"))
-    digests = sorted(sha256_file(w) for w in wheels)
-    key = "wheels-" + text_identity(str(LAYOUT), *digests)[:24]
+            if proc.returncode != 0:
+                raise ExtforgeError(
+                    f"pip could not download the CUDA {short} toolkit wheels",
+                    (proc.stderr.strip().splitlines() or ["no output"])[-1],
+                    f"check the package index pip uses; or pass --cuda-home DIR with a CUDA {short} toolkit "
+                    "installed here",
+                )
+            wheels = sorted(Path(tmp).glob("nvidia_*.whl"))
+            fetch = {"download_seconds": round(time.monotonic() - start, 1),
+                     "download_bytes": sum(w.stat().st_size for w in wheels)}
+            key = "wheels-" + text_identity(str(LAYOUT), *sorted(hash_file(w) for w in wheels))[:24]
 
-    def build(tree: Path) -> dict:
-        nvcc_version = ""
-        for whl in wheels:
-            with zipfile.ZipFile(whl) as zf:
-                for info in zf.infolist():
-                    rel = wheel_target(info.filename)
-                    if rel is None:
-                        continue
-                    out = tree / rel
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_bytes(zf.read(info))
-                    out.chmod((info.external_attr >> 16) & 0o777 or 0o644)
-            if whl.name.startswith("nvidia_cuda_nvcc-"):
-                nvcc_version = whl.name.split("-")[1]
-        if not nvcc_version:
-            raise ExtforgeError(f"no nvidia-cuda-nvcc wheel among {wheel_dir}", "", f"delete {wheel_dir} and retry")
-        names = ", ".join(w.name.split("-")[0] + " " + w.name.split("-")[1] for w in wheels)
-        return {"version": nvcc_version, "origin": f"NVIDIA's wheels ({names})", "identity": key}
+            def build(tree: Path) -> dict:
+                start = time.monotonic()
+                nvcc_version = ""
+                for whl in wheels:
+                    with zipfile.ZipFile(whl) as zf:
+                        for info in zf.infolist():
+                            rel = wheel_target(info.filename)
+                            if rel is None:
+                                continue
+                            out = tree / rel
+                            out.parent.mkdir(parents=True, exist_ok=True)
+                            out.write_bytes(zf.read(info))
+                            out.chmod((info.external_attr >> 16) & 0o777 or 0o644)
+                    if whl.name.startswith("nvidia_cuda_nvcc-"):
+                        nvcc_version = whl.name.split("-")[1]
+                if not nvcc_version:
+                    raise ExtforgeError(f"pip's answer to {req} holds no nvidia-cuda-nvcc wheel", "",
+                                        "check the package index pip uses")
+                names = ", ".join(w.name.split("-")[0] + " " + w.name.split("-")[1] for w in wheels)
+                fetch["unpack_seconds"] = round(time.monotonic() - start, 1)
+                return {"version": nvcc_version, "origin": f"NVIDIA's wheels ({names})", "identity": key,
+                        "fetch": fetch}
 
-    return _tree_toolkit(_cached_tree(key, build), "wheels")
+            root = _cached_tree(key, build)
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(json.dumps({"request": req, "key": key}))
+    return _tree_toolkit(root, "wheels")
 
 
 # ------------------------------------------------------------------ Debian's packages (12.x, 11.x)
@@ -324,15 +338,27 @@ def _unpack_deb(deb: Path, tree: Path) -> None:
 
 
 def host_target(rel: str) -> str | None:
-    """Where a file of an installed toolkit (relative to CUDA_HOME) goes in the layout."""
+    """Where a file of an installed toolkit goes in the layout; `rel` is relative to CUDA_HOME,
+    with include/ and lib/ as seen through targets/x86_64-linux (lib64/ on older toolkits)."""
     if rel.startswith("bin/"):
         name = rel[4:]
         return rel if name in NVCC_TOOLS or name.startswith("crt/") else None
     if rel.startswith(("nvvm/bin/", "nvvm/libdevice/")):
         return rel
-    if rel.startswith(f"{INCLUDE}/") or rel.startswith(tuple(f"{LIB}/{n}" for n in CUDART_LIBS)) or rel.startswith(f"{LIB}/stubs/"):
+    if rel.startswith(f"{INCLUDE}/") or rel.startswith(tuple(f"{LIB}/{n}" for n in CUDART_LIBS + ("stubs/",))):
         return rel
     return None
+
+
+def _host_dirs(home: Path) -> dict[str, Path]:
+    """Layout folder -> the real folder of an installed toolkit (whose targets/ may be links)."""
+    target = home / TARGET
+    return {
+        "bin": home / "bin",
+        "nvvm": home / "nvvm",
+        INCLUDE: (target / "include" if (target / "include").is_dir() else home / "include").resolve(),
+        LIB: (target / "lib" if (target / "lib").is_dir() else home / "lib64").resolve(),
+    }
 
 
 def from_host(cuda_home: str) -> Toolkit:
@@ -351,11 +377,11 @@ def from_host(cuda_home: str) -> Toolkit:
             "pass the folder that holds bin/nvcc (e.g. --cuda-home /usr/local/cuda)",
         )
     files: dict[str, Path] = {}
-    for sub in ("bin", "nvvm", "targets/x86_64-linux"):
-        for dirpath, dirnames, filenames in os.walk(home / sub):
+    for layout_dir, real in _host_dirs(home).items():
+        for dirpath, dirnames, filenames in os.walk(real):
             for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
                 p = Path(dirpath) / name
-                rel = host_target(p.relative_to(home).as_posix())
+                rel = host_target(f"{layout_dir}/{p.relative_to(real).as_posix()}")
                 if rel:
                     # A link out of its folder would leave the package pointing at this host.
                     files[rel] = p.resolve() if p.is_symlink() and "/" in os.readlink(p) else p
@@ -370,7 +396,6 @@ def add_wheel_headers(tk: Toolkit, inputs: MirrorInputs) -> Toolkit:
     if any(package_of(rel) == "cuda-libraries-dev" for rel in tk.files):
         return tk
     wheels = [a.wheel for a in inputs.artifacts.values() if a.wheel is not None and a.name.startswith("nvidia-")]
-    sources: list[Path] = []
     if wheels:
         key = "headers-" + text_identity(str(LAYOUT), *sorted(sha256_file(w) for w in wheels))[:24]
 
