@@ -180,10 +180,10 @@ def missing_names(specs: Sequence[str], available: set[str]) -> list[str]:
     return out
 
 
-def channel_package_names(channels: Sequence[str], subdir: str = "linux-64") -> set[str]:
+def channel_records(channels: Sequence[str], subdir: str = "linux-64") -> Iterator[dict]:
+    """The repodata records of local (file://) channels."""
     import json
 
-    names: set[str] = set()
     for ch in channels:
         if not ch.startswith("file://"):
             continue
@@ -191,12 +191,20 @@ def channel_package_names(channels: Sequence[str], subdir: str = "linux-64") -> 
             with contextlib.suppress(OSError, ValueError):
                 data = json.loads((Path(ch[len("file://") :]) / sub / "repodata.json").read_text())
                 for key in ("packages", "packages.conda"):
-                    names |= {rec["name"] for rec in data.get(key, {}).values()}
-    return names
+                    yield from data.get(key, {}).values()
+
+
+def channel_package_names(channels: Sequence[str], subdir: str = "linux-64") -> set[str]:
+    return {rec["name"] for rec in channel_records(channels, subdir)}
 
 
 def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: Path) -> ExtforgeError:
     specs, platform = solve_context(log_lines)
+    from .mirror.cuda_toolkit import missing_toolkit
+
+    toolkit = missing_toolkit(specs, {r["version"] for r in channel_records(channels) if r["name"] == "cuda-nvcc"})
+    if toolkit:
+        return toolkit
     missing = missing_names(specs, channel_package_names(channels)) if specs else []
     if missing:
         what = f"the channels have no package for: {', '.join(missing)}"

@@ -8,7 +8,16 @@ import pytest
 
 from extforge.errors import ExtforgeError
 from extforge.mirror import cuda_sources
-from extforge.mirror.cuda_toolkit import Offer, Toolkit, choose, cudart_links, nvcc_profile, package_of, toolkit_jobs
+from extforge.mirror.cuda_toolkit import (
+    Offer,
+    Toolkit,
+    choose,
+    cudart_links,
+    missing_toolkit,
+    nvcc_profile,
+    package_of,
+    toolkit_jobs,
+)
 
 OFFERS = [Offer("12.4", "debian"), Offer("11.8", "debian")] + [Offer(f"13.{m}", "wheels") for m in range(6)]
 
@@ -136,3 +145,16 @@ def test_package_set_pins_its_cuda_version_and_exports_it(tmp_path: Path):
     # Only the versioned runtime in the wheel: -lcudart needs the plain name, and torch looks in lib/.
     assert cudart_links(tk) == [["targets/x86_64-linux/lib/libcudart.so", "libcudart.so.13"],
                                 ["lib/libcudart.so", "../targets/x86_64-linux/lib/libcudart.so"]]
+
+
+def test_a_build_without_a_fitting_toolkit_in_the_channel_says_which_would_fit():
+    specs = ["gcc_linux-64 12.*", "cuda-nvcc_linux-64 12.8.*"]
+    err = missing_toolkit(specs, {"12.4.131", "13.0.88"})
+    assert err is not None and "CUDA 12.8 toolkit" in err.what
+    assert "12.4, 13.0" in err.why and "12.4 would be" in err.why
+    assert "--variant cuda_compiler_version=12.4" in err.fix and "--cuda-home" in err.fix
+    none = missing_toolkit(["cuda-nvcc_linux-64 11.8.*"], {"13.0.88"})
+    assert none is not None and "none is there" in none.why and "--variant" not in none.fix
+    # the toolkit is there: the failure is about something else
+    assert missing_toolkit(specs, {"12.8.93"}) is None
+    assert missing_toolkit(["python 3.11.*"], set()) is None

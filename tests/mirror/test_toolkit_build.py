@@ -19,6 +19,7 @@ from extforge.audit.elf import open_elf
 from extforge.audit.fatbin import arch_sets, parse_fatbin
 from extforge.audit.packaging import open_target
 from extforge.build import build_recipe
+from extforge.errors import ExtforgeError
 from extforge.locking import exclusive
 from extforge import mirror
 from extforge.mirror import cuda_sources, variants_yaml
@@ -98,3 +99,12 @@ def conda_members(path: Path) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
         data = zstandard.ZstdDecompressor().stream_reader(zf.open(inner))
         with tarfile.open(fileobj=data, mode="r|") as tar:
             return {m.name: (m, tar.extractfile(m).read() if m.isfile() and m.size < 65536 else b"") for m in tar}
+
+
+def test_a_build_asking_for_a_toolkit_the_channel_lacks_names_the_fitting_one(tmp_path):
+    channel = toolkit_channel(fetched(Offer("12.4", "debian")), tmp_path / "channel")
+    with pytest.raises(ExtforgeError) as err:
+        build_recipe(PROBE, [channel], tmp_path / "out", variant_config=[channel / "variants.yaml"],
+                     variants={"cuda_compiler_version": ["12.8"]}, test=False, audit=False)
+    assert "no CUDA 12.8 toolkit" in err.value.what and "12.4 would be" in err.value.why
+    assert "cuda_compiler_version=12.4" in err.value.fix

@@ -214,3 +214,29 @@ def cudart_links(tk: Toolkit) -> list[list[str]]:
     if names:
         links.append(["lib/libcudart.so", f"../{LIB}/libcudart.so"])
     return links
+
+
+NVCC_SPEC = re.compile(r"^cuda-nvcc_linux-64\s+(\d+)\.(\d+)")
+
+
+def missing_toolkit(specs: list[str], channel_toolkits: set[str]) -> ExtforgeError | None:
+    """A build solve that failed on `${{ compiler('cuda') }}` because the channels hold no
+    toolkit of that version: what would fit (same major, minor at most the asked one) and how to
+    add one. None when the failure is not about the toolkit."""
+    asked = next((m for s in specs if (m := NVCC_SPEC.match(s))), None)
+    if asked is None:
+        return None
+    major, minor = int(asked.group(1)), int(asked.group(2))
+    shorts = {".".join(v.split(".")[:2]) for v in channel_toolkits}
+    if f"{major}.{minor}" in shorts:
+        return None
+    fitting = sorted((s for s in shorts if version_key(s)[0] == major and version_key(s)[1] <= minor), key=version_key)
+    have = ", ".join(sorted(shorts, key=version_key)) or "none"
+    return ExtforgeError(
+        f"the channels have no CUDA {major}.{minor} toolkit (cuda-nvcc_linux-64 {major}.{minor}.*)",
+        f"their CUDA toolkits: {have}; a torch built with CUDA {major}.{minor} needs a toolkit of major {major} and "
+        f"minor <= {minor}" + (f", which {', '.join(fitting)} would be" if fitting else ", and none is there"),
+        (f"build with --variant cuda_compiler_version={fitting[-1]}, or " if fitting else "")
+        + "run `extforge mirror` into the channel for that torch: it packages a fitting toolkit (NVIDIA's wheels for "
+        "13.x, Debian's nvidia-cuda-toolkit 12.4 for 12.x, or --cuda-home DIR for one installed on this machine)",
+    )
