@@ -130,6 +130,8 @@ def test_package_set_pins_its_cuda_version_and_exports_it(tmp_path: Path):
         "targets/x86_64-linux/lib/libcudart.so.13": tmp_path / "libcudart.so.13",
         "targets/x86_64-linux/include/cccl/cub/cub.cuh": tmp_path / "cub.cuh",
     }
+    for f in files.values():
+        f.write_text("x")
     tk = Toolkit("13.0.88", "wheels", "NVIDIA's wheels", files, "id")
     jobs = {j.name: j for j in toolkit_jobs(tk, "/usr/bin/g++")}
     assert set(jobs) == {"cuda-version", "cuda-nvcc-tools", "cuda-cudart-dev", "cuda-cccl", "cuda-libraries-dev",

@@ -8,6 +8,7 @@ cuda_sources.py.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,16 +158,18 @@ def toolkit_jobs(tk: Toolkit, gxx: str) -> list[PackageJob]:
     symlinks = cudart_links(tk)
     summary = f"from {tk.origin} (extforge mirror)"
 
-    def job(name: str, *, depends: list[str], texts: list[list[str]] = (), links: list[list[str]] = ()) -> PackageJob:  # type: ignore[assignment]
+    def job(name: str, depends: list[str], texts: list[list[str]] | None = None,
+            links: list[list[str]] | None = None, strong: list[str] | None = None) -> PackageJob:
         files = by_package.get(name, [])
         return PackageJob(
             name=name,
             version=tk.version,
             build_string=f"{tk.source}_h${{{{ hash }}}}_0",
             depends=depends,
-            manifest={"files": files, "texts": list(texts), "symlinks": list(links)},
+            strong_run_exports=strong or [],
+            manifest={"files": files, "texts": texts or [], "symlinks": links or []},
             identity=text_identity(tk.identity, *(f"{d}\0{s}" for s, d, _ in files)),
-            size_hint=0,
+            size_hint=sum(os.lstat(s).st_size for s, _, _ in files),
             summary=f"CUDA {tk.version} {name.removeprefix('cuda-')} {summary}",
             license=NVIDIA_EULA,
         )
@@ -185,23 +188,16 @@ def toolkit_jobs(tk: Toolkit, gxx: str) -> list[PackageJob]:
         job("cuda-cudart-dev", depends=[version_pin], links=symlinks),
         job("cuda-cccl", depends=[version_pin]),
         job("cuda-libraries-dev", depends=[version_pin, f"cuda-cudart-dev {exact}"]),
-        _with_strong_pin(
-            job(
-                "cuda-nvcc_linux-64",
-                depends=[version_pin] + [f"{n} {exact}" for n in
-                                          ("cuda-nvcc-tools", "cuda-cudart-dev", "cuda-cccl", "cuda-libraries-dev")],
-                texts=[activation("cuda-nvcc", nvcc_activation(tk, gxx))],
-            ),
-            version_pin,
+        job(
+            "cuda-nvcc_linux-64",
+            depends=[version_pin] + [f"{n} {exact}" for n in
+                                     ("cuda-nvcc-tools", "cuda-cudart-dev", "cuda-cccl", "cuda-libraries-dev")],
+            texts=[activation("cuda-nvcc", nvcc_activation(tk, gxx))],
+            # As on conda-forge: what this nvcc compiled needs CUDA of its major, at least its minor.
+            strong=[version_pin],
         ),
         job("cuda-nvcc", depends=[f"cuda-nvcc_linux-64 {exact}", version_pin]),
     ]
-
-
-def _with_strong_pin(job: PackageJob, pin: str) -> PackageJob:
-    # As on conda-forge, what is compiled with this nvcc runs with this CUDA major and at least this minor.
-    job.strong_run_exports = [pin]
-    return job
 
 
 def cudart_links(tk: Toolkit) -> list[list[str]]:
