@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..channel.hashing import sha256_file as hash_file
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..ui import log
 from .cuda_toolkit import CUDART_LIBS, INCLUDE, LIB, NVCC_TOOLS, TARGET, Offer, Toolkit, choose, package_of
 from .inputs import MirrorInputs
-from ..channel.hashing import sha256_file as hash_file
 from .hashing import sha256_file, stat_identity, text_identity
 from .toolchain import parse_nvcc_version
 
@@ -55,11 +55,9 @@ WHEEL_EXTRAS = "nvcc,cudart,cccl,cublas,cusparse,cusolver,curand,cufft"
 
 def offers() -> list[Offer]:
     """Toolkit versions this machine can package without one being installed."""
-    found = [
-        Offer(v, "debian", f"Debian {d.suite} non-free nvidia-cuda-toolkit {d.version}") for v, d in DEBIAN.items()
-    ]
+    found = [Offer(v, "debian") for v in DEBIAN]
     for major, minors in WHEEL_MINORS.items():
-        found += [Offer(f"{major}.{m}", "wheels", f"cuda-toolkit[{WHEEL_EXTRAS}]=={major}.{m}.* from PyPI") for m in minors]
+        found += [Offer(f"{major}.{m}", "wheels") for m in minors]
     return found
 
 
@@ -68,7 +66,7 @@ def toolkit_for(torch_cuda: str, cuda_home: str | None = None) -> Toolkit:
     (it must fit, by the same rule), else the best offer by cuda_toolkit.choose."""
     if cuda_home:
         host = from_host(cuda_home)
-        choose(torch_cuda, [Offer(host.short, "host", f"--cuda-home {cuda_home}")])
+        choose(torch_cuda, [Offer(host.short, "host")])
         return host
     return fetch(choose(torch_cuda, offers()))
 

@@ -37,7 +37,6 @@ class Offer:
 
     version: str  # major.minor
     source: str  # wheels | debian | host
-    how: str = ""  # how to get it, for error messages
 
     @property
     def key(self) -> tuple[int, int]:
