@@ -20,7 +20,8 @@ from .audit import audit_package
 from .audit.stamp import stamp_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
-from .channel_ref import channel_url, package_names, repodata_mentions
+from .channel_ref import channel_url, package_names, records, repodata_mentions
+from .cuda_rule import missing_toolkit
 from .errors import ExtforgeError
 from .ui import log
 from .variants import archs as variant_archs
@@ -120,6 +121,10 @@ def missing_names(specs: Sequence[str], available: set[str]) -> list[str]:
 
 def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: Path) -> ExtforgeError:
     specs, platform = solve_context(log_lines)
+    toolkits = {r["version"] for ch in channels for r in records(ch, "linux-64").values() if r["name"] == "cuda-nvcc"}
+    toolkit = missing_toolkit(specs, toolkits)
+    if toolkit:
+        return toolkit
     missing = missing_names(specs, package_names(channels)) if specs else []
     if missing:
         what = f"the channels have no package for: {', '.join(missing)}"

@@ -13,13 +13,19 @@ import pytest
 
 from extforge import paths
 
+HOST_CUDA = Path("/usr/local/cuda")
+
 
 @pytest.mark.slow
 def test_from_env_packages_the_distro_python_and_its_torch(distro_torch_venv: Path, tmp_path: Path):
+    """As on the offline H100 node: the toolkit is the machine's own, copied into the packages."""
+    if not (HOST_CUDA / "bin" / "nvcc").exists():
+        pytest.skip(f"no CUDA toolkit in {HOST_CUDA}")
     channel = tmp_path / "channel"
     proc = subprocess.run(
         [sys.executable, "-m", "extforge", "mirror", "--channel", str(channel), "--json",
-         "--from-env", str(distro_torch_venv / "bin" / "python"), "--extra", "filelock"],
+         "--from-env", str(distro_torch_venv / "bin" / "python"), "--extra", "filelock",
+         "--cuda-home", str(HOST_CUDA)],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
@@ -28,7 +34,9 @@ def test_from_env_packages_the_distro_python_and_its_torch(distro_torch_venv: Pa
     assert by_name["pytorch"]["version"] == "2.14.1"
     assert by_name["pytorch"]["build"].startswith("cuda130_py311_")
     assert by_name["python"]["version"].startswith("3.11.")
-    assert {"packaging", "filelock", "gcc_linux-64", "cuda-nvcc_linux-64"} <= set(by_name)
+    assert {"packaging", "filelock", "gcc_linux-64", "cuda-nvcc_linux-64", "cuda-cudart-dev"} <= set(by_name)
+    assert by_name["cuda-nvcc-tools"]["build"].startswith("host_")
+    assert 'cuda_compiler_version: ["13.0"]' in (channel / "variants.yaml").read_text()
     # torch's nvidia/triton wheels are not in this venv: reported, not silently required.
     assert "triton" in summary["missing_dependencies"]
     assert (channel / "variants.yaml").read_text().count('python: ["3.11"]') == 1

@@ -30,6 +30,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--torch", default="torch", metavar="SPEC", help="with --from-pip: the torch requirement (default: torch)"
     )
     parser.add_argument(
+        "--cuda-home",
+        metavar="DIR",
+        help="package the CUDA toolkit installed in DIR (e.g. /usr/local/cuda; offline nodes) instead of "
+        "fetching one that matches torch (NVIDIA's wheels for 13.x, Debian's packages for 12.x)",
+    )
+    parser.add_argument(
         "--extra",
         action="append",
         default=[],
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.advance(task)
                 ui.log.info("%s %s %s (%s)", pkg.name, pkg.version, pkg.build, "cached" if pkg.cached else f"{pkg.seconds:.1f} s")
 
-        result = mirror.build_mirror(args.channel, inputs, args.extra, on_package=on_package)
+        result = mirror.build_mirror(args.channel, inputs, args.extra, cuda_home=args.cuda_home, on_package=on_package)
     if args.json:
         ui.emit_json(result.to_json())
     else:

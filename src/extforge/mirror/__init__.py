@@ -14,11 +14,13 @@ from pathlib import Path
 from .. import engine
 from ..ui import log
 from .channel import CachedPackage, build_job, place
+from .cuda_sources import add_wheel_headers, toolkit_for
+from .cuda_toolkit import toolkit_jobs
 from .deps import closure, marker_environment
 from .inputs import MirrorInputs, from_env, from_pip, from_wheels
 from .python_pkg import python_abi_job, python_job
 from .recipes import PackageJob
-from .toolchain import Toolchain, compiler_jobs, detect, headers_job
+from .toolchain import Toolchain, compiler_jobs, detect
 from .torch_pkg import as_pytorch, find_torch, torch_facts
 from .wheels import dist_job
 
@@ -64,9 +66,12 @@ class MirrorResult:
 
 
 def plan_jobs(
-    inputs: MirrorInputs, extras: list[str], toolchain: Toolchain
+    inputs: MirrorInputs, extras: list[str], toolchain: Toolchain, cuda_home: str | None = None
 ) -> tuple[list[PackageJob], dict[str, str], dict[str, str]]:
-    """Every package of the channel, the variant values it satisfies, and dependencies not found."""
+    """Every package of the channel, the variant values it satisfies, and dependencies not found.
+
+    The CUDA toolkit is chosen for the torch (cuda_sources.toolkit_for): the one at `cuda_home`
+    when given, else one the mirror can fetch."""
     torch = find_torch(inputs)
     facts = torch_facts(torch)
     interp = inputs.interpreter
@@ -80,9 +85,12 @@ def plan_jobs(
             job = as_pytorch(job, facts, interp.short)
         jobs.append(job)
     jobs += compiler_jobs(toolchain)
-    cuda = toolchain.cuda_short or facts.cuda
-    if toolchain.cuda_short:
-        jobs.append(headers_job(inputs, toolchain.cuda_short))
+    toolkit = None
+    if facts.cuda:
+        toolkit = toolkit_for(facts.cuda, cuda_home)
+        if toolkit.source == "host":
+            toolkit = add_wheel_headers(toolkit, inputs)
+        jobs += toolkit_jobs(toolkit, toolchain.gxx)
     variants = {
         "python": interp.short,
         "pytorch": torch.version.split("+")[0],
@@ -91,8 +99,8 @@ def plan_jobs(
         "cxx_compiler": "gxx",
         "cxx_compiler_version": toolchain.gcc_major,
     }
-    if cuda and toolchain.cuda_short:
-        variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": cuda}
+    if toolkit:
+        variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": toolkit.short}
     missing = {k: v for k, v in graph.missing.items() if k not in BASE_DISTS or k == "torch"}
     return jobs, variants, missing
 
@@ -113,12 +121,13 @@ def build_mirror(
     extras: list[str] = (),  # type: ignore[assignment]
     *,
     toolchain: Toolchain | None = None,
+    cuda_home: str | None = None,
     on_package: Callable[[PackageJob, CachedPackage | None], None] | None = None,
 ) -> MirrorResult:
     """Build (or take from the cache) every package and write an indexed channel at `channel`."""
     start = time.monotonic()
     engine.prepare_environment()
-    jobs, variants, missing = plan_jobs(inputs, list(extras), toolchain or detect())
+    jobs, variants, missing = plan_jobs(inputs, list(extras), toolchain or detect(), cuda_home)
     for name, asked_by in missing.items():
         log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)
     channel.mkdir(parents=True, exist_ok=True)

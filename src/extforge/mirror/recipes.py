@@ -41,6 +41,7 @@ class PackageJob:
     depends: list[str] = field(default_factory=list)
     constrains: list[str] = field(default_factory=list)
     run_exports: list[str] = field(default_factory=list)
+    strong_run_exports: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
     identity: str = ""
     size_hint: int = 0
@@ -70,6 +71,7 @@ class PackageJob:
             "depends": self.depends,
             "constrains": self.constrains,
             "run_exports": self.run_exports,
+            "strong_run_exports": self.strong_run_exports,
             "identity": self.identity,
             "texts": self.manifest.get("texts", []),
             "symlinks": self.manifest.get("symlinks", []),
@@ -90,6 +92,7 @@ def render_recipe(job: PackageJob, manifest_path: Path, python: str = sys.execut
         "depends": job.depends,
         "constrains": job.constrains,
         "run_exports": job.run_exports,
+        "strong_run_exports": job.strong_run_exports,
         "summary": job.summary or f"{job.name} {job.version}, repackaged by extforge mirror",
         "license": job.license or "LicenseRef-upstream",
     }
