@@ -213,16 +213,86 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
-def build_failure(exc: Exception, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
+def engine_failure(exc: BaseException) -> bool:
+    """Whether `exc` is rattler-build failing, to be turned into an ExtforgeError.
+
+    A Rust panic reaches Python as pyo3's PanicException, a BaseException: `except Exception`
+    lets it through as a traceback."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def engine_message(exc: BaseException) -> str:
+    """rattler-build's message, with a panic said to be one (its text alone reads like a normal error)."""
+    text = str(exc).strip() or type(exc).__name__
+    return f"rattler-build crashed (panic): {text}" if type(exc).__name__ == "PanicException" else text
+
+
+def elf_suspects(build_dirs: Sequence[Path], limit: int = 3) -> list[str]:
+    """ELF files of a failed build's staged prefix that rattler-build's ELF parser chokes on
+    (it panics without naming the file): ones pyelftools cannot read either, and ones whose
+    dynamic string table patchelf moved into a segment of its own (nvidia-cusolver-cu12 12.4)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    def odd(path: Path) -> bool:
+        with path.open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return False
+            fh.seek(0)
+            try:
+                elf = ELFFile(fh)
+                loads = [s.header for s in elf.iter_segments() if s.header.p_type == "PT_LOAD"]
+                dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+                tags = {t.entry.d_tag: t.entry.d_val for t in dyn.iter_tags()} if dyn else {}
+            except (ELFError, ValueError, OSError):
+                return True
+        if "DT_STRTAB" not in tags or "DT_SYMTAB" not in tags:
+            return False
+        segment = [next((i for i, h in enumerate(loads) if h.p_vaddr <= tags[t] < h.p_vaddr + h.p_memsz), -1)
+                   for t in ("DT_STRTAB", "DT_SYMTAB")]
+        return segment[0] != segment[1]
+
+    found: list[str] = []
+    for prefix in filter(None, map(host_env, build_dirs)):
+        for path in sorted(prefix.rglob("*")):
+            if path.is_file() and not path.is_symlink() and odd(path):
+                found.append(path.relative_to(prefix).as_posix())
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def panic_detail(exc: BaseException, build_dirs: Sequence[Path]) -> str:
+    """For a panic about an ELF file, the files it most likely was about (else nothing)."""
+    if type(exc).__name__ != "PanicException" or "ELF" not in str(exc):
+        return ""
+    suspects = elf_suspects(build_dirs)
+    return f"; the file it could not parse is most likely {' or '.join(suspects)}" if suspects else ""
+
+
+def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
     if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
         return solve_failure(lines, urls, log_file)
-    tail = [line for line in lines if line.startswith("error:")][-5:]
     kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
+    where = f"build log: {log_file}" + (kept + " (delete it when done)" if work_dirs else "")
+    from .explain import explain_text
+
+    # The build's own log names the cause more often than rattler-build's "Script failed".
+    found = explain_text("\n".join(lines)).diagnoses
+    if found:
+        d = found[0]
+        return ExtforgeError(
+            f"building {recipe_file.parent.name} failed: {d.title}",
+            f"{d.cause} (seen in the log: {d.evidence.strip()[:300]})",
+            f"{d.fix}; {where}",
+        )
+    tail = [line for line in lines if line.startswith("error:")][-5:]
     return ExtforgeError(
-        f"building {recipe_file.parent.name} failed: {exc}",
+        f"building {recipe_file.parent.name} failed: {engine_message(exc)}{panic_detail(exc, work_dirs)}",
         " / ".join(t[len("error: ") :] for t in tail if t.strip() != "error:") or "see the log",
-        f"read the build log {log_file}" + (kept + " (delete it when done)" if work_dirs else ""),
+        f"read the {where}",
     )
 
 
@@ -245,17 +315,42 @@ class _LogSink:
             self.on_step(event.message or event.step_name)
 
 
-def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
+@dataclass(frozen=True)
+class PostBuild:
+    """The steps after a build (audit, stamp), imported before the build starts.
+
+    A build can run for half an hour, and its working directory can vanish meanwhile (a copied
+    source tree replaced under it): an import that late fails, since rattler reads os.getcwd()
+    when first imported. So everything the post-build steps import is imported up front."""
+
+    audit: Callable | None
+    stamp: Callable | None
+
+    @classmethod
+    def load(cls, enabled: bool = True) -> PostBuild:
+        if not enabled:
+            return cls(None, None)
+        import rattler  # noqa: F401  (see above: its import needs the working directory)
+
+        try:
+            from .audit import audit_package
+            from .audit.channel_target import build_env_mismatch  # noqa: F401
+            from .audit.stamp import stamp_package
+        except ImportError:
+            return cls(None, None)
+        return cls(audit_package, stamp_package)
+
+
+def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None,
+                steps: PostBuild | None = None) -> None:
     """Audit and stamp every built package (when extforge.audit is installed), against the host
     env its build used (`build_env`) where that holds the torch it pins, else the channel's."""
-    try:
-        from .audit import audit_package
-        from .audit.stamp import stamp_package
-    except ImportError:
+    steps = steps or PostBuild.load()
+    if steps.audit is None or steps.stamp is None:
         return
     for pkg in packages:
-        report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
-        stamp_package(pkg.path, report)
+        report = steps.audit(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
+        steps.stamp(pkg.path, report)
         pkg.audit_verdict = report.verdict
         if not report.ok:
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
@@ -282,6 +377,9 @@ def build_recipe(
     """Build `recipe` into `output_dir` (an indexed channel) and return the packages it made."""
     from rattler_build import Stage0Recipe, ToolConfiguration
 
+    from .mirror.channel import index_channel
+
+    post = PostBuild.load(audit)
     recipe_file = find_recipe(recipe)
     urls = [channel_url(c) for c in channels]
     if not urls:
@@ -311,7 +409,9 @@ def build_recipe(
         # the host env that built them, then deleted (flash-attn's holds GBs of objects).
         try:
             rendered = Stage0Recipe.from_file(recipe_file).render(config)
-        except Exception as exc:
+        except BaseException as exc:
+            if not engine_failure(exc):
+                raise
             raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
@@ -322,7 +422,9 @@ def build_recipe(
                     channels=urls,
                     progress_callback=sink,
                 )
-            except Exception as exc:
+            except BaseException as exc:
+                if not engine_failure(exc):
+                    raise
                 fh.flush()
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
                 raise build_failure(exc, sink.lines, urls, recipe_file, log_file, kept) from exc
@@ -333,12 +435,10 @@ def build_recipe(
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
             try:
                 if audit:
-                    after_build(packages, urls, next(filter(None, map(host_env, work_dirs)), None))
+                    after_build(packages, urls, next(filter(None, map(host_env, work_dirs)), None), post)
             finally:
                 for work in work_dirs:
                     shutil.rmtree(work, ignore_errors=True)
             built += packages
-    from .mirror.channel import index_channel
-
     index_channel(output_dir)
     return built

@@ -63,7 +63,9 @@ def index_fs(folder: Path) -> None:
         "asyncio.run(index_fs(sys.argv[1], write_zst=False, write_shards=False)); sys.stdout.flush(); "
         "import os; os._exit(0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+    # cwd: rattler reads os.getcwd() on import, and ours may have been deleted under a long build.
+    folder = Path(folder).absolute()
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=folder)
     if proc.returncode != 0:
         raise ExtforgeError(
             f"could not index the channel folder {folder}",
