@@ -33,6 +33,12 @@ def _fixtures_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """Where this checkout's session fixtures live (other areas' conftests build theirs there)."""
+    return _fixtures_dir()
+
+
+@pytest.fixture(scope="session")
 def mirror_channel() -> Path:
     """Path of the mirror channel (python, pytorch 2.14.1+cu130, compilers) built from pip's wheels."""
     from extforge import mirror

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from extforge import paths
 from extforge.locking import exclusive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,22 +67,18 @@ class SeedChannel:
         return self.rows[cluster.name]
 
 
-def _fixtures() -> Path:
-    return paths.cache_root() / "test-fixtures"
-
-
 @pytest.fixture(scope="session")
-def seed_channel() -> SeedChannel:
+def seed_channel(fixtures_dir: Path) -> SeedChannel:
     """One mirror channel holding every cluster's torch build (rows added one by one)."""
     import time
 
     from extforge import mirror
 
-    channel = _fixtures() / "seed-channel"
+    channel = fixtures_dir / "seed-channel"
     rows: dict[str, dict[str, str]] = {}
     skipped: dict[str, str] = {}
     seconds: dict[str, float] = {}
-    with exclusive(_fixtures() / "seed-channel.lock"):
+    with exclusive(fixtures_dir / "seed-channel.lock"):
         for c in CLUSTERS:
             python = find_python(c.python)
             if python is None:
@@ -120,7 +115,7 @@ def _repodata_of(channel: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def seed_builds(seed_channel: SeedChannel) -> SeedBuilds:
+def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     """demo-ext, the recipe unchanged, built for each row the channel can build, into one channel."""
     import time
 
@@ -128,10 +123,10 @@ def seed_builds(seed_channel: SeedChannel) -> SeedBuilds:
 
     builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
     key = hashlib.sha256((_tree_digest(DEMO_RECIPE) + builder + _repodata_of(seed_channel.path)).encode()).hexdigest()[:16]
-    out = _fixtures() / "seed-ext" / key
+    out = fixtures_dir / "seed-ext" / key
     packages: dict[str, Path] = {}
     seconds: dict[str, float] = {}
-    with exclusive(_fixtures() / "seed-ext.lock"):
+    with exclusive(fixtures_dir / "seed-ext.lock"):
         for c in CLUSTERS:
             if c.name in seed_channel.skipped:
                 continue
@@ -151,8 +146,8 @@ def seed_builds(seed_channel: SeedChannel) -> SeedBuilds:
 
 
 @pytest.fixture(scope="session")
-def seed_envs_root() -> Path:
-    root = _fixtures() / "seed-envs"
+def seed_envs_root(fixtures_dir: Path) -> Path:
+    root = fixtures_dir / "seed-envs"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     return root
