@@ -33,6 +33,12 @@ def _fixtures_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """Where this checkout's session fixtures live (other areas' conftests build theirs there)."""
+    return _fixtures_dir()
+
+
+@pytest.fixture(scope="session")
 def mirror_channel() -> Path:
     """Path of the mirror channel (python, pytorch 2.14.1+cu130, compilers) built from pip's wheels."""
     from extforge import mirror
@@ -95,7 +101,7 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
     if not base:
         pytest.skip("no distribution python of this minor with its stdlib in /usr/lib")
     venv = _fixtures_dir() / "distro-torch-venv"
-    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
+    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []), f"{sys.version_info[0]}.{sys.version_info[1]}")
     with exclusive(venv.parent / "distro-torch-venv.lock"):
         if not (venv / ".complete").exists():
             subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)

@@ -59,7 +59,51 @@ def test_a_mirror_channel_selects_its_row_of_the_offline_file(tmp_path, python, 
 
 
 def test_a_channel_the_matrix_cannot_use_is_a_clear_error(tmp_path):
-    channel = mirror_channel(tmp_path, "3.10", "2.9.0", "12")
-    with pytest.raises(ExtforgeError, match="variants.yaml: python=3.10 is not in the variant matrix") as err:
+    channel = mirror_channel(tmp_path, "3.9", "2.9.0", "12")
+    with pytest.raises(ExtforgeError, match="variants.yaml: python=3.9 is not in the variant matrix") as err:
         resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"], {})
     assert "add a row" in err.value.fix
+
+
+def _seed_channel(tmp_path: Path) -> str:
+    """A channel variants.yaml as `extforge mirror` writes it after mirroring rows A, B, C and CI's."""
+    from extforge.mirror import rows
+
+    found: list = []
+    for py, torch, cuda, abi in [("3.10", "2.9.1", "12.4", "cxx11"), ("3.12", "2.9.1", "12.4", "cxx11"),
+                                 ("3.12", "2.6.0", "12.4", "cxx98"), ("3.11", "2.14.1", "13.0", "cxx11")]:
+        found = rows.merge(found, rows.Row({"python": py, "pytorch": torch, "cxx_abi": abi, "c_compiler": "gcc",
+                                            "c_compiler_version": "12", "cxx_compiler": "gxx",
+                                            "cxx_compiler_version": "12", "cuda_compiler": "cuda-nvcc",
+                                            "cuda_compiler_version": cuda}))
+    ch = tmp_path / "seed"
+    ch.mkdir()
+    (ch / "variants.yaml").write_text(rows.variants_yaml(found))
+    return ch.as_uri()
+
+
+def test_a_channel_of_several_torch_builds_gives_one_row_each(tmp_path):
+    channel = _seed_channel(tmp_path)
+    m = resolve(REPO / "recipe" / "demo-ext" / "recipe.yaml", [channel], [], {})
+    assert m.values["pytorch"] == ["2.9.1", "2.9.1", "2.6.0", "2.14.1"]
+    assert m.values["cxx_abi"] == ["cxx11", "cxx11", "cxx98", "cxx11"]
+    assert m.values["cuda_archs"] == ["9.0"]  # the recipe's own key stays a product dimension
+    (group,) = m.zip_keys
+    assert {"python", "pytorch", "cxx_abi", "cuda_compiler_version"} <= set(group)
+    # --variant picks rows; zip partners follow.
+    only_c = narrow(m.values, m.zip_keys, {"pytorch": ["2.6.0"]})
+    assert (only_c["python"], only_c["cxx_abi"]) == (["3.12"], ["cxx98"])
+
+
+def test_a_recipe_row_meets_only_the_channel_rows_it_names(tmp_path):
+    channel = _seed_channel(tmp_path)
+    offline = tmp_path / "offline.yaml"
+    # Two recipe rows: python 3.12 with torch 2.6.0 (in the channel) and 3.10 with 2.6.0 (not).
+    offline.write_text('zip_keys:\n  - [python, pytorch]\npython: ["3.12", "3.10"]\npytorch: ["2.6.0", "2.6.0"]\n'
+                       'archs: ["80", "90"]\n')
+    m = resolve(REPO / "recipe" / "demo-ext" / "recipe.yaml", [channel], [offline], {})
+    assert (m.values["python"], m.values["pytorch"], m.values["cxx_abi"]) == (["3.12"], ["2.6.0"], ["cxx98"])
+    assert m.values["archs"] == ["80", "90"]
+    offline.write_text('zip_keys:\n  - [python, pytorch]\npython: ["3.10", "3.11"]\npytorch: ["2.6.0", "2.9.1"]\n')
+    with pytest.raises(ExtforgeError, match="no row of the channel is a row of the variant matrix"):
+        resolve(REPO / "recipe" / "demo-ext" / "recipe.yaml", [channel], [offline], {})

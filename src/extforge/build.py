@@ -23,6 +23,7 @@ from .channel.index import index_channel
 from .channel_ref import channel_url, package_names, records, repodata_mentions
 from .cuda_rule import missing_toolkit
 from .errors import ExtforgeError
+from .explain import explain_text
 from .ui import log
 from .variants import archs as variant_archs
 from .variants import resolve as resolve_variants
@@ -141,16 +142,26 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
-def build_failure(exc: Exception, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
+def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
     if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
         return solve_failure(lines, urls, log_file)
-    tail = [line for line in lines if line.startswith("error:")][-5:]
     kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
+    where = f"build log: {log_file}" + (kept + " (delete it when done)" if work_dirs else "")
+    # The build's own log names the cause more often than rattler-build's "Script failed".
+    found = explain_text("\n".join(lines)).diagnoses
+    if found:
+        d = found[0]
+        return ExtforgeError(
+            f"building {recipe_file.parent.name} failed: {d.title}",
+            f"{d.cause} (seen in the log: {d.evidence.strip()[:300]})",
+            f"{d.fix}; {where}",
+        )
+    tail = [line for line in lines if line.startswith("error:")][-5:]
     return ExtforgeError(
-        f"building {recipe_file.parent.name} failed: {exc}",
+        f"building {recipe_file.parent.name} failed: {engine.engine_message(exc)}{engine.panic_detail(exc, work_dirs)}",
         " / ".join(t[len("error: ") :] for t in tail if t.strip() != "error:") or "see the log",
-        f"read the build log {log_file}" + (kept + " (delete it when done)" if work_dirs else ""),
+        f"read the {where}",
     )
 
 
@@ -163,12 +174,6 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
         pkg.audit_verdict = report.verdict
         if not report.ok:
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
-
-
-def host_env(work_dir: Path) -> Path | None:
-    """The host prefix inside a rattler-build work folder (`host_env_placehold_...`)."""
-    found = sorted(work_dir.glob("host_env_*"))
-    return found[0] if found and (found[0] / "conda-meta").is_dir() else None
 
 
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None) -> list[BuiltPackage]:
@@ -207,13 +212,17 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
         # the host env that built them, then deleted (flash-attn's holds GBs of objects).
         try:
             rendered = engine.render(recipe_file, config)
-        except Exception as exc:
+        except BaseException as exc:
+            if not engine.engine_failure(exc):
+                raise
             raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             try:
                 result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
-            except Exception as exc:
+            except BaseException as exc:
+                if not engine.engine_failure(exc):
+                    raise
                 fh.flush()
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
                 raise build_failure(exc, sink.lines, urls, recipe_file, log_file, kept) from exc
@@ -224,7 +233,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
             try:
                 if options.audit:
-                    after_build(packages, urls, next(filter(None, map(host_env, work_dirs)), None))
+                    after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None))
             finally:
                 for work in work_dirs:
                     shutil.rmtree(work, ignore_errors=True)

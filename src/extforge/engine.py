@@ -157,3 +157,67 @@ def upload(kind: str, files: Sequence[Path], server: str, channel: str, api_key:
         rattler_build.upload_package_to_artifactory(names, server, channel, token=api_key)
     else:
         raise ValueError(f"unknown upload kind {kind!r}")
+
+
+def engine_failure(exc: BaseException) -> bool:
+    """Whether `exc` is rattler-build failing, to be turned into an ExtforgeError.
+
+    A Rust panic reaches Python as pyo3's PanicException, a BaseException: `except Exception`
+    lets it through as a traceback."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def engine_message(exc: BaseException) -> str:
+    """rattler-build's message, with a panic said to be one (its text alone reads like a normal error)."""
+    text = str(exc).strip() or type(exc).__name__
+    return f"rattler-build crashed (panic): {text}" if type(exc).__name__ == "PanicException" else text
+
+
+def elf_suspects(build_dirs: Sequence[Path], limit: int = 3) -> list[str]:
+    """ELF files of a failed build's staged prefix that rattler-build's ELF parser chokes on
+    (it panics without naming the file): ones pyelftools cannot read either, and ones whose
+    dynamic string table patchelf moved into a segment of its own (nvidia-cusolver-cu12 12.4)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    def odd(path: Path) -> bool:
+        with path.open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return False
+            fh.seek(0)
+            try:
+                elf = ELFFile(fh)
+                loads = [s.header for s in elf.iter_segments() if s.header.p_type == "PT_LOAD"]
+                dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+                tags = {t.entry.d_tag: t.entry.d_val for t in dyn.iter_tags()} if dyn else {}
+            except (ELFError, ValueError, OSError):
+                return True
+        if "DT_STRTAB" not in tags or "DT_SYMTAB" not in tags:
+            return False
+        segment = [next((i for i, h in enumerate(loads) if h.p_vaddr <= tags[t] < h.p_vaddr + h.p_memsz), -1)
+                   for t in ("DT_STRTAB", "DT_SYMTAB")]
+        return segment[0] != segment[1]
+
+    found: list[str] = []
+    for prefix in filter(None, map(host_env, build_dirs)):
+        for path in sorted(prefix.rglob("*")):
+            if path.is_file() and not path.is_symlink() and odd(path):
+                found.append(path.relative_to(prefix).as_posix())
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def panic_detail(exc: BaseException, build_dirs: Sequence[Path]) -> str:
+    """For a panic about an ELF file, the files it most likely was about (else nothing)."""
+    if type(exc).__name__ != "PanicException" or "ELF" not in str(exc):
+        return ""
+    suspects = elf_suspects(build_dirs)
+    return f"; the file it could not parse is most likely {' or '.join(suspects)}" if suspects else ""
+
+
+def host_env(work_dir: Path) -> Path | None:
+    """The host prefix inside a rattler-build work folder (`host_env_placehold_...`)."""
+    found = sorted(work_dir.glob("host_env_*"))
+    return found[0] if found and (found[0] / "conda-meta").is_dir() else None

@@ -4,8 +4,9 @@ Precedence follows rattler-build and conda-forge, plus one rule of ours:
 - the recipe's own variants.yaml is read only when no variant file is given (rattler-build's
   rule), so `-m variants-offline.yaml` replaces the production matrix instead of adding to it;
 - a channel written by `extforge mirror` carries variants.yaml with the values its packages
-  satisfy (one python, one pytorch, the compilers it shims). Those NARROW the matrix to the rows
-  the channel can build, and fill keys the recipe leaves open; they never add rows;
+  satisfy: one zipped row per torch build it holds (python, pytorch, CUDA, C++ ABI, compilers).
+  Those NARROW the matrix to the rows the channel can build, and fill keys the recipe leaves
+  open; they never add rows the recipe file does not have (`fit_to_channel`);
 - `--variant KEY=VALUE` narrows last.
 `extforge build` and `extforge build --slurm` both go through `resolve()`, so a Slurm job
 builds exactly the variant that was expanded for it.
@@ -89,17 +90,58 @@ def narrow(
     return out
 
 
+def channel_rows(values: Mapping[str, Sequence], zip_keys: Sequence[Sequence[str]]) -> list[dict[str, str]]:
+    """The rows of a mirror channel's variants.yaml: its one zip group, other keys single-valued."""
+    zipped = next(iter(zip_keys), [])
+    n = max((len(values[k]) for k in zipped if k in values), default=1)
+    return [{k: str(v[i] if k in zipped and len(v) == n else v[0]) for k, v in values.items()} for i in range(n)]
+
+
+def fit_to_channel(
+    values: Mapping[str, list], zips: list[list[str]], channel_values: Mapping[str, list],
+    channel_zips: Sequence[Sequence[str]],
+) -> tuple[dict[str, list], list[list[str]]]:
+    """The recipe's matrix cut down to the rows a mirror channel can build, filled with the
+    channel's values for keys the recipe leaves open.
+
+    A channel holds one or more torch builds (rows: python, pytorch, CUDA, ABI, compilers).
+    A recipe row is kept once per channel row that agrees with it on every key both name;
+    the result zips the recipe's zipped keys with the channel's, one entry per kept pair."""
+    rows = channel_rows(channel_values, channel_zips)
+    if not rows:
+        return dict(values), zips
+    source = f"the channel's {CHANNEL_VARIANTS}:"
+    shared = [k for k in channel_values if k in values]
+    # A value the matrix lacks entirely is named as such (add a row for it).
+    values = narrow(values, zips, {k: sorted({r[k] for r in rows}) for k in shared}, source=source, strict=True)
+    group = next((g for g in zips if any(k in g for k in shared)), [])
+    n = len(values[group[0]]) if group else 1
+    pairs = []
+    for i in range(n):
+        mine = {k: values[k][i] for k in group if k in values}
+        for row in rows:
+            if all(str(mine[k]) == row[k] if k in mine else row[k] in map(str, values[k]) for k in shared):
+                pairs.append(mine | row)
+    if not pairs:
+        raise ExtforgeError(
+            f"{source} no row of the channel is a row of the variant matrix",
+            f"the channel holds {'; '.join(', '.join(f'{k}={r[k]}' for k in shared) for r in rows)}",
+            "add a row for one of them (every list under zip_keys gets one value) to the variant file, "
+            "or mirror a torch build the matrix has into the channel",
+        )
+    out = {k: list(v) for k, v in values.items() if k not in group}
+    zipped = list(dict.fromkeys([*group, *channel_values]))
+    out |= {k: [p[k] for p in pairs] for k in zipped}
+    return out, [g for g in zips if g is not group] + ([zipped] if len(zipped) > 1 else [])
+
+
 def resolve(
     recipe: Path, channels: Sequence[str], given: Sequence[Path], overrides: Mapping[str, list[str]]
 ) -> Matrix:
     files = recipe_files(recipe, given)
     values, zips = engine.read_variant_files(files)
-    channel_values, _ = engine.read_variant_files(channel_files(channels))
-    # A mirror channel holds one python and one pytorch: keep the recipe rows it can build.
-    values = narrow(values, zips, {k: v for k, v in channel_values.items() if k in values},
-                    source=f"the channel's {CHANNEL_VARIANTS}:", strict=True)
-    for key, value in channel_values.items():
-        values.setdefault(key, value)
+    channel_values, channel_zips = engine.read_variant_files(channel_files(channels))
+    values, zips = fit_to_channel(values, zips, channel_values, channel_zips)
     values = narrow(values, zips, overrides)
     return Matrix(values, zips, files)
 

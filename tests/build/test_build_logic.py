@@ -1,10 +1,12 @@
 """extforge build's pure parts: solve-failure extraction, variant overrides, recipe/channel checks."""
 
+from pathlib import Path
+
 import pytest
 
-from extforge.build import missing_names, solve_context, solve_failure
+from extforge.build import build_failure, missing_names, solve_context, solve_failure
 from extforge.channel_ref import channel_url
-from extforge.engine import find_recipe
+from extforge.engine import engine_failure, find_recipe
 from extforge.errors import ExtforgeError
 from extforge.variants import parse_variant_overrides
 
@@ -64,3 +66,22 @@ def test_planner_gets_the_archs_of_any_arch_variant_key():
     assert {k: env[k] for k in want} == want
     h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
     assert plan.plan_build(h100, "flash-attn", ["90"]).env() == {"MAX_JOBS": "16", "NVCC_THREADS": "1"}
+
+
+def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):
+    """torch 2.9.1's tuple-form CUDA mismatch, as the build log holds it (tests/explain/data)."""
+    data = Path(__file__).parents[1] / "explain" / "data" / "cuda-mismatch-tuple-torch-2.9.1.txt"
+    lines = [ln for ln in data.read_text().splitlines() if not ln.startswith("#")]
+    err = build_failure(RuntimeError("Script failed with status 1"), lines, ["file:///ch"],
+                        tmp_path / "demo-ext" / "recipe.yaml", tmp_path / "build.log", [])
+    assert err.what == "building demo-ext failed: nvcc 13.0 does not match torch's CUDA 12.8"
+    assert "compilePyTorch" in err.why and "extforge mirror" in err.fix and str(tmp_path / "build.log") in err.fix
+
+
+def test_a_rattler_build_panic_is_an_error_not_a_traceback(tmp_path):
+    """pyo3 turns a Rust panic into a BaseException; build_failure still names it."""
+    panic = type("PanicException", (BaseException,), {})("Failed to parse the ELF file: Scroll(BadInput)")
+    assert engine_failure(panic) and not engine_failure(KeyboardInterrupt())
+    err = build_failure(panic, ["info: Copying done!"], ["file:///ch"], tmp_path / "x" / "recipe.yaml",
+                        tmp_path / "build.log", [])
+    assert err.what.startswith("building x failed: rattler-build crashed (panic): Failed to parse the ELF file")

@@ -9,7 +9,7 @@ import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 
 VARIANT_FILES = ["variants.yaml", "variants-offline.yaml"]
-BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)_h[0-9a-f]{7}_(\d+)$")
+BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)_cxx(?:11|98)_h[0-9a-f]{7}_(\d+)$")
 
 
 def _render(recipe_dir: Path, variant_file: str) -> list[tuple[dict, dict]]:

@@ -36,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "fetching one that matches torch (NVIDIA's wheels for 13.x, Debian's packages for 12.x)",
     )
     parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="with --from-pip or --from-wheels: the CPython to package as the channel's python and "
+        "to pick wheels for (default: the one extforge runs on)",
+    )
+    parser.add_argument(
         "--extra",
         action="append",
         default=[],
@@ -45,15 +51,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import mirror, ui
+    import sys
 
+    from .. import mirror, ui
+    from ..errors import ExtforgeError
+
+    if args.from_env and args.python:
+        raise ExtforgeError(
+            "--python and --from-env both name the python to package",
+            "--from-env packages the environment's own python",
+            "drop --python, or use --from-pip/--from-wheels with --python",
+        )
+    python = args.python or sys.executable
     with ui.step("reading mirror inputs", quiet=args.json):
         if args.from_env:
             inputs = mirror.from_env(args.from_env)
         elif args.from_wheels:
-            inputs = mirror.from_wheels(args.from_wheels)
+            inputs = mirror.from_wheels(args.from_wheels, python)
         else:
-            inputs = mirror.from_pip(mirror.pip_requirements(args.torch, args.extra))
+            inputs = mirror.from_pip(mirror.pip_requirements(args.torch, args.extra), python)
     with ui.step(f"mirroring {inputs.description} into {args.channel}", quiet=args.json), ui.progress() as bar:
         task = bar.add_task("packages", total=None)
 

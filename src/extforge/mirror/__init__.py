@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import engine
 from ..ui import log
+from . import rows
 from .channel import CachedPackage, build_job, place
 from .cuda_sources import add_wheel_headers, toolkit_for
 from .cuda_toolkit import toolkit_jobs
@@ -94,6 +95,8 @@ def plan_jobs(
     variants = {
         "python": interp.short,
         "pytorch": torch.version.split("+")[0],
+        # Not a conda-forge key: torch 2.6 exists with both C++ ABIs, and extensions name theirs.
+        "cxx_abi": facts.abi_tag,
         "c_compiler": "gcc",
         "c_compiler_version": toolchain.gcc_major,
         "cxx_compiler": "gxx",
@@ -107,12 +110,6 @@ def plan_jobs(
 
 def pip_requirements(torch_spec: str, extras: list[str]) -> list[str]:
     return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *extras]
-
-
-def variants_yaml(variants: dict[str, str]) -> str:
-    lines = ["# Written by `extforge mirror`: the variant values this channel's packages satisfy."]
-    lines += [f'{k}: ["{v}"]' for k, v in variants.items()]
-    return "\n".join(lines) + "\n"
 
 
 def build_mirror(
@@ -140,8 +137,13 @@ def build_mirror(
         built.append(pkg)
         if on_package:
             on_package(job, pkg)
-    place(built, channel)
-    variants_file = channel / VARIANTS_FILE
-    variants_file.write_text(variants_yaml(variants))
-    variants_file.chmod(0o644)
-    return MirrorResult(channel, variants, variants_file, built, missing, time.monotonic() - start)
+    # This run's row replaces its earlier self; the channel's other torch builds stay.
+    before = rows.load_rows(channel)
+    after = rows.merge(before, rows.Row(variants, [f"{p.subdir}/{p.path.name}" for p in built]))
+    place(built, channel, remove=rows.stale_files(before, after))
+    for name, text in ((rows.ROWS_FILE, rows.rows_json(after)), (VARIANTS_FILE, rows.variants_yaml(after))):
+        tmp = channel / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        tmp.replace(channel / name)
+    return MirrorResult(channel, variants, channel / VARIANTS_FILE, built, missing, time.monotonic() - start)

@@ -68,11 +68,13 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
         # Our generated recipes need nothing from a channel; an explicit one keeps
         # rattler-build from reaching for conda-forge.
         results = engine.build_generated(recipe, out, [out.as_uri()], sink, package_format=job.package_format)
-    except Exception as exc:
+    except BaseException as exc:
+        if not engine.engine_failure(exc):
+            raise
         (work / "build.log").write_text("\n".join(sink.lines))
         raise ExtforgeError(
             f"could not package {job.name} {job.version} for the mirror",
-            f"rattler-build failed: {exc}",
+            f"{engine.engine_message(exc)}{engine.panic_detail(exc, sorted((out / 'bld').glob('rattler-build_*')))}",
             f"read {work / 'build.log'}; the recipe is {recipe}",
         ) from exc
     if log_file:
@@ -98,19 +100,20 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
     )
 
 
-def place(packages: list[CachedPackage], channel: Path) -> list[Path]:
-    """Link (or copy) the packages into `channel`, drop packages no longer mirrored, index it."""
+def place(packages: list[CachedPackage], channel: Path, remove: set[str] = frozenset()) -> list[Path]:  # type: ignore[assignment]
+    """Link (or copy) the packages into `channel`, drop `remove` (files "<subdir>/<name>" no
+    longer mirrored) unless wanted again, index it."""
     channel.mkdir(parents=True, exist_ok=True)
     wanted: dict[Path, Path] = {}
     for pkg in packages:
         wanted[channel / pkg.subdir / pkg.path.name] = pkg.path
     for sub in SUBDIRS:
-        d = channel / sub
-        d.mkdir(exist_ok=True)
-        for old in list(d.glob("*.conda")) + list(d.glob("*.tar.bz2")):
-            if old not in wanted:
-                log.info("removing %s from the channel (no longer mirrored)", old.name)
-                old.unlink()
+        (channel / sub).mkdir(exist_ok=True)
+    for rel in sorted(remove):
+        old = channel / rel
+        if old not in wanted and old.is_file():
+            log.info("removing %s from the channel (no longer mirrored)", old.name)
+            old.unlink()
     placed = []
     for dst, src in wanted.items():
         if not (dst.exists() and os.path.samefile(dst, src)):

@@ -91,8 +91,8 @@ def probe(python: str, *, dists: bool) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise ExtforgeError(
             f"python {python} does not exist",
-            "--from-env needs the python of an environment that has torch installed",
-            "pass the interpreter path, e.g. --from-env /path/to/venv/bin/python3",
+            "the mirror packages a CPython: the one of --from-env's environment, or --python's",
+            "pass an interpreter path, e.g. --from-env /path/to/venv/bin/python3 or --python /usr/bin/python3.12",
         ) from exc
     except subprocess.CalledProcessError as exc:
         raise ExtforgeError(
@@ -162,18 +162,22 @@ def from_wheels(wheel_dir: Path, python: str = sys.executable) -> MirrorInputs:
     return MirrorInputs(interp, best, f"the wheels in {wheel_dir}")
 
 
-def pip_wheel_dir(requirements: list[str]) -> Path:
-    key = hashlib.sha256(json.dumps(sorted(requirements)).encode()).hexdigest()[:16]
+def pip_wheel_dir(requirements: list[str], py_short: str) -> Path:
+    """The download folder of one request for one Python minor (wheels differ per cpXY tag)."""
+    key = hashlib.sha256(json.dumps([py_short, *sorted(requirements)]).encode()).hexdigest()[:16]
     return paths.cache_root() / "mirror" / "wheels" / key
 
 
 def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInputs:
-    """`pip download` the requirements (native tags) into a folder keyed by the request."""
-    wheel_dir = pip_wheel_dir(requirements)
+    """`pip download` the requirements for `python` (its native tags) into a folder keyed by the request."""
+    interp = Interpreter.from_json(probe(python, dists=False)["python"])
+    wheel_dir = pip_wheel_dir(requirements, interp.short)
     wheel_dir.mkdir(parents=True, exist_ok=True)
     complete = wheel_dir / ".complete"
-    # Native tags only: an explicit --platform list missed wheels tagged only manylinux_2_25.
-    cmd = [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheel_dir), *requirements]
+    # Native tags of the target python, through our own pip (`pip --python`), so that python
+    # needs no pip of its own: an explicit --platform list missed wheels tagged only manylinux_2_25.
+    cmd = [sys.executable, "-m", "pip", "--python", python, "download", "-q", "--only-binary=:all:",
+           "-d", str(wheel_dir), *requirements]
     # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
     # seconds, and a warm mirror should not. Deleting the folder asks pip again.
     proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None

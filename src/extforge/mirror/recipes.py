@@ -48,6 +48,7 @@ class PackageJob:
     summary: str = ""
     license: str = ""
     build_number: int = 0
+    relocate: bool = True  # let rattler-build rewrite RUNPATHs (not for wheels: installed as pip would)
 
     @property
     def big(self) -> bool:
@@ -76,6 +77,7 @@ class PackageJob:
             "texts": self.manifest.get("texts", []),
             "symlinks": self.manifest.get("symlinks", []),
             "format": self.package_format,
+            "relocate": self.relocate,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -95,5 +97,6 @@ def render_recipe(job: PackageJob, manifest_path: Path, python: str = sys.execut
         "strong_run_exports": job.strong_run_exports,
         "summary": job.summary or f"{job.name} {job.version}, repackaged by extforge mirror",
         "license": job.license or "LicenseRef-upstream",
+        "binary_relocation": job.relocate,
     }
     return Template(template_text()).substitute({k: json.dumps(v) for k, v in values.items()})

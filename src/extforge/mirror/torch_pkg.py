@@ -11,28 +11,49 @@ from ..errors import ExtforgeError
 from .inputs import Artifact, MirrorInputs
 from .recipes import PackageJob
 
+VERSION_PY = "torch/version.py"
+TORCH_CONFIG = "torch/share/cmake/Torch/TorchConfig.cmake"
+
 
 @dataclass(frozen=True)
 class TorchFacts:
     version: str  # 2.14.1+cu130, as torch.__version__ says
     cuda: str | None  # "13.0", None for a CPU build
+    cxx11_abi: bool = True  # _GLIBCXX_USE_CXX11_ABI of its libtorch
+
+    @property
+    def abi_tag(self) -> str:
+        """Hugging Face kernel variants' words for the C++ ABI: cxx11 (new) or cxx98 (old)."""
+        return "cxx11" if self.cxx11_abi else "cxx98"
 
 
-def parse_version_py(text: str) -> TorchFacts:
-    """Read torch/version.py as text: the tool never imports torch."""
+def parse_version_py(text: str, torch_config: str = "") -> TorchFacts:
+    """Read torch/version.py (and TorchConfig.cmake for the ABI) as text: the tool never imports torch."""
     version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
     if not version:
         raise ValueError("no __version__ in torch/version.py")
-    return TorchFacts(version.group(1), cuda.group(1) if cuda else None)
+    return TorchFacts(version.group(1), cuda.group(1) if cuda else None, parse_cxx11_abi(torch_config))
+
+
+def parse_cxx11_abi(torch_config: str) -> bool:
+    """Old-ABI builds (pip wheels before 2.7) say `-D_GLIBCXX_USE_CXX11_ABI=0` in TORCH_CXX_FLAGS;
+    later ones say =1 or, once the old ABI was dropped, nothing."""
+    m = re.search(r"_GLIBCXX_USE_CXX11_ABI=(\d)", torch_config)
+    return m is None or m.group(1) != "0"
 
 
 def torch_facts(art: Artifact) -> TorchFacts:
     if art.wheel is not None:
         with zipfile.ZipFile(art.wheel) as zf:
-            return parse_version_py(zf.read("torch/version.py").decode())
+            names = set(zf.namelist())
+            config = zf.read(TORCH_CONFIG).decode() if TORCH_CONFIG in names else ""
+            return parse_version_py(zf.read(VERSION_PY).decode(), config)
     assert art.installed is not None
-    return parse_version_py((Path(art.installed["site_dir"]) / "torch" / "version.py").read_text())
+    site = Path(art.installed["site_dir"])
+    config_file = site / TORCH_CONFIG
+    config = config_file.read_text() if config_file.is_file() else ""
+    return parse_version_py((site / VERSION_PY).read_text(), config)
 
 
 def build_string(cuda: str | None, py_short: str) -> str:

@@ -124,4 +124,5 @@ def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> Pack
         identity=identity,
         size_hint=size,
         summary=f"{art.display_name} {art.version} (Python distribution repackaged by extforge mirror)",
+        relocate=False,
     )

@@ -1,0 +1,81 @@
+"""`extforge mirror --python`: a CPython other than extforge's own, and one channel that gathers
+several torch builds as rows (a stand-in torch wheel keeps this to the python packages)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extforge.mirror.rows import ROWS_FILE
+
+
+def pyenv_python(short: str) -> str:
+    """The pyenv CPython of a minor, or skip the test saying which one is missing."""
+    try:
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"no pyenv here to provide CPython {short}")
+    found = sorted(Path(root, "versions").glob(f"{short}.*/bin/python{short}"))
+    if not found:
+        pytest.skip(f"pyenv has no CPython {short} (pyenv install {short})")
+    return str(found[-1])
+
+
+def stand_in_torch(folder: Path, version: str, abi: int) -> None:
+    """A wheel named torch holding what the mirror reads of one: version.py and TorchConfig.cmake."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"torch-{version}-py3-none-any.whl", "w") as zf:
+        zf.writestr("torch/__init__.py", "")
+        zf.writestr("torch/version.py", f"__version__ = '{version}+cpu'\ncuda = None\n")
+        zf.writestr("torch/share/cmake/Torch/TorchConfig.cmake", f'set(TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI={abi}")\n')
+        zf.writestr(f"torch-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        zf.writestr(f"torch-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+
+
+def mirror(channel: Path, wheels: Path, python: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "extforge", "mirror", "--channel", str(channel), "--json",
+                           "--from-wheels", str(wheels), "--python", python], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_two_pythons_two_torch_builds_one_channel(tmp_path: Path):
+    py312, py313 = pyenv_python("3.12"), pyenv_python("3.13")
+    channel = tmp_path / "channel"
+    stand_in_torch(tmp_path / "old", "2.6.0", abi=0)
+    stand_in_torch(tmp_path / "new", "2.9.1", abi=1)
+    first = mirror(channel, tmp_path / "old", py312)
+    by_name = {p["name"]: p for p in first["packages"]}
+    assert by_name["python"]["version"].startswith("3.12.")
+    assert by_name["pytorch"]["build"].startswith("cpu_py312_")
+    assert first["variants"]["cxx_abi"] == "cxx98"
+
+    second = mirror(channel, tmp_path / "new", py313)
+    assert second["variants"]["python"] == "3.13" and second["variants"]["cxx_abi"] == "cxx11"
+    # Both rows' packages are in the channel, and its variants.yaml lists both rows, zipped.
+    files = {p.name for p in (channel / "linux-64").glob("*.conda")}
+    assert {Path(p["file"]).name for p in first["packages"] + second["packages"]} <= files
+    variants = (channel / "variants.yaml").read_text()
+    assert 'python: ["3.12", "3.13"]' in variants and 'cxx_abi: ["cxx98", "cxx11"]' in variants
+    assert "zip_keys:" in variants
+    assert len(json.loads((channel / ROWS_FILE).read_text())["rows"]) == 2
+
+    # Mirroring a row again builds nothing and keeps the other row.
+    again = mirror(channel, tmp_path / "old", py312)
+    assert again["built"] == 0
+    assert {Path(p["file"]).name for p in second["packages"]} <= {p.name for p in (channel / "linux-64").glob("*.conda")}
+
+
+def test_a_missing_python_is_one_paragraph(tmp_path: Path):
+    proc = subprocess.run([sys.executable, "-m", "extforge", "mirror", "--channel", str(tmp_path / "c"),
+                           "--from-wheels", str(tmp_path), "--python", str(tmp_path / "no-python")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    text = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "does not exist" in text and "--python" in text and "Traceback" not in text

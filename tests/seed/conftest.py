@@ -1,0 +1,153 @@
+"""The seed clusters: every (python, torch) row our users run, mirrored into ONE channel and
+demo-ext built for each into ONE output channel, once per session and cached across sessions
+(cold: ~3 GB of wheels per torch build; warm: seconds).
+
+Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
+skipped with that reason; the others are built and tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from extforge.locking import exclusive
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_RECIPE = REPO / "recipe" / "demo-ext"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    python: str
+    torch: str  # the pip requirement's version
+    cuda: str  # torch.version.cuda of that pip build
+    cxx11_abi: bool
+    archs: str  # TORCH_CUDA_ARCH_LIST of its GPUs
+
+
+CLUSTERS = [
+    Cluster("A", "3.10", "2.9.1", "12.8", True, "8.0;9.0"),
+    Cluster("B", "3.12", "2.9.1", "12.8", True, "8.9"),
+    Cluster("C", "3.12", "2.6.0", "12.4", False, "8.9"),
+    Cluster("CI", "3.11", "2.14.1", "13.0", True, "9.0"),
+]
+
+
+def find_python(short: str) -> str | None:
+    """A CPython of that minor: ours, else pyenv's."""
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == short:
+        return sys.executable
+    try:
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    found = sorted(Path(root, "versions").glob(f"{short}.*/bin/python{short}"))
+    return str(found[-1]) if found else None
+
+
+@dataclass
+class SeedChannel:
+    path: Path
+    rows: dict[str, dict[str, str]]  # cluster name -> the channel's variant values of its row
+    skipped: dict[str, str]  # cluster name -> why it is not in the channel
+    seconds: dict[str, float]
+
+    def row(self, cluster: Cluster) -> dict[str, str]:
+        if cluster.name in self.skipped:
+            pytest.skip(f"cluster {cluster.name}: {self.skipped[cluster.name]}")
+        return self.rows[cluster.name]
+
+
+@pytest.fixture(scope="session")
+def seed_channel(fixtures_dir: Path) -> SeedChannel:
+    """One mirror channel holding every cluster's torch build (rows added one by one)."""
+    import time
+
+    from extforge import mirror
+
+    channel = fixtures_dir / "seed-channel"
+    rows: dict[str, dict[str, str]] = {}
+    skipped: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    with exclusive(fixtures_dir / "seed-channel.lock"):
+        for c in CLUSTERS:
+            python = find_python(c.python)
+            if python is None:
+                skipped[c.name] = f"no CPython {c.python} here (pyenv install {c.python})"
+                continue
+            start = time.monotonic()
+            inputs = mirror.from_pip(mirror.pip_requirements(f"torch=={c.torch}", []), python)
+            result = mirror.build_mirror(channel, inputs)
+            seconds[c.name] = time.monotonic() - start
+            rows[c.name] = result.variants
+            nvcc = result.variants.get("cuda_compiler_version", "")
+            if nvcc.split(".")[0] != c.cuda.split(".")[0]:
+                skipped[c.name] = (f"the channel's CUDA toolkit for torch {c.torch}+cu{c.cuda.replace('.', '')} is "
+                                   f"{nvcc or 'none'}; torch refuses an nvcc of another major")
+    return SeedChannel(channel, rows, skipped, seconds)
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class SeedBuilds:
+    channel: Path  # one output channel with every row's package
+    packages: dict[str, Path]  # cluster name -> its .conda
+    seconds: dict[str, float]
+
+
+def _repodata_of(channel: Path) -> str:
+    return (channel / "linux-64" / "repodata.json").read_text()
+
+
+@pytest.fixture(scope="session")
+def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
+    """demo-ext, the recipe unchanged, built for each row the channel can build, into one channel."""
+    import time
+
+    from extforge.build import build_recipe
+
+    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
+    key = hashlib.sha256((_tree_digest(DEMO_RECIPE) + builder + _repodata_of(seed_channel.path)).encode()).hexdigest()[:16]
+    out = fixtures_dir / "seed-ext" / key
+    packages: dict[str, Path] = {}
+    seconds: dict[str, float] = {}
+    with exclusive(fixtures_dir / "seed-ext.lock"):
+        for c in CLUSTERS:
+            if c.name in seed_channel.skipped:
+                continue
+            row = seed_channel.rows[c.name]
+            done = out / f".complete-{c.name}"
+            if not done.exists():
+                start = time.monotonic()
+                # The recipe's own tests are left to the per-row env tests below (same import, one solve less).
+                built = build_recipe(DEMO_RECIPE, [seed_channel.path], out, test=False, variants={
+                    "python": [row["python"]], "pytorch": [row["pytorch"]], "cuda_archs": [c.archs]})
+                (pkg,) = [p.path for p in built if p.name == "demo-ext"]
+                done.write_text(json.dumps({"package": pkg.name, "seconds": time.monotonic() - start}))
+            record = json.loads(done.read_text())
+            packages[c.name] = out / "linux-64" / record["package"]
+            seconds[c.name] = record["seconds"]
+    return SeedBuilds(out, packages, seconds)
+
+
+@pytest.fixture(scope="session")
+def seed_envs_root(fixtures_dir: Path) -> Path:
+    root = fixtures_dir / "seed-envs"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    return root
