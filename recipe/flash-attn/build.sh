@@ -73,8 +73,11 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
 fi
 
 echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
-     "archs ${FLASH_ATTN_CUDA_ARCHS}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
+
+# --- Which kernels, in which order (select_sources.py) ------------------------------------------
+"${PYTHON}" "${RECIPE_DIR}/select_sources.py" .
 
 "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
@@ -101,6 +104,7 @@ print(json.dumps({
     "torch": torch.__version__,
     "torch_cuda": torch.version.cuda,
     "cuda_archs": os.environ["FLASH_ATTN_CUDA_ARCHS"].split(";"),
+    "head_dims": os.environ.get("FLASH_ATTN_HEAD_DIMS") or "all",
     "linked_no_undefined": bool(libpython),
     "max_jobs": int(os.environ["MAX_JOBS"]),
     "nvcc_threads": int(os.environ["NVCC_THREADS"]),

@@ -96,6 +96,15 @@ def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: in
     return {u: s * n_archs / data_archs / busy for u, s in per_unit.items()}
 
 
+def unit_order(profile: str) -> list[str]:
+    """The profile's translation units, longest first (empty without per-unit data): a recipe
+    reorders its sources by it so ninja starts the critical path first."""
+    profiles, costs = load_profiles(), unit_costs.load(profile)
+    if not costs or profile not in profiles:
+        return []
+    return unit_costs.longest_first(unit_seconds(profiles[profile], costs, 1, 1))
+
+
 def scheduled_wall_seconds(per_unit: dict[str, float], jobs: int, link_seconds: float) -> tuple[float, float]:
     """(longest first, upstream order) wall seconds of a build whose units cost `per_unit`."""
     lpt = unit_costs.lpt_makespan(per_unit, jobs)
