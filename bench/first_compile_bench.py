@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""How long `extforge build` takes from its start to the first nvcc, with a warm package cache.
+"""How long `extforge build` takes from its start to the first compile, with a warm package cache.
 
 Runs build_recipe in this process (what `extforge build` runs) while a thread polls /proc for
-the first process whose command line runs nvcc, and records when each rattler-build step
-began. Everything before the first nvcc is what a user waits for before any kernel compiles:
+the first compiler process (nvcc, cicc, cc1plus), and records when each rattler-build step
+began. Everything before it is what a user waits for before any kernel compiles:
 solving, extracting and linking the build/host environments into the work folder, the build
 script's own set-up. Run it twice: the first run warms the package cache.
 
@@ -29,7 +29,11 @@ from extforge.build import build_recipe  # noqa: E402
 from extforge.machine import detect  # noqa: E402
 
 
-def nvcc_running() -> bool:
+COMPILERS = (b"nvcc", b"cicc", b"cc1plus")
+
+
+def compiler_running() -> bool:
+    """Whether a compile runs: nvcc (or its cicc) for .cu units, cc1plus for the .cpp binding."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -37,7 +41,7 @@ def nvcc_running() -> bool:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"nvcc"):
+        if cmd and cmd[0].rsplit(b"/", 1)[-1] in COMPILERS:
             return True
     return False
 
@@ -45,13 +49,13 @@ def nvcc_running() -> bool:
 def one_build(recipe: Path, channel: Path, out: Path, test: bool) -> dict:
     t0 = time.monotonic()
     steps: list[tuple[float, str]] = []
-    first_nvcc: list[float] = []
+    first_compile: list[float] = []
     done = threading.Event()
 
     def watch() -> None:
-        while not done.is_set() and not first_nvcc:
-            if nvcc_running():
-                first_nvcc.append(time.monotonic() - t0)
+        while not done.is_set() and not first_compile:
+            if compiler_running():
+                first_compile.append(time.monotonic() - t0)
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -62,7 +66,7 @@ def one_build(recipe: Path, channel: Path, out: Path, test: bool) -> dict:
     finally:
         done.set()
         watcher.join()
-    return {"wall": time.monotonic() - t0, "first_nvcc": first_nvcc[0] if first_nvcc else None, "steps": steps}
+    return {"wall": time.monotonic() - t0, "first_compile": first_compile[0] if first_compile else None, "steps": steps}
 
 
 def main() -> int:
@@ -80,20 +84,20 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="first-compile-") as tmp:
             r = one_build(args.recipe, args.channel, Path(tmp), test=not args.no_test)
         results.append(r)
-        print(f"run {i + 1}: first nvcc at {r['first_nvcc']} s, wall {r['wall']:.1f} s", file=sys.stderr)
+        print(f"run {i + 1}: first compile at {r['first_compile']} s, wall {r['wall']:.1f} s", file=sys.stderr)
         for t, msg in r["steps"]:
             print(f"  {t:7.1f} s  {msg}", file=sys.stderr)
-    rows = [f"| {i + 1} | {args.label} | {r['first_nvcc']:.1f} | {r['wall']:.1f} |" if r["first_nvcc"] is not None
-            else f"| {i + 1} | {args.label} | no nvcc seen | {r['wall']:.1f} |" for i, r in enumerate(results)]
+    rows = [f"| {i + 1} | {args.label} | {r['first_compile']:.1f} | {r['wall']:.1f} |" if r["first_compile"] is not None
+            else f"| {i + 1} | {args.label} | no compile seen | {r['wall']:.1f} |" for i, r in enumerate(results)]
     print("\n".join(rows))
     if not args.no_record:
         m = detect()
         append_section([
-            f"## Time to the first nvcc, {args.recipe.name} ({dt.date.today().isoformat()})\n",
+            f"## Time to the first compile, {args.recipe.name} ({dt.date.today().isoformat()})\n",
             f"Machine: development machine, {m.cores} cores, {m.memory_gib:.0f} GiB; load average "
             f"{os.getloadavg()[0]:.1f} at the end. `bench/first_compile_bench.py --runs {args.runs}`: "
-            "`extforge build` from its start to the first nvcc process (run 1 may fill the package cache).\n",
-            "| run | variant | first nvcc s | wall s |", "|---|---|---:|---:|", *rows,
+            "`extforge build` from its start to the first compile process (run 1 may fill the package cache).\n",
+            "| run | variant | first compile s | wall s |", "|---|---|---:|---:|", *rows,
         ])
     return 0
 
