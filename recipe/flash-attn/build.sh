@@ -67,6 +67,13 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
     printf '#!/bin/sh\nexec %s %s "$@"\n' "${EXTFORGE_COMPILER_LAUNCHER}" "${real_cxx}" > "${wrap_dir}/$(basename "${real_cxx}")"
     chmod +x "${wrap_dir}/$(basename "${real_cxx}")"
     export CXX="${wrap_dir}/$(basename "${real_cxx}")"
+    # torch's include paths name lib/pythonX.Y/site-packages, so two Python versions preprocess
+    # the same .cu to different text and never share a cache entry. Reached through a link whose
+    # name does not carry the version, they preprocess alike (the -I options themselves are not
+    # in ccache's preprocessor-mode key) and a second Python version reuses the kernel objects.
+    ln -sfn "$("${PYTHON}" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("torch").origin)))')" \
+        "${SRC_DIR}/.extforge-site"
+    export PYTHONPATH="${SRC_DIR}/.extforge-site${PYTHONPATH:+:${PYTHONPATH}}"
     for v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
         [[ -z "${!v:-}" ]] && unset "${v}"
     done
