@@ -6,18 +6,24 @@ set -euo pipefail
 py_tag=$("${PYTHON}" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 
 # --- C++ ABI: the host torch decides, never the compiler's default -------------------------
-torch_abi=$("${PYTHON}" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 # Older torch adds -D_GLIBCXX_USE_CXX11_ABI=<n> itself; newer torch passes nothing and relies
-# on the compiler. Either way, what reaches the compilers must equal torch's ABI.
-cpp_ext_abi=$("${PYTHON}" - <<'PY'
+# on the compiler. Either way, what reaches the compilers must equal torch's ABI. One python
+# run for both answers: importing torch takes seconds, all of them before the first compile.
+read -r torch_abi cpp_ext_abi < <("${PYTHON}" - <<'PY'
+import torch
 from torch.utils import cpp_extension as ce
 flags: list[str] = []
 add = getattr(ce, "_add_gnu_cpp_abi_flag", None)
 if add is not None:
     add(flags)
-print(next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI),
+      next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
 PY
 )
+if [[ -z "${torch_abi:-}" ]]; then
+    echo "error: the host env's python cannot import torch (see above)" >&2
+    exit 1
+fi
 if [[ -n "${cpp_ext_abi}" && "${cpp_ext_abi}" != "${torch_abi}" ]]; then
     echo "error: torch.utils.cpp_extension passes _GLIBCXX_USE_CXX11_ABI=${cpp_ext_abi}" \
          "but torch._C._GLIBCXX_USE_CXX11_ABI is ${torch_abi}" >&2
