@@ -68,3 +68,15 @@ def test_planner_gets_the_archs_of_any_arch_variant_key():
     assert {k: env[k] for k in want} == want
     h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
     assert plan.plan_build(h100, "flash-attn", ["90"]).env() == {"MAX_JOBS": "16", "NVCC_THREADS": "1"}
+
+
+def test_build_passes_the_longest_first_unit_order():
+    """ninja starts units in the order of setup.py's sources: flash-attn's build script reorders
+    them by EXTFORGE_UNIT_ORDER, backward kernels of the largest head dims first."""
+    from extforge.build import build_environment
+
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
+    order = env["EXTFORGE_UNIT_ORDER"].split(";")
+    assert len(order) == 73 and order[0].startswith("flash_bwd_hdim256")
+    assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")
+    assert "EXTFORGE_UNIT_ORDER" not in build_environment("", [], {}, "no-such-profile")
