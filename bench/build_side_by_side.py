@@ -42,10 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _record import append_section  # noqa: E402
+from _record import append_section
 
-from extforge import unit_costs  # noqa: E402
-from extforge.unit_costs import NinjaEdge, parse_ninja_log  # noqa: E402
+from extforge import unit_costs
+from extforge.unit_costs import NinjaEdge, parse_ninja_log
 
 PHASES = ("env set-up", "compile", "link", "package", "tests", "audit")
 NINJA_START = re.compile(r"Emitting ninja build file")

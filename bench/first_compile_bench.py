@@ -23,11 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _record import append_section  # noqa: E402
+from _record import append_section
 
-from extforge.build import build_recipe  # noqa: E402
-from extforge.machine import detect  # noqa: E402
-
+from extforge.build import build_recipe
+from extforge.machine import detect
 
 COMPILERS = (b"nvcc", b"cicc", b"cc1plus")
 

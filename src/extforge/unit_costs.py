@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePosixPath
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sysconfig
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from pathlib import Path
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..machine import detect
 from .admission import Check, admission_checks, read_audit_records
 from .hashing import hash_many
-from ..machine import detect
 from .node import NodeFacts, probe
 
 # Findings are listed up to this many per check; the summary always has the full count.
