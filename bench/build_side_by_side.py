@@ -7,7 +7,7 @@ read from ninja's own `.ninja_log`.
       [--only plain|recipe] [--json-out run.json] [--merge a.json b.json] [--emit-costs costs.yaml]
 
 Phases (seconds from the start of each build):
-  env set-up  start → torch's BuildExtension writes build.ninja (recipe: solve, extract and link
+  env set-up  start → the first compile (torch's BuildExtension writes build.ninja and starts ninja) (recipe: solve, extract and link
               the build/host envs, the build script's set-up; plain: setup.py's own start-up)
   compile     ninja's first edge start → last edge end (.ninja_log)
   link        compile end → the line after the `-shared` link command
@@ -48,8 +48,11 @@ from extforge import unit_costs
 from extforge.unit_costs import NinjaEdge, parse_ninja_log
 
 PHASES = ("env set-up", "compile", "link", "package", "tests", "audit")
-NINJA_START = re.compile(r"Emitting ninja build file")
+# torch's BuildExtension writes build.ninja and starts ninja right after setuptools says it builds
+# the extension (torch itself says "Emitting ninja build file" only when verbose).
+NINJA_START = re.compile(r"Emitting ninja build file|building '[\w.]+' extension")
 LINK_COMMAND = re.compile(r"\s-shared\s")
+TESTS_START = re.compile(r"Collecting tests from")  # rattler-build's first line of the test step
 
 
 @dataclass
@@ -77,7 +80,7 @@ def phases(wall: float, lines: Sequence[tuple[float, str]], edges: Sequence[Ninj
     marks = marks or {}
     ninja_t0 = next((t for t, line in lines if NINJA_START.search(line)), None)
     if ninja_t0 is None or not edges:
-        raise ValueError("no ninja build in this log (no 'Emitting ninja build file' line or no .ninja_log edges)")
+        raise ValueError("no ninja build in this log (no \"building '...' extension\" line or no .ninja_log edges)")
     compile_start = ninja_t0 + min(e.start_ms for e in edges) / 1000
     compile_end = ninja_t0 + max(e.end_ms for e in edges) / 1000
     link_cmd = next((i for i, (t, line) in enumerate(lines) if t >= compile_end and LINK_COMMAND.search(line)), None)
@@ -137,7 +140,7 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
 
     def timed_on_log(self, event) -> None:
         lines.append((time.monotonic() - t0, str(event.message)))
-        if "tests" not in marks and re.search(r"Running tests|Testing commands|test\b.*package", str(event.message), re.I):
+        if "tests" not in marks and TESTS_START.search(str(event.message)):
             marks["tests"] = time.monotonic() - t0
         on_log(self, event)
 

@@ -38,7 +38,7 @@ NINJA_LOG = "# ninja log v5\n" + "".join(
 LINES = [
     (0.0, "running bdist_wheel"),
     (39.0, "torch.__version__  = 2.11.0"),
-    (40.0, "Emitting ninja build file /b/build/temp.linux-x86_64-cpython-312/build.ninja..."),
+    (40.0, "building 'flash_attn_2_cuda' extension"),
     (41.0, "[1/3] /usr/local/cuda/bin/nvcc ..."),
     (941.0, "g++ -shared -Wl,-O1 build/temp.linux-x86_64-cpython-312/csrc/flash_attn/flash_api.o ... -o flash_attn_2_cuda.so"),
     (975.0, "copying build/lib.linux-x86_64-cpython-312/flash_attn_2_cuda.so -> build/bdist"),
