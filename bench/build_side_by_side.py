@@ -7,8 +7,8 @@ read from ninja's own `.ninja_log`.
       [--only plain|recipe] [--json-out run.json] [--merge a.json b.json] [--emit-costs costs.yaml]
 
 Phases (seconds from the start of each build):
-  env set-up  start → the first compile (torch's BuildExtension writes build.ninja and starts ninja) (recipe: solve, extract and link
-              the build/host envs, the build script's set-up; plain: setup.py's own start-up)
+  env set-up  start → the first compile (recipe: solve, extract and link the build/host envs,
+              the build script's set-up; plain: setup.py's own start-up)
   compile     ninja's first edge start → last edge end (.ninja_log)
   link        compile end → the line after the `-shared` link command
   package     link end → the package's tests (recipe) or the end (plain: the wheel)

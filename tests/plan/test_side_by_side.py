@@ -63,7 +63,7 @@ def test_phases_of_a_recipe_build_with_tests_and_audit(bench) -> None:
 
 def test_a_log_without_ninja_is_refused(bench) -> None:
     with pytest.raises(ValueError, match="no ninja build"):
-        bench.phases(10.0, [(0.0, "building 'x' extension")], unit_costs.parse_ninja_log(NINJA_LOG))
+        bench.phases(10.0, [(0.0, "running build_ext")], unit_costs.parse_ninja_log(NINJA_LOG))
 
 
 def _side(bench, side: str, wall: float, **units: float):
