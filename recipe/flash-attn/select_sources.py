@@ -42,8 +42,11 @@ def parse_head_dims(text: str) -> tuple[int, ...]:
 
 def source_block(lines: list[str]) -> tuple[int, int]:
     """[first, last) line indices of flash_attn_2_cuda's source list entries."""
-    start = next(i for i, line in enumerate(lines) if 'name="flash_attn_2_cuda"' in line)
-    first = next(i for i in range(start, len(lines)) if SOURCE_LINE.match(lines[i]))
+    start = next((i for i, line in enumerate(lines) if 'name="flash_attn_2_cuda"' in line), None)
+    first = next((i for i in range(start, len(lines)) if SOURCE_LINE.match(lines[i])), None) if start is not None else None
+    if first is None:
+        raise SystemExit("error: setup.py has no flash_attn_2_cuda source list of the expected shape "
+                         "(one quoted csrc/... path per line); select_sources.py does not fit this flash-attn version")
     last = first
     while last < len(lines) and SOURCE_LINE.match(lines[last]):
         last += 1
