@@ -43,8 +43,10 @@ from extforge import compile_cache
 from extforge.machine import detect
 from extforge.mirror.toolchain import pick_compilers
 
+# The kernel includes torch's tensor headers, not torch/extension.h (which pulls in Python.h),
+# as flash-attn's .cu units do: only the binding depends on the Python version.
 KERNEL = r"""
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 #include <cuda_runtime.h>
 __global__ void axpy_kernel(float a, const float* x, float* y, int64_t n) {
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -103,7 +105,14 @@ def _build_env(python: str, cache_env: dict[str, str], wrap_dir: Path, jobs: int
         [python, "-c", "import sysconfig as s; print(s.get_config_var('LIBDIR'), s.get_config_var('INSTSONAME'))"],
         text=True,
     ).split()
+    # As recipe/flash-attn/build.sh does: torch imported through a link without the Python
+    # version in its name, so its include paths preprocess alike for every Python version.
+    site = wrap_dir.parent / ".extforge-site"
+    site.symlink_to(subprocess.check_output(
+        [python, "-c", "import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec('torch').origin)))"],
+        text=True).strip())
     env |= {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
         "CXX": str(wrapper),
         "PYTORCH_NVCC": f"{launcher} {cuda_home}/bin/nvcc",
         "TORCH_NO_COMPILER_WRAPPER": "1",
@@ -137,6 +146,8 @@ def _build(python: str, src: Path, env: dict[str, str]) -> tuple[float, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", required=True, help="python of an environment with torch (CUDA build)")
+    ap.add_argument("--warm-python", help="another Python version with the same torch for the warm build "
+                                          "(does a second Python version reuse the kernel objects?)")
     ap.add_argument("--tool", choices=compile_cache.TOOLS, default=None)
     ap.add_argument("--project", type=Path, help="an sdist to build instead of the small extension")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra build environment")
@@ -154,14 +165,16 @@ def main() -> int:
         results = []
         # The g++ the mirror's compiler packages use: one that links the shared libstdc++.
         real_cxx = pick_compilers()[1]
-        for label, where in (("cold", root / "work-1" / "ext"), ("warm", root / "work-2" / "ext")):
+        for label, where, python in (("cold", root / "work-1" / "ext", args.python),
+                                     ("warm", root / "work-2" / "ext", args.warm_python or args.python)):
             src = _unpack_project(args.project, where) if args.project else _write_ext(where)
-            env = _build_env(args.python, cache_env, where / ".bin", args.jobs, real_cxx) | extra_env
+            env = _build_env(python, cache_env, where / ".bin", args.jobs, real_cxx) | extra_env
             before = _stats(launcher, env)
-            seconds, log = _build(args.python, src, env)
+            seconds, log = _build(python, src, env)
             after = _stats(launcher, env)
             link_ok = "-Wl,--no-undefined" in log
-            results.append({"run": label, "seconds": round(seconds, 1),
+            py_version = subprocess.check_output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], text=True).strip()
+            results.append({"run": label, "python": py_version, "seconds": round(seconds, 1),
                             "hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"],
                             "no_undefined_on_link_line": link_ok})
             print(json.dumps(results[-1]), flush=True)
@@ -191,9 +204,9 @@ def main() -> int:
             f"{what[0].upper()}{what[1:]}, through "
             f"`extforge.compile_cache.env()` ({tool}, base_dir /) twice, in two different directories "
             "sharing one cache: `bench/compile_cache_bench.py`.\n",
-            "| run | wall s | cache hits | misses |",
-            "|---|---|---|---|",
-            *[f"| {r['run']} | {r['seconds']} | {r['hits']} | {r['misses']} |" for r in results],
+            "| run | python | wall s | cache hits | misses |",
+            "|---|---|---|---|---|",
+            *[f"| {r['run']} | {r['python']} | {r['seconds']} | {r['hits']} | {r['misses']} |" for r in results],
         ]
         append_section(lines)
     return 0

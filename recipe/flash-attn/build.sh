@@ -6,18 +6,24 @@ set -euo pipefail
 py_tag=$("${PYTHON}" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 
 # --- C++ ABI: the host torch decides, never the compiler's default -------------------------
-torch_abi=$("${PYTHON}" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 # Older torch adds -D_GLIBCXX_USE_CXX11_ABI=<n> itself; newer torch passes nothing and relies
-# on the compiler. Either way, what reaches the compilers must equal torch's ABI.
-cpp_ext_abi=$("${PYTHON}" - <<'PY'
+# on the compiler. Either way, what reaches the compilers must equal torch's ABI. One python
+# run for both answers: importing torch takes seconds, all of them before the first compile.
+read -r torch_abi cpp_ext_abi < <("${PYTHON}" - <<'PY'
+import torch
 from torch.utils import cpp_extension as ce
 flags: list[str] = []
 add = getattr(ce, "_add_gnu_cpp_abi_flag", None)
 if add is not None:
     add(flags)
-print(next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI),
+      next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
 PY
 )
+if [[ -z "${torch_abi:-}" ]]; then
+    echo "error: the host env's python cannot import torch (see above)" >&2
+    exit 1
+fi
 if [[ -n "${cpp_ext_abi}" && "${cpp_ext_abi}" != "${torch_abi}" ]]; then
     echo "error: torch.utils.cpp_extension passes _GLIBCXX_USE_CXX11_ABI=${cpp_ext_abi}" \
          "but torch._C._GLIBCXX_USE_CXX11_ABI is ${torch_abi}" >&2
@@ -67,14 +73,24 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
     printf '#!/bin/sh\nexec %s %s "$@"\n' "${EXTFORGE_COMPILER_LAUNCHER}" "${real_cxx}" > "${wrap_dir}/$(basename "${real_cxx}")"
     chmod +x "${wrap_dir}/$(basename "${real_cxx}")"
     export CXX="${wrap_dir}/$(basename "${real_cxx}")"
+    # torch's include paths name lib/pythonX.Y/site-packages, so two Python versions preprocess
+    # the same .cu to different text and never share a cache entry. Reached through a link whose
+    # name does not carry the version, they preprocess alike (the -I options themselves are not
+    # in ccache's preprocessor-mode key) and a second Python version reuses the kernel objects.
+    ln -sfn "$("${PYTHON}" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("torch").origin)))')" \
+        "${SRC_DIR}/.extforge-site"
+    export PYTHONPATH="${SRC_DIR}/.extforge-site${PYTHONPATH:+:${PYTHONPATH}}"
     for v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
         [[ -z "${!v:-}" ]] && unset "${v}"
     done
 fi
 
 echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
-     "archs ${FLASH_ATTN_CUDA_ARCHS}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
+
+# --- Which kernels, in which order (select_sources.py) ------------------------------------------
+"${PYTHON}" "${RECIPE_DIR}/select_sources.py" .
 
 "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
@@ -101,6 +117,7 @@ print(json.dumps({
     "torch": torch.__version__,
     "torch_cuda": torch.version.cuda,
     "cuda_archs": os.environ["FLASH_ATTN_CUDA_ARCHS"].split(";"),
+    "head_dims": os.environ.get("FLASH_ATTN_HEAD_DIMS") or "all",
     "linked_no_undefined": bool(libpython),
     "max_jobs": int(os.environ["MAX_JOBS"]),
     "nvcc_threads": int(os.environ["NVCC_THREADS"]),

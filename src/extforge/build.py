@@ -61,13 +61,16 @@ def build_environment(
     profile: str,
     profile_explicit: bool = False,
 ) -> dict[str, str]:
-    """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS, a compile cache."""
+    """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS and
+    longest-first unit order, a compile cache."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # A recipe without a measured profile (and none asked for) keeps its own defaults.
     if profile in plan.load_profiles() or profile_explicit:
         env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS).env()
+    if order := plan.unit_order(profile):
+        env["EXTFORGE_UNIT_ORDER"] = ";".join(order)
     # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
     with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()

@@ -14,6 +14,7 @@ from importlib import resources
 
 from ruamel.yaml import YAML
 
+from . import unit_costs
 from .errors import ExtforgeError
 from .machine import GIB, Machine
 
@@ -28,6 +29,7 @@ class BuildProfile:
     per_extra_thread_gib: float
     seconds_per_unit_arch: float
     link_seconds: float
+    calibration: tuple[float, int, int] | None = None  # (wall seconds, jobs, archs) of a measured build
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class BuildPlan:
     memory_limit_bytes: int
     expected_wall_seconds: int
     reasons: list[str] = field(default_factory=list)
+    # The same build with the units started in upstream's order (None: no per-unit data).
+    upstream_order_wall_seconds: int | None = None
 
     def env(self) -> dict[str, str]:
         return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
@@ -67,9 +71,45 @@ def load_profiles() -> dict[str, BuildProfile]:
             per_extra_thread_gib=float(d["per_extra_thread_gib"]),
             seconds_per_unit_arch=float(d["seconds_per_unit_arch"]),
             link_seconds=float(d["link_seconds"]),
+            calibration=(float(d["calibration"]["wall_seconds"]), int(d["calibration"]["jobs"]),
+                         int(d["calibration"]["archs"])) if d.get("calibration") else None,
         )
         for name, d in data.items()
     }
+
+
+def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: int, threads: int) -> dict[str, float]:
+    """Each unit's compile seconds for `n_archs` archs on `threads` nvcc threads. Unmeasured
+    costs are scaled so that upstream's order reproduces the profile's calibration build."""
+    per_unit = costs.seconds()
+    if costs.any_measured:
+        data_archs = max(1, len(costs.archs))
+    elif profile.calibration:
+        wall, jobs, data_archs = profile.calibration
+        span = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan
+        per_unit = {u: s * (wall - profile.link_seconds) / span for u, s in per_unit.items()}
+    else:
+        data_archs = 1
+        scale = profile.translation_units * profile.seconds_per_unit_arch / sum(per_unit.values())
+        per_unit = {u: s * scale for u, s in per_unit.items()}
+    busy = min(threads, n_archs)
+    return {u: s * n_archs / data_archs / busy for u, s in per_unit.items()}
+
+
+def unit_order(profile: str) -> list[str]:
+    """The profile's translation units, longest first (empty without per-unit data): a recipe
+    reorders its sources by it so ninja starts the critical path first."""
+    profiles, costs = load_profiles(), unit_costs.load(profile)
+    if not costs or profile not in profiles:
+        return []
+    return unit_costs.longest_first(unit_seconds(profiles[profile], costs, 1, 1))
+
+
+def scheduled_wall_seconds(per_unit: dict[str, float], jobs: int, link_seconds: float) -> tuple[float, float]:
+    """(longest first, upstream order) wall seconds of a build whose units cost `per_unit`."""
+    lpt = unit_costs.lpt_makespan(per_unit, jobs)
+    upstream = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan
+    return lpt + link_seconds, upstream + link_seconds
 
 
 def headroom_bytes(memory_bytes: int) -> int:
@@ -91,7 +131,8 @@ def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, c
     return max(cpu_seconds / parallel, critical) + profile.link_seconds
 
 
-def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS) -> BuildPlan:
+def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
+               head_dims: tuple[int, ...] = ()) -> BuildPlan:
     profiles = load_profiles()
     if profile not in profiles:
         raise ExtforgeError(f"no build profile '{profile}'", f"known: {', '.join(sorted(profiles))}",
@@ -117,17 +158,27 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
             f"build on a node with at least {math.ceil(need / GIB)} GiB (extforge plan --memory ...)",
         )
     wall, peak, jobs, threads = min(candidates, key=lambda c: (round(c[0]), c[1]))
+    upstream_wall = None
+    costs = unit_costs.load(profile)
+    if costs:
+        per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
+        wall, upstream_wall = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
     reasons = [
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
         f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
         "headroom for the link and the OS",
         f"one nvcc job peaks at ~{job_peak_bytes(p, threads, n_archs) / GIB:.1f} GiB "
         f"({profile}, {n_archs} arch(s), {threads} nvcc thread(s))",
-        f"{p.translation_units} translation units x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s",
+        f"{p.translation_units} translation units x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s"
+        if not costs else
+        f"{len(per_unit)} translation units, per-unit costs "
+        f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
+        f"started longest first over {jobs} job slots (upstream's order: ~{upstream_wall:.0f} s)",
     ]
     if jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
-    return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons)
+    return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
+                     None if upstream_wall is None else int(round(upstream_wall)))
 
 
 def slurm_request(plan: BuildPlan) -> SlurmRequest:

@@ -85,3 +85,13 @@ def test_a_rattler_build_panic_is_an_error_not_a_traceback(tmp_path):
     err = build_failure(panic, ["info: Copying done!"], ["file:///ch"], tmp_path / "x" / "recipe.yaml",
                         tmp_path / "build.log", [])
     assert err.what.startswith("building x failed: rattler-build crashed (panic): Failed to parse the ELF file")
+def test_build_passes_the_longest_first_unit_order():
+    """ninja starts units in the order of setup.py's sources: flash-attn's build script reorders
+    them by EXTFORGE_UNIT_ORDER, backward kernels of the largest head dims first."""
+    from extforge.build import build_environment
+
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
+    order = env["EXTFORGE_UNIT_ORDER"].split(";")
+    assert len(order) == 73 and order[0].startswith("flash_bwd_hdim256")
+    assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")
+    assert "EXTFORGE_UNIT_ORDER" not in build_environment("", [], {}, "no-such-profile")

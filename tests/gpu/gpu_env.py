@@ -43,3 +43,30 @@ def draw_seed() -> int:
     value = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(value)  # seeds the CUDA generators too
     return value
+
+
+def built_head_dims() -> tuple[int, ...] | None:
+    """Head dims of the installed flash-attn build (None: every head dim), from the build record
+    the recipe writes; a head-dim subset build (flash_attn_head_dims) has only those kernels."""
+    import json
+    import sys
+    from pathlib import Path
+
+    record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn.json"
+    if not record.is_file():
+        return None
+    dims = str(json.loads(record.read_text()).get("head_dims") or "all")
+    return None if dims == "all" else tuple(int(d) for d in dims.split(";"))
+
+
+def require_head_dim(headdim: int) -> None:
+    """Skip a test of a head dim whose kernels this flash-attn build does not have."""
+    built = built_head_dims()
+    if built is not None and not any(lo < headdim <= hi for lo, hi in _buckets() if hi in built):
+        pytest.skip(f"head dim {headdim} is not in this build (head dims {';'.join(map(str, built))})")
+
+
+def _buckets() -> list[tuple[int, int]]:
+    """flash-attn rounds a head dim up to the next kernel: (lower, upper] per kernel."""
+    dims = (32, 64, 96, 128, 192, 256)
+    return list(zip((0,) + dims[:-1], dims))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from gpu_env import import_or_skip
+from gpu_env import import_or_skip, require_head_dim
 
 torch = import_or_skip("torch")
 flash_attn = import_or_skip("flash_attn")
@@ -29,6 +29,7 @@ SHAPES = [
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flash_attn_func_matches_reference(device, seed, dtype, causal, headdim, shape):
+    require_head_dim(headdim)
     batch, seqlen_q, seqlen_k, heads, kv_heads = shape
     q = torch.randn(batch, seqlen_q, heads, headdim, device=device, dtype=dtype)
     k = torch.randn(batch, seqlen_k, kv_heads, headdim, device=device, dtype=dtype)
@@ -68,6 +69,7 @@ VARLEN_K = [1, 150, 128, 257, 384]
 @pytest.mark.parametrize("causal", CAUSAL)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_flash_attn_varlen_func_matches_per_sequence_reference(device, seed, dtype, causal, headdim):
+    require_head_dim(headdim)
     heads, kv_heads = 4, 2
     cu_q, cu_k = _offsets(VARLEN_Q), _offsets(VARLEN_K)
     q = torch.randn(cu_q[-1], heads, headdim, device=device, dtype=dtype)

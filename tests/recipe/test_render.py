@@ -103,3 +103,23 @@ def test_recipe_tests_check_import_extension_and_wheel_tag(rendered, recipe_dir:
     assert any("flash_attn_2_cuda" in f and f.endswith(".so") for f in kinds["package_contents"]["files"])
     assert "check_package.py" in str(kinds["script"])
     assert "none-any" in (recipe_dir / "check_package.py").read_text()
+
+
+def test_head_dim_subset_is_named_and_down_prioritised(recipe_dir: Path, tmp_path: Path) -> None:
+    """`flash_attn_head_dims` builds a subset: its build string says which head dims, it carries a
+    track feature (a plain `flash-attn` request prefers the full build), and the build script
+    gets the list; without the key every head dim is built, undecorated."""
+    full = _render(recipe_dir, "variants-offline.yaml")
+    variants = tmp_path / "variants.yaml"
+    variants.write_text((recipe_dir / "variants-offline.yaml").read_text() + 'flash_attn_head_dims:\n  - "64;128"\n')
+    recipe = Stage0Recipe.from_file(recipe_dir / "recipe.yaml")
+    slim = [(v.variant, v.recipe.to_dict()) for v in recipe.render(
+        VariantConfig.from_file(variants), RenderConfig(platform=PlatformConfig(target_platform="linux-64")))]
+    assert len(slim) == len(full)
+    for (_, f), (_, s) in zip(full, slim):
+        assert BUILD_STRING.match(f["build"]["string"]) and "_hd" not in f["build"]["string"]
+        assert f["build"]["variant"]["down_prioritize_variant"] == 0
+        assert f["build"]["script"]["env"]["FLASH_ATTN_HEAD_DIMS"] == "all"
+        assert re.match(r"^cuda\d+_torch\d+_py\d+_hd64-128_h[0-9a-f]{7}_0$", s["build"]["string"])
+        assert s["build"]["variant"]["down_prioritize_variant"] == 1
+        assert s["build"]["script"]["env"]["FLASH_ATTN_HEAD_DIMS"] == "64;128"

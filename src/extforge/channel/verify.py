@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..audit.stamp import read_stamps
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..machine import detect
 from .admission import Check, admission_checks
 from .hashing import hash_many
 from .install import locked_records, read_prefix_records, record_sha256
@@ -47,6 +48,7 @@ class VerifyReport:
     files_unchanged: int = 0
     snapshot: str = "none"  # "written", "unwritable", "none" (not all files passed)
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step, in order (-v prints them)
 
     @property
     def ok(self) -> bool:
@@ -70,7 +72,14 @@ class VerifyReport:
             "files_unchanged_since_snapshot": self.files_unchanged,
             "snapshot": self.snapshot,
             "seconds": round(self.seconds, 3),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
+
+    def lap(self, name: str, since: float) -> float:
+        """Record the seconds of step `name` (begun at `since`); returns now, the next step's start."""
+        now = time.monotonic()
+        self.phases[name] = now - since
+        return now
 
 
 
@@ -213,16 +222,24 @@ def verify_prefix(
     prefix = prefix.resolve()
     report = VerifyReport(prefix=prefix)
     records = read_prefix_records(prefix)
+    t = report.lap("conda-meta records", start)
     locked = None
     if lock_path is not None:
         if not env:
             raise ExtforgeError("--lock needs --env", "a lock holds several environments", "pass --env NAME")
 
         locked = locked_records(lock_path, env)
+        t = report.lap("lock", t)
     report.checks.append(check_packages(records, locked, env, mirrors))
+    t = report.lap("packages vs lock", t)
     report.checks.append(check_files(prefix, records, threads, report, rehash=rehash))
-    report.node = node or probe()
+    t = report.lap("file hashes", t)
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
-    report.checks += admission_checks(read_stamps(prefix), report.node, env_cuda)
+    audit_records = read_stamps(prefix)
+    # The driver is asked only when a check needs it (NVML's init can take a second per GPU).
+    report.node = node or (probe() if audit_records or env_cuda else NodeFacts(glibc=detect().glibc))
+    t = report.lap("node probe", t)
+    report.checks += admission_checks(audit_records, report.node, env_cuda)
+    report.lap("admission", t)
     report.seconds = time.monotonic() - start
     return report

@@ -28,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", type=option_type(positive_size(parse_memory)), help="plan for this much memory, e.g. 128G")
     parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
     parser.add_argument("--archs", type=option_type(parse_archs), default="80,90", help="GPU archs, comma separated (default 80,90)")
+    parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         machine = dataclasses.replace(machine, cores=args.cores, cores_source="--cores")
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
-    plan = plan_build(machine, args.profile, args.archs)
+    head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip())
+    plan = plan_build(machine, args.profile, args.archs, head_dims)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
@@ -50,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
         f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
         f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
-        f"  expected wall time ~{plan.expected_wall_seconds // 60} min {plan.expected_wall_seconds % 60} s\n"
+        f"  expected wall time ~{plan.expected_wall_seconds // 60} min {plan.expected_wall_seconds % 60} s (compile + link)"
+        + (f", longest units first; in upstream's order ~{plan.upstream_order_wall_seconds // 60} min "
+           f"{plan.upstream_order_wall_seconds % 60} s\n" if plan.upstream_order_wall_seconds else "\n") +
         f"  sbatch {' '.join(slurm.sbatch_args())}",
         markup=False,
     )

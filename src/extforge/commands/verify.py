@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from pathlib import Path
 
 HELP = "verify an installed environment: packages vs lock, every file's sha256, node admission (driver, GPU archs, glibc)"
@@ -23,7 +25,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "exit code: 0 all checks pass or skip, 1 a check failed, 2 could not run"
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux): python start-up plus imports, at run()."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
+    started = process_seconds()
     if args.slurm:
         from ..slurm.cli import verify_slurm
 
@@ -36,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
     report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash,
                            mirrors=mirrors)
+    if started is not None:
+        report.phases = {"python start-up and imports": started} | report.phases
     if args.json:
         emit_json(report.to_json())
     else:
@@ -45,4 +59,9 @@ def run(args: argparse.Namespace) -> int:
             for f in c.findings:
                 console.print(f"    {f}", markup=False, soft_wrap=True)
         console.print(f"{'ok' if report.ok else 'FAILED'} ({report.seconds:.2f} s)")
+        if args.verbose:
+            for name, seconds in report.phases.items():
+                console.print(f"  {seconds:7.3f} s  {name}", markup=False)
+            console.print(f"  {report.files_hashed} files hashed, {report.files_unchanged} unchanged since the "
+                          f"last clean run; record {report.snapshot}", markup=False)
     return report.exit_code

@@ -1,0 +1,116 @@
+"""Edit flash-attn's unpacked sdist before it is built: which kernels, in which order.
+
+Run by build.sh with the host python, in the source folder:
+
+  EXTFORGE_UNIT_ORDER  units (source file stems, ';'-separated) longest first, from
+                       extforge's per-unit cost data: ninja starts the compiles in the order
+                       of setup.py's `sources`, so the longest ones must not come last.
+  FLASH_ATTN_HEAD_DIMS head dims to build ("128", "64;128"); empty or "all" builds every one.
+                       The kernels of other head dims are dropped from `sources`, and the
+                       head-dim dispatch (HEADDIM_SWITCH in static_switch.h) is rewritten so
+                       that a call with another head dim raises a ValueError naming the built
+                       ones, instead of the module failing to load on an undefined symbol.
+
+Standalone on purpose (the build env has no extforge); tests/recipe/test_select_sources.py
+runs it on the real sdist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+UPSTREAM_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+SOURCE_LINE = re.compile(r'^(?P<indent>\s*)"(?P<path>csrc/flash_attn/(?:src/)?(?P<stem>[\w]+)\.(?:cu|cpp))",\s*$')
+KERNEL = re.compile(r"^flash_(?:fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_")
+SWITCH = re.compile(r"#define HEADDIM_SWITCH\(HEADDIM, \.\.\.\).*?\}\(\)\n", re.S)
+
+
+def parse_head_dims(text: str) -> tuple[int, ...]:
+    text = text.strip()
+    if not text or text == "all":
+        return ()
+    dims = tuple(sorted({int(d) for d in re.split(r"[;, ]+", text) if d}))
+    unknown = [d for d in dims if d not in UPSTREAM_HEAD_DIMS]
+    if unknown:
+        raise SystemExit(f"error: FLASH_ATTN_HEAD_DIMS={text}: flash-attn has kernels for head dims "
+                         f"{', '.join(map(str, UPSTREAM_HEAD_DIMS))} only, not {', '.join(map(str, unknown))}")
+    return dims
+
+
+def source_block(lines: list[str]) -> tuple[int, int]:
+    """[first, last) line indices of flash_attn_2_cuda's source list entries."""
+    start = next((i for i, line in enumerate(lines) if 'name="flash_attn_2_cuda"' in line), None)
+    first = next((i for i in range(start, len(lines)) if SOURCE_LINE.match(lines[i])), None) if start is not None else None
+    if first is None:
+        raise SystemExit("error: setup.py has no flash_attn_2_cuda source list of the expected shape "
+                         "(one quoted csrc/... path per line); select_sources.py does not fit this flash-attn version")
+    last = first
+    while last < len(lines) and SOURCE_LINE.match(lines[last]):
+        last += 1
+    return first, last
+
+
+def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str]) -> tuple[str, list[str]]:
+    """setup.py with the kernel list filtered to `head_dims` and sorted by `order` (units not in
+    it keep upstream's relative order, after the ordered ones); also returns the kept stems."""
+    lines = setup_py.splitlines(keepends=True)
+    first, last = source_block(lines)
+    entries = [(SOURCE_LINE.match(line)["stem"], line) for line in lines[first:last]]
+    if head_dims:
+        entries = [(s, line) for s, line in entries
+                   if not (m := KERNEL.match(s)) or int(m["hdim"]) in head_dims]
+    rank = {stem: i for i, stem in enumerate(order)}
+    entries.sort(key=lambda e: rank.get(e[0], len(rank)))  # stable: the rest keep their order
+    lines[first:last] = [line for _, line in entries]
+    return "".join(lines), [s for s, _ in entries]
+
+
+def head_dim_switch(head_dims: tuple[int, ...]) -> str:
+    """HEADDIM_SWITCH for a subset: upstream rounds a head dim up to the next kernel
+    (32, 64, 96, 128, 192, 256); a head dim whose kernel is not built throws."""
+    built = ", ".join(map(str, head_dims))
+    out = ["#define HEADDIM_SWITCH(HEADDIM, ...)   \\", "  [&] {                                    \\"]
+    lower = 0
+    for dim in UPSTREAM_HEAD_DIMS:
+        if dim in head_dims:
+            out += [f"    if ({lower} < HEADDIM && HEADDIM <= {dim}) {{ \\",
+                    f"      constexpr static int kHeadDim = {dim};  \\",
+                    "      return __VA_ARGS__();                \\",
+                    "    }                                      \\"]
+        lower = dim
+    out += ["    throw std::invalid_argument(           \\",
+            "        \"flash-attn: head dim \" + std::to_string(HEADDIM) + \\",
+            f"        \" is not built in this package (built head dims: {built}; \" \\",
+            "        \"install the full flash-attn build for other head dims)\"); \\",
+            "  }()", ""]
+    return "\n".join(out)
+
+
+def edit_switch(header: str, head_dims: tuple[int, ...]) -> str:
+    if not SWITCH.search(header):
+        raise SystemExit("error: static_switch.h has no HEADDIM_SWITCH of the expected shape; "
+                         "the head-dim subset patch does not fit this flash-attn version")
+    header = SWITCH.sub(lambda _: head_dim_switch(head_dims), header, count=1)
+    return header.replace("#pragma once\n", "#pragma once\n\n#include <stdexcept>\n#include <string>\n", 1)
+
+
+def main(root: Path) -> int:
+    head_dims = parse_head_dims(os.environ.get("FLASH_ATTN_HEAD_DIMS", ""))
+    order = [u for u in os.environ.get("EXTFORGE_UNIT_ORDER", "").split(";") if u]
+    setup_py = root / "setup.py"
+    text, kept = edit_sources(setup_py.read_text(), head_dims, order)
+    setup_py.write_text(text)
+    if head_dims:
+        switch = root / "csrc" / "flash_attn" / "src" / "static_switch.h"
+        switch.write_text(edit_switch(switch.read_text(), head_dims))
+    print(f"select_sources: {len(kept)} units"
+          f"{', head dims ' + ';'.join(map(str, head_dims)) if head_dims else ', every head dim'}"
+          f"{', longest first' if order else ', upstream order'}: {' '.join(kept[:4])} ...", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()))

@@ -1,0 +1,172 @@
+"""Per-translation-unit compile costs: read from ninja's `.ninja_log`, kept as data, and used
+to start the longest units first and to predict a build's wall time.
+
+A flash-attn build is 73 independent compiles whose costs differ ~4x (a backward kernel for
+head dim 256 against a forward one for 32). ninja starts ready edges roughly in the order of
+build.ninja, which torch's BuildExtension writes in the order of setup.py's `sources`: upstream's
+order leaves the longest units for the end, where they run alone on an otherwise idle node.
+Started longest first (LPT), the tail is short and the wall time is close to sum/jobs.
+
+The data (`data/unit-costs.yaml`) lists each profile's units; a unit's seconds are measured on a
+node (written by bench/build_side_by_side.py) or null, in which case a heuristic weight stands in
+for it, scaled so the profile's total matches its measured build (build-profiles.yaml).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import PurePosixPath
+
+from ruamel.yaml import YAML
+
+from .errors import ExtforgeError
+
+# flash_{fwd,bwd,fwd_split}_hdim{D}_{fp16,bf16}[_causal]_sm80
+_FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
+# Relative compile cost by kind and head dim. Backward kernels instantiate several tile
+# configurations and the dq/dk/dv accumulators; larger head dims unroll larger tiles.
+_KIND_WEIGHT = {"bwd": 2.5, "fwd": 1.0, "fwd_split": 0.8}
+_HDIM_WEIGHT = {32: 0.55, 64: 0.7, 96: 0.85, 128: 1.0, 192: 1.25, 256: 1.45}
+_CAUSAL_WEIGHT = 1.05
+_OTHER_WEIGHT = 0.3  # flash_api.cpp and other host-only units
+
+
+@dataclass(frozen=True)
+class NinjaEdge:
+    output: str
+    start_ms: int
+    end_ms: int
+
+    @property
+    def unit(self) -> str:
+        return unit_name(self.output)
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000.0
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """One profile's units and their measured seconds (None: not measured, use the heuristic)."""
+
+    profile: str
+    units: dict[str, float | None]
+    archs: tuple[str, ...] = ()
+    measured: str | None = None  # where and when, for the measured ones
+
+    @property
+    def any_measured(self) -> bool:
+        return any(s is not None for s in self.units.values())
+
+    def seconds(self) -> dict[str, float]:
+        """Every unit's cost: measured where known, the rest from heuristic weights scaled to the
+        measured ones (with none measured, the bare weights, for the caller to calibrate)."""
+        weights = {u: heuristic_weight(u) for u in self.units}
+        known = {u: s for u, s in self.units.items() if s is not None}
+        scale = sum(known.values()) / sum(weights[u] for u in known) if known else 1.0
+        return {u: known.get(u, weights[u] * scale) for u in self.units}
+
+
+def unit_name(path: str) -> str:
+    """`.../csrc/flash_attn/src/flash_bwd_hdim128_fp16_sm80.o` or `....cu` → `flash_bwd_hdim128_fp16_sm80`."""
+    name = PurePosixPath(path).name
+    for suffix in (".o", ".obj", ".cu", ".cpp", ".cc", ".cxx"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def heuristic_weight(unit: str) -> float:
+    m = _FLASH_UNIT.match(unit)
+    if not m:
+        return _OTHER_WEIGHT
+    weight = _KIND_WEIGHT[m["kind"]] * _HDIM_WEIGHT.get(int(m["hdim"]), int(m["hdim"]) / 128)
+    return weight * (_CAUSAL_WEIGHT if m["causal"] else 1.0)
+
+
+def head_dim(unit: str) -> int | None:
+    m = _FLASH_UNIT.match(unit)
+    return int(m["hdim"]) if m else None
+
+
+def parse_ninja_log(text: str) -> list[NinjaEdge]:
+    """Edges of a `.ninja_log` (v5-v7: start, end, mtime, output, hash; tab-separated). ninja
+    appends on every build; the last entry of an output is the one that counts."""
+    lines = text.splitlines()
+    if not lines or not re.match(r"#\s*ninja log v\d+", lines[0]):
+        raise ExtforgeError("not a ninja log", "the first line is not '# ninja log vN'",
+                            "pass the .ninja_log from the build folder (build/temp.*/.ninja_log)")
+    edges: dict[str, NinjaEdge] = {}
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        edges[parts[3]] = NinjaEdge(parts[3], int(parts[0]), int(parts[1]))
+    return sorted(edges.values(), key=lambda e: (e.start_ms, e.output))
+
+
+def unit_seconds(edges: Iterable[NinjaEdge]) -> dict[str, float]:
+    return {e.unit: round(e.seconds, 1) for e in edges}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    makespan: float
+    slots: list[list[str]]  # units per job slot, in start order
+
+
+def list_schedule(costs: Sequence[tuple[str, float]], jobs: int) -> Schedule:
+    """Greedy list scheduling, as ninja does: each unit, in the given order, starts on the slot
+    that frees up first. Given the units longest first, this is the LPT schedule (makespan at
+    most 4/3 of the optimum)."""
+    if jobs < 1:
+        raise ValueError("jobs must be >= 1")
+    heap = [(0.0, i) for i in range(jobs)]
+    slots: list[list[str]] = [[] for _ in range(jobs)]
+    for unit, seconds in costs:
+        free_at, i = heapq.heappop(heap)
+        slots[i].append(unit)
+        heapq.heappush(heap, (free_at + seconds, i))
+    ends = sorted(t for t, _ in heap)
+    return Schedule(makespan=ends[-1] if ends else 0.0, slots=slots)
+
+
+def longest_first(costs: Mapping[str, float]) -> list[str]:
+    """Units by decreasing cost; ties by name, so the order is reproducible."""
+    return sorted(costs, key=lambda u: (-costs[u], u))
+
+
+def lpt_makespan(costs: Mapping[str, float], jobs: int) -> float:
+    return list_schedule([(u, costs[u]) for u in longest_first(costs)], jobs).makespan
+
+
+def _data() -> dict:
+    text = resources.files("extforge").joinpath("data/unit-costs.yaml").read_text()
+    return YAML(typ="safe").load(text) or {}
+
+
+def load(profile: str) -> UnitCosts | None:
+    d = _data().get(profile)
+    if not d:
+        return None
+    units = {str(k): (None if v is None else float(v)) for k, v in (d.get("units") or {}).items()}
+    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"))
+
+
+def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:
+    """Only the units a head-dim subset build compiles (units without a head dim stay)."""
+    keep = set(head_dims or ())
+    return {u: s for u, s in per_unit.items() if not keep or head_dim(u) is None or head_dim(u) in keep}
+
+
+def to_yaml_entry(profile: str, seconds: Mapping[str, float], archs: Sequence[str], measured: str,
+                  extra: Mapping[str, object] | None = None) -> dict:
+    """The data-file entry for measured units (what bench/build_side_by_side.py emits), in the
+    order given: the build's own source order, so the planner can compare it with LPT."""
+    return {profile: {"measured": measured, "archs": list(archs), **(extra or {}),
+                      "units": {u: round(s, 1) for u, s in seconds.items()}}}

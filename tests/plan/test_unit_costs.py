@@ -1,0 +1,136 @@
+"""extforge.unit_costs: ninja logs, the LPT schedule, the per-unit data the planner reads."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from extforge import unit_costs
+from extforge.errors import ExtforgeError
+from extforge.machine import GIB, Machine
+from extforge.plan import load_profiles, plan_build, unit_seconds
+from extforge.unit_costs import head_dim, heuristic_weight, list_schedule, longest_first, lpt_makespan, parse_ninja_log
+
+
+def brute_force_makespan(costs: list[float], jobs: int) -> float:
+    best = float("inf")
+    for assignment in itertools.product(range(jobs), repeat=len(costs)):
+        loads = [0.0] * jobs
+        for c, j in zip(costs, assignment):
+            loads[j] += c
+        best = min(best, max(loads))
+    return best
+
+
+def test_list_schedule_starts_each_unit_on_the_first_free_slot() -> None:
+    # Slot 0: a (5) then d (1); slot 1: b (3) then c (2), free at 5; d goes where a ended (5).
+    s = list_schedule([("a", 5), ("b", 3), ("c", 2), ("d", 1)], 2)
+    assert s.makespan == 6
+    assert sorted(map(tuple, s.slots)) == [("a", "d"), ("b", "c")]
+
+
+def test_upstream_order_leaves_the_long_unit_for_last() -> None:
+    costs = {f"short{i}": 10.0 for i in range(6)} | {"long": 30.0}
+    upstream = list_schedule(list(costs.items()), 3).makespan  # long starts at 20
+    assert upstream == 50
+    assert lpt_makespan(costs, 3) == 30  # long first, the shorts fill the other slots
+
+
+@pytest.mark.parametrize("costs,jobs", [
+    ([7, 5, 4, 3, 3, 2, 2, 1], 3),
+    ([9, 8, 2, 2, 2, 2, 2, 2, 1], 2),
+    ([5, 5, 4, 4, 3, 3, 3], 3),  # the classic case where LPT is not optimal (11 vs 9)
+])
+def test_lpt_is_within_4_3_of_the_optimum(costs: list[float], jobs: int) -> None:
+    named = {f"u{i}": c for i, c in enumerate(costs)}
+    optimum = brute_force_makespan(costs, jobs)
+    lpt = lpt_makespan(named, jobs)
+    assert optimum <= lpt <= (4 / 3 - 1 / (3 * jobs)) * optimum + 1e-9
+    assert lpt >= max(costs) and lpt >= sum(costs) / jobs
+
+
+def test_more_jobs_than_units_is_the_longest_unit() -> None:
+    assert lpt_makespan({"a": 4.0, "b": 9.0}, 16) == 9.0
+    with pytest.raises(ValueError):
+        list_schedule([("a", 1.0)], 0)
+
+
+def test_longest_first_order_is_reproducible() -> None:
+    assert longest_first({"b": 2.0, "a": 2.0, "c": 3.0}) == ["c", "a", "b"]
+
+
+def test_heuristic_puts_backward_and_large_head_dims_first() -> None:
+    w = heuristic_weight
+    assert w("flash_bwd_hdim64_fp16_sm80") > w("flash_fwd_hdim256_fp16_sm80")
+    dims = [w(f"flash_bwd_hdim{d}_bf16_sm80") for d in (256, 192, 128, 96, 64, 32)]
+    assert dims == sorted(dims, reverse=True) and len(set(dims)) == 6
+    assert w("flash_fwd_hdim128_bf16_causal_sm80") > w("flash_fwd_hdim128_bf16_sm80") > w("flash_fwd_split_hdim128_bf16_sm80")
+    assert w("flash_api") < w("flash_fwd_split_hdim32_fp16_sm80")
+    assert head_dim("flash_fwd_split_hdim192_fp16_causal_sm80") == 192 and head_dim("flash_api") is None
+
+
+NINJA_LOG = """# ninja log v5
+0\t41250\t1732350000000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/flash_api.o\t8f0c6a2b3c4d5e6f
+12\t398012\t1732350000000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_bwd_hdim256_bf16_causal_sm80.o\t1a2b3c4d5e6f7a8b
+15\t101500\t1732350000000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.o\t2a2b3c4d5e6f7a8b
+garbage line
+101600\t190000\t1732350000000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_split_hdim64_bf16_sm80.o\t3a2b3c4d5e6f7a8b
+20\t500\t1732350000000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.o\t4a2b3c4d5e6f7a8b
+"""
+
+
+def test_ninja_log_keeps_the_last_entry_of_each_output() -> None:
+    edges = parse_ninja_log(NINJA_LOG)
+    by_unit = {e.unit: e.seconds for e in edges}
+    assert by_unit == {
+        "flash_api": 41.25,
+        "flash_bwd_hdim256_bf16_causal_sm80": 398.0,
+        "flash_fwd_hdim32_fp16_sm80": 0.48,  # the later (incremental) entry wins
+        "flash_fwd_split_hdim64_bf16_sm80": 88.4,
+    }
+    assert [e.unit for e in edges][0] == "flash_api"  # ordered by start
+
+
+def test_not_a_ninja_log_is_refused() -> None:
+    with pytest.raises(ExtforgeError, match="not a ninja log"):
+        parse_ninja_log("0\t1\t2\tx.o\th\n")
+
+
+def test_emitted_entry_round_trips_into_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    seconds = unit_costs.unit_seconds(parse_ninja_log(NINJA_LOG))
+    entry = unit_costs.to_yaml_entry("flash-attn", seconds, ["90"], "test node, 2026-11-23")
+    monkeypatch.setattr(unit_costs, "_data", lambda: entry)
+    costs = unit_costs.load("flash-attn")
+    assert costs is not None and costs.any_measured and costs.archs == ("90",)
+    assert costs.seconds() == pytest.approx(seconds)
+    # Measured data wins over the heuristic: the planner's wall time is the longest unit + link.
+    node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
+    plan = plan_build(node, "flash-attn", ("90",))
+    assert plan.expected_wall_seconds == round(398.0 + load_profiles()["flash-attn"].link_seconds)
+
+
+def test_partly_measured_units_scale_the_heuristic() -> None:
+    costs = unit_costs.UnitCosts("x", {"flash_fwd_hdim128_fp16_sm80": 100.0, "flash_bwd_hdim128_fp16_sm80": None}, ("90",))
+    assert costs.seconds()["flash_bwd_hdim128_fp16_sm80"] == pytest.approx(250.0)
+
+
+def test_shipped_flash_attn_data_and_calibration() -> None:
+    costs = unit_costs.load("flash-attn")
+    assert costs is not None and len(costs.units) == load_profiles()["flash-attn"].translation_units == 73
+    profile = load_profiles()["flash-attn"]
+    per_unit = unit_seconds(profile, costs, 1, 1)
+    # Unmeasured costs are calibrated so upstream's order reproduces the measured plain build.
+    upstream = list_schedule(list(per_unit.items()), 16).makespan + profile.link_seconds
+    assert upstream == pytest.approx(1004)
+    assert lpt_makespan(per_unit, 16) + profile.link_seconds < upstream
+    slim = unit_costs.with_head_dims(per_unit, [128])
+    assert len(slim) == 13 and "flash_api" in slim
+
+
+def test_head_dim_subset_plan_is_shorter() -> None:
+    node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
+    full = plan_build(node, "flash-attn", ("90",))
+    slim = plan_build(node, "flash-attn", ("90",), head_dims=(128,))
+    assert slim.expected_wall_seconds < 0.5 * full.expected_wall_seconds
+    assert full.upstream_order_wall_seconds is not None and full.upstream_order_wall_seconds > full.expected_wall_seconds

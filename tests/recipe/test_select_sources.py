@@ -1,0 +1,129 @@
+"""recipe/flash-attn/select_sources.py on the real flash-attn 2.8.3 sdist: units longest first,
+a head-dim subset, and a head-dim dispatch that throws for the head dims it did not build."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from extforge import plan, sources
+from extforge.paths import cache_root
+
+SDIST_NAME = "flash_attn-2.8.3"
+
+
+@pytest.fixture(scope="module")
+def sdist(recipe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = sources.read_spec(recipe_dir)
+    roots = [Path(os.environ["EXTFORGE_SOURCES"])] if os.environ.get("EXTFORGE_SOURCES") else []
+    found = [p for p in (sources.stored_path(spec, r) for r in [*roots, sources.default_root()]) if p.is_file()]
+    if not found:
+        pytest.skip("the flash-attn sdist is not in the source cache (extforge sources fetch recipe/flash-attn)")
+    out = tmp_path_factory.mktemp("sdist")
+    with tarfile.open(found[0]) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(
+            (f"{SDIST_NAME}/setup.py", f"{SDIST_NAME}/csrc/flash_attn/", f"{SDIST_NAME}/csrc/cutlass/include/"))]
+        tar.extractall(out, members=members, filter="data")
+    return out / SDIST_NAME
+
+
+def run_select(recipe_dir: Path, src: Path, tmp_path: Path, **env: str) -> Path:
+    work = tmp_path / "src"
+    shutil.copytree(src, work)
+    subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(work)], check=True,
+                   env={**os.environ, "FLASH_ATTN_HEAD_DIMS": "", "EXTFORGE_UNIT_ORDER": ""} | env)
+    return work
+
+
+def listed_units(setup_py: Path) -> list[str]:
+    return [m.group(1) for m in re.finditer(r'"csrc/flash_attn/(?:src/)?(\w+)\.(?:cu|cpp)"', setup_py.read_text())]
+
+
+def test_units_start_longest_first(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    order = plan.unit_order("flash-attn")
+    upstream = listed_units(sdist / "setup.py")
+    work = run_select(recipe_dir, sdist, tmp_path, EXTFORGE_UNIT_ORDER=";".join(order))
+    assert listed_units(work / "setup.py") == order != upstream
+    assert sorted(order) == sorted(upstream)  # the cost data names every unit of this sdist
+    assert order[0].startswith("flash_bwd_hdim256")
+
+
+def test_without_settings_setup_py_is_unchanged(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    work = run_select(recipe_dir, sdist, tmp_path)
+    assert (work / "setup.py").read_text() == (sdist / "setup.py").read_text()
+    assert (work / "csrc/flash_attn/src/static_switch.h").read_text() == (sdist / "csrc/flash_attn/src/static_switch.h").read_text()
+
+
+def test_head_dim_subset_keeps_only_its_kernels(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="64;128")
+    units = listed_units(work / "setup.py")
+    assert len(units) == 1 + 2 * 12 and "flash_api" in units
+    assert {u.split("_hdim")[1].split("_")[0] for u in units if "_hdim" in u} == {"64", "128"}
+
+
+def test_unknown_head_dim_is_refused(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError):
+        run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="80")
+
+
+DISPATCH = r"""
+#include <cstdio>
+#include <stdexcept>
+#include "static_switch.h"
+int dispatch(int d) { return HEADDIM_SWITCH(d, [&] { return kHeadDim; }); }
+int main() {
+  for (int d : {32, 64, 80, 100, 128, 160, 256}) {
+    try { std::printf("%d->%d\n", d, dispatch(d)); }
+    catch (const std::invalid_argument& e) { std::printf("%d->error: %s\n", d, e.what()); }
+  }
+}
+"""
+
+
+def test_patched_dispatch_throws_for_unbuilt_head_dims(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="64;128")
+    (tmp_path / "d.cpp").write_text(DISPATCH)
+    # FP16_SWITCH etc. name cutlass types only when expanded; HEADDIM_SWITCH needs no cutlass.
+    subprocess.run(["g++", "-std=c++17", "-I", str(work / "csrc/flash_attn/src"), "d.cpp", "-o", "d"], cwd=tmp_path, check=True)
+    out = subprocess.run([str(tmp_path / "d")], capture_output=True, text=True, check=True).stdout.splitlines()
+    # Upstream rounds up to the next kernel: 64 serves 33..64, 128 serves 97..128.
+    assert out[1] == "64->64" and out[3] == "100->128" and out[4] == "128->128"
+    for line in (out[0], out[2], out[5], out[6]):
+        assert "is not built in this package (built head dims: 64, 128;" in line, line
+
+
+def _torch_headers() -> Path | None:
+    for version in ("2.14.1", "2.11.0"):
+        root = cache_root() / "audit-torch" / version
+        if (root / "torch" / "include" / "torch" / "extension.h").is_file():
+            return root
+    return None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not Path("/usr/local/cuda/include/cuda_runtime.h").is_file(),
+                    reason="needs g++ and the CUDA toolkit headers")
+def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    """flash_api.cpp (the only user of HEADDIM_SWITCH) compiled against torch's headers: its
+    undefined kernel symbols are exactly those of the kept .cu files, so the link cannot miss one."""
+    torch = _torch_headers()
+    if torch is None:
+        pytest.skip("no torch wheel in the cache (tests/audit installs one)")
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="128")
+    include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
+               f"{torch}/torch/include/torch/csrc/api/include", "/usr/local/cuda/include", f"{torch}/nvidia/cu13/include",
+               sysconfig.get_paths()["include"]]
+    subprocess.run(["g++", "-c", "-O0", "-std=c++20", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
+                    *[f"-I{i}" for i in include], "csrc/flash_attn/flash_api.cpp", "-o", "flash_api.o"],
+                   cwd=work, check=True)
+    syms = subprocess.run(["nm", "-uC", "flash_api.o"], cwd=work, capture_output=True, text=True, check=True).stdout
+    kernels = {re.sub(r"cutlass::(half_t|bfloat16_t), ", "", m) for m in re.findall(r"run_mha_\w+<[^>]*>", syms)}
+    assert kernels == {f"{fn}<128, {c}>" for fn in ("run_mha_fwd_", "run_mha_bwd_", "run_mha_fwd_splitkv_dispatch")
+                       for c in ("false", "true")}
