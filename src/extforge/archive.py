@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Literal
 
 import zstandard
 
@@ -245,7 +246,7 @@ class PackageCheck:
                 yield f"bin/{script}"
 
 
-def _tar_members(fileobj, mode: str) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+def _tar_members(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
     # Stream mode: a 1 GB package is scanned without seeking or buffering it whole.
     with tarfile.open(fileobj=fileobj, mode=mode) as tar:
         for member in tar:

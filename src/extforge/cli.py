@@ -131,7 +131,7 @@ def _run(argv: list[str]) -> int:
         return EXIT_CANNOT_RUN
 
 
-def _terminated(signum, frame) -> None:
+def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 

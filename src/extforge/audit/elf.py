@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from elftools.elf.elffile import ELFFile
 
@@ -199,7 +200,7 @@ def _read_headers(path: Path, mm: mmap.mmap) -> ElfObject:
     elf = ELFFile(mm)
     sections, index = _section_table(path, elf, mm)
 
-    def section(name: str):
+    def section(name: str) -> Any:
         return elf.get_section(index[name]) if name in index else None
 
     needed: list[str] = []

@@ -126,7 +126,10 @@ def _extract_members(tar: tarfile.TarFile, root: Path, payload: Payload, check: 
             payload.python_files += 1
         if _SHARED.search(name) and (member.isfile() or member.issym()):
             # Checked above; the data filter is a second line where this Python has it (>= 3.11.4).
-            tar.extract(member, root, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            if hasattr(tarfile, "data_filter"):
+                tar.extract(member, root, filter="data")
+            else:
+                tar.extract(member, root)
             if member.isfile():
                 payload.elf_files.append(root / name)
 

@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .report import Finding
+from .report import Finding, Severity
 from .resolve import SYSTEM_DIRS
 
 # World-writable on every Linux node, whatever the auditing machine has.
@@ -28,7 +28,7 @@ _ORIGIN = ("$ORIGIN", "${ORIGIN}")
 # Substituted by the loader; any value does for telling where an entry leads.
 _TOKENS = {"${LIB}": "lib", "$LIB": "lib", "${PLATFORM}": "platform", "$PLATFORM": "platform"}
 
-VERDICTS = {
+VERDICTS: dict[str, tuple[Severity, str, str]] = {
     # verdict: (severity, what it is, why it matters)
     "cwd": ("error", "relative to the working directory",
             "the loader searches it from the folder python was started in: whoever controls that folder "
@@ -65,8 +65,9 @@ def placement(kind: str, rel: str, root: Path, env_root: Path | None, placeholde
     if kind == "conda":
         # Clients write the install prefix over the placeholder, so what lies under it is the
         # prefix; a placeholder that is no absolute folder ("/", "x") replaces nothing sensible.
-        usable = placeholder and placeholder.startswith("/") and posixpath.normpath(placeholder) != "/"
-        return Placement(folder, tuple([posixpath.normpath(placeholder), *prefixes] if usable else prefixes))
+        if placeholder and placeholder.startswith("/") and posixpath.normpath(placeholder) != "/":
+            return Placement(folder, tuple([posixpath.normpath(placeholder), *prefixes]))
+        return Placement(folder, tuple(prefixes))
     if kind == "wheel":  # a wheel's root is site-packages; the python version does not change the depth
         return Placement(PurePosixPath("lib/python3/site-packages") / folder, tuple(prefixes))
     return Placement(None, tuple(prefixes))

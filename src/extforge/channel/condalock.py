@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from ruamel.yaml import YAML
 
 FORMAT_VERSION = 1
 
 
-def hex_digest(value) -> str | None:
+def hex_digest(value: bytes | str | None) -> str | None:
     """A record's md5/sha256 as hex text (rattler gives bytes)."""
     if value is None:
         return None
     return value.hex() if isinstance(value, bytes) else str(value)
 
 
-def _dependencies(record) -> dict[str, str]:
+def _dependencies(record: Any) -> dict[str, str]:
     out = {}
     for spec in record.depends:
         name, _, rest = spec.strip().partition(" ")
@@ -67,7 +68,7 @@ def content_hash(specs: list[str], channels: list[str], platform: str) -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
 
-def package_entry(record, platform: str) -> dict:
+def package_entry(record: Any, platform: str) -> dict:
     return {
         "name": record.name.normalized,
         "version": str(record.version),

@@ -79,7 +79,7 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
     if not lock_path.is_file():
         raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
     try:
-        lock_file = LockFile.from_path(str(lock_path))
+        lock_file = LockFile.from_path(lock_path)
     except Exception as exc:  # rattler's ParseCondaLockError and I/O errors
         raise ExtforgeError(f"cannot read {lock_path}", str(exc), "restore it from version control or re-run `extforge lock`") from exc
     environment = lock_file.environment(env)

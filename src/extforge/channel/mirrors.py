@@ -18,6 +18,7 @@ also follows mirrors that are folders (file://).
 
 from __future__ import annotations
 
+import argparse
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ def site_mirrors(workspace: Path | None, manifest_map: dict[str, str] | None = N
     return mirrors.merged(parse_channel_map(cli_map or [], base, "--channel-map"))
 
 
-def add_channel_map_option(parser) -> None:
+def add_channel_map_option(parser: argparse.ArgumentParser) -> None:
     """`--channel-map NAME=URL` for lock, install and verify: one mirror, as on the command line."""
     parser.add_argument(
         "--channel-map",

@@ -42,7 +42,7 @@ def probe_target(python: str, timeout: float = 120) -> TargetFacts:
     # A neutral working directory: a flash-attention source checkout in the cwd would shadow
     # the installed package and make the installed one look broken.
     with scratch_dir("doctor") as cwd:
-        out = run_text([python, "-c", PROBE.read_text()], timeout=timeout, cwd=cwd)
+        out = run_text([python, "-c", PROBE.read_text()], timeout=timeout, cwd=str(cwd))
     if out is None or SENTINEL not in out.stdout:
         detail = (out.stderr.strip().splitlines() or ["no output"])[-1] if out else "it did not start or timed out"
         raise ExtforgeError(

@@ -13,8 +13,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from ..channel.hashing import sha256_file as hash_file
@@ -98,7 +100,7 @@ def _tree_toolkit(root: Path, source: str) -> Toolkit:
     return Toolkit(meta["version"], source, meta["origin"], files, meta["identity"])
 
 
-def _cached_tree(key: str, build) -> Path:
+def _cached_tree(key: str, build: Callable[[Path], dict[str, Any]]) -> Path:
     """`toolkits/<key>`, made by build(tree_dir) -> meta dict once; concurrent runs wait."""
     root = toolkits_dir() / key
     with exclusive(toolkits_dir() / f"{key}.lock"):
@@ -281,7 +283,8 @@ def from_debian(d: DebianToolkit) -> Toolkit:
     key = "debian-" + text_identity(str(LAYOUT), *(r["SHA256"] for r in records))[:24]
 
     def build(tree: Path) -> dict:
-        stats = {"debs": {}, "download_bytes": 0}
+        debs: dict[str, int] = {}
+        stats: dict[str, Any] = {"debs": debs, "download_bytes": 0}
         with tempfile.TemporaryDirectory(dir=toolkits_dir()) as tmp:
             start = time.monotonic()
             apt.run("download", *(f"{p}={r['Version']}" for p, r in zip(d.packages, records, strict=True)),
@@ -289,7 +292,7 @@ def from_debian(d: DebianToolkit) -> Toolkit:
             stats["download_seconds"] = round(time.monotonic() - start, 1)
             start = time.monotonic()
             for deb in sorted(Path(tmp).glob("*.deb")):
-                stats["debs"][deb.name] = deb.stat().st_size
+                debs[deb.name] = deb.stat().st_size
                 stats["download_bytes"] += deb.stat().st_size
                 _unpack_deb(deb, tree)
             stats["unpack_seconds"] = round(time.monotonic() - start, 1)
