@@ -104,6 +104,11 @@ if [[ -n "${libpython}" ]]; then
 fi
 
 mkdir -p "${PREFIX}/share/extforge/build"
+# ninja's own per-unit start/end times: what `extforge plan`'s longest-first order is measured from.
+ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
+if [[ -n "${ninja_log}" ]]; then
+    cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn.ninja_log"
+fi
 "${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
 import json, os, sys
 import torch
