@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..locking import Busy, exclusive_or_busy
 from ..paths import cache_root, rattler_cache_dir
 from .hashing import sha256_file
 from .safety import check_package
@@ -34,6 +36,8 @@ class InstallResult:
     status: str = "installed"  # "installed" | "already-installed"
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # Files the package cache gave wrong, before install re-extracted them from the verified packages.
+    cache_mismatches: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -43,6 +47,7 @@ class InstallResult:
             "status": self.status,
             "seconds": round(self.seconds, 3),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "cache_mismatches": self.cache_mismatches,
         }
 
 
@@ -131,10 +136,23 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
 
 
 def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64") -> InstallResult:
-    from rattler import install
+    prefix = prefix.resolve()
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive_or_busy(prefix.parent / f".{prefix.name}.extforge-install.lock"):
+            return _install(lock_path, env, prefix, platform)
+    except Busy as busy:
+        raise ExtforgeError(
+            f"another install is running into {prefix} (pid {busy.holder})",
+            "two installs into one prefix would mix their files",
+            "wait for it to finish and run this again (it is then a no-op)",
+        ) from None
+
+
+def _install(lock_path: Path, env: str, prefix: Path, platform: str) -> InstallResult:
+    from .trust import PackageRef, manifests_for
 
     start = time.monotonic()
-    prefix = prefix.resolve()
     result = InstallResult(prefix=prefix, environment=env)
     records = locked_records(lock_path, env, platform)
     result.packages = len(records)
@@ -162,6 +180,8 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         )
     for path in local.values():
         check_package(path)
+    refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
+    manifests, _ = manifests_for(refs, prefix, local)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     originals = {}
@@ -169,20 +189,23 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix.parent / f".{prefix.name}.extforge-staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    cache = rattler_cache_dir() / "pkgs"
     t = time.monotonic()
     try:
-        asyncio.run(
-            install(
-                records,
-                staging,
-                cache_dir=rattler_cache_dir() / "pkgs",
-                alternative_target_prefix=prefix,
-                show_progress=False,
-                execute_link_scripts=False,
-            )
-        )
+        bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+        if bad_files:
+            # The extracted cache (perhaps shared, on NFS) gave other bytes than the packages the
+            # lock names: drop those entries so rattler extracts them again from the verified archives.
+            dropped = _drop_cache_entries(cache, records, bad_files)
+            result.cache_mismatches = [f"{f} (from {', '.join(dropped) or 'no cache entry found'})" for f in bad_files]
+            bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+            if bad_files:
+                raise ExtforgeError(
+                    f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
+                    f"the package cache {cache} gives other bytes than the verified packages, even after re-extracting",
+                    f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
+                    exit_code=EXIT_FINDINGS,
+                )
         _restore_urls(staging / "conda-meta", originals)
         if prefix.exists():
             prefix.rmdir()  # empty, checked above
@@ -190,9 +213,77 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    result.timings["link"] = time.monotonic() - t
+    result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
     return result
+
+
+def _new_staging(staging: Path, prefix: Path) -> None:
+    """An empty staging folder with the mode and group of a pre-created prefix (a setgid 2750
+    folder stays one, and its group is inherited by everything installed into it)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    if prefix.is_dir():
+        st = prefix.stat()
+        try:
+            os.chown(staging, -1, st.st_gid)
+        except PermissionError:
+            pass  # not a member of that group: the mode is still kept
+        os.chmod(staging, stat.S_IMODE(st.st_mode))
+
+
+def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict]) -> list[str]:
+    """Install into staging, then hash what landed there against the packages' own manifests;
+    the paths (relative) that differ from them or that no package owns."""
+    from rattler import install
+
+    from .trust import owned_paths
+    from .verify import VerifyReport, check_files
+
+    _new_staging(staging, prefix)
+    asyncio.run(
+        install(
+            records,
+            staging,
+            cache_dir=cache,
+            alternative_target_prefix=prefix,
+            show_progress=False,
+            execute_link_scripts=False,
+        )
+    )
+    owned = owned_paths(manifests)
+    if CACHEDIR_TAG not in owned:
+        # rattler marks every prefix as a cache; backup tools would then skip the environment.
+        (staging / CACHEDIR_TAG).unlink(missing_ok=True)
+    report = VerifyReport(prefix=prefix)
+    check_files(staging, manifests, None, report, rehash=True, prefix=prefix)
+    return sorted(set(report.bad_files) | set(_unowned_files(staging, owned)))
+
+
+CACHEDIR_TAG = "CACHEDIR.TAG"
+
+
+def _unowned_files(root: Path, owned: set[str]) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == "conda-meta":
+            dirnames[:] = []
+            continue
+        out += [p for f in filenames if (p := os.path.normpath(os.path.join(rel_dir, f))) not in owned]
+    return out
+
+
+def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> list[str]:
+    """Remove the extracted cache folders that hold any of rel_paths; their names."""
+    dropped = []
+    for r in records:
+        entry = cache / r.file_name.removesuffix(".conda").removesuffix(".tar.bz2")
+        if any(os.path.lexists(entry / rel) for rel in rel_paths):
+            shutil.rmtree(entry, ignore_errors=True)
+            Path(f"{entry}.lock").unlink(missing_ok=True)
+            dropped.append(entry.name)
+    return dropped
 
 
 def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:

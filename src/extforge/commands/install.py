@@ -17,7 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
     )
-    parser.epilog = "exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), 2 could not run"
+    parser.epilog = ("exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), "
+                     "2 could not run (also: another install is running into the same prefix)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,5 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_json())
     else:
+        for f in result.cache_mismatches:
+            console.print(f"  [yellow]repaired[/yellow] {f}: the package cache held other bytes than the locked package; re-extracted from it")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
     return EXIT_OK
