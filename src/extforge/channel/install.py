@@ -135,11 +135,16 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
     return {(r.name.normalized, str(r.version), str(r.build), record_sha256(r)) for r in records}
 
 
+def install_lock_path(prefix: Path) -> Path:
+    """Beside the prefix (which may not exist yet), removed when the install ends."""
+    return prefix.parent / f".{prefix.name}.extforge-install.lock"
+
+
 def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64") -> InstallResult:
     prefix = prefix.resolve()
     prefix.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with exclusive_or_busy(prefix.parent / f".{prefix.name}.extforge-install.lock"):
+        with exclusive_or_busy(install_lock_path(prefix)):
             return _install(lock_path, env, prefix, platform)
     except Busy as busy:
         raise ExtforgeError(
