@@ -1,0 +1,75 @@
+"""Install takes nothing from the package cache on trust: an extracted package whose files (and
+its own info/paths.json) were changed is re-extracted from the archive the lock vouches for."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .lockenv import MODULE, SITE, forge_record, lock_env, pyish_package
+
+INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
+
+
+def tamper_cache_entry(entry: Path, replace: dict[str, bytes]) -> None:
+    """Replace (or add) files of an extracted package and make its info/paths.json agree."""
+    paths_json = entry / "info" / "paths.json"
+    data = json.loads(paths_json.read_text())
+    entries = {e["_path"]: e for e in data["paths"]}
+    for rel, content in replace.items():
+        path = entry / rel
+        path.unlink(missing_ok=True)  # a new inode: installed prefixes may hard-link the old one
+        path.write_bytes(content)
+        e = entries.setdefault(rel, {"_path": rel, "path_type": "hardlink"})
+        e.update(sha256=hashlib.sha256(content).hexdigest(), size_in_bytes=len(content))
+        e.pop("prefix_placeholder", None)
+    data["paths"] = list(entries.values())
+    paths_json.write_text(json.dumps(data))
+
+
+def test_tampered_extracted_cache_is_repaired_not_installed(sandbox):
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = lock_env(sandbox.path("ws"), {"internal": channel}, ["pyish"])
+    first = sandbox.root / "envs" / "first"
+    sandbox.run("install", "env", "--prefix", str(first), "--lock", str(lock), expect=0)
+    entry = sandbox.cache / "rattler" / "pkgs" / "pyish-1.0-0"
+    tamper_cache_entry(entry, {MODULE: INJECTED, f"{SITE}/zz-evil.pth": b"import os\n"})
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "env", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {MODULE}" in res.output and f"repaired {SITE}/zz-evil.pth" in res.output, res.output
+    assert (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
+    assert not (prefix / SITE / "zz-evil.pth").exists()
+    assert (entry / MODULE).read_bytes() == b"VALUE = 1\n"  # the cache entry was extracted again
+    sandbox.run("verify", str(prefix), "--env", "env", "--lock", str(lock), "--rehash", expect=0)
+
+
+@pytest.mark.slow
+def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
+    lock = lock_env(sandbox.path("ws"), {"demo": demo_channel, "mirror": mirror_channel}, ["demo-ext"])
+    first = sandbox.root / "envs" / "first"
+    sandbox.run("install", "env", "--prefix", str(first), "--lock", str(lock), expect=0)
+    init = "lib/python3.11/site-packages/demo_ext/__init__.py"
+    (entry,) = (sandbox.cache / "rattler" / "pkgs").glob("demo-ext-*_0")
+    tamper_cache_entry(entry, {init: INJECTED})
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "env", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {init}" in res.output, res.output
+    imported = subprocess.run([str(prefix / "bin" / "python"), "-c", "import demo_ext; print(demo_ext.__file__)"],
+                              capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    assert not list((prefix / "lib").rglob("*.ran")), "the injected code ran"
+
+    # The same edit made in the installed prefix, its conda-meta record rewritten to match.
+    forge_record(prefix, "demo-ext", init, INJECTED)
+    with sandbox.unchanged_outside():
+        res = sandbox.run("verify", str(prefix), "--env", "env", "--lock", str(lock), "--rehash", expect=1)
+    assert f"modified: {init} (demo-ext)" in res.output, res.output
