@@ -131,19 +131,17 @@ def package_refs(records: list[dict], locked: list | None) -> tuple[list[Package
     return refs, problems
 
 
-def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[Path, tuple[str, str]], list[str]]:
-    """{path under root: (sha256, package)} of files to hash, and findings for entries checked
+def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """{relative path: (sha256, package)} of files to hash, and findings for entries checked
     without hashing (symbolic links: presence only)."""
-    expect: dict[Path, tuple[str, str]] = {}
+    expect: dict[str, tuple[str, str]] = {}
     findings = []
     for name, body in manifests.items():
         for rel, sha in expected_paths(body, prefix):
-            path = root / rel
-            if sha is None:
-                if not os.path.lexists(path):
-                    findings.append(f"missing: {rel} ({name})")
-            else:
-                expect[path] = (sha, name)
+            if sha is not None:
+                expect[rel] = (sha, name)
+            elif not os.path.lexists(os.path.join(root, rel)):
+                findings.append(f"missing: {rel} ({name})")
     return expect, findings
 
 
@@ -179,13 +177,13 @@ def _write_snapshot(prefix: Path, entries: dict[str, list], taken_ns: int) -> st
     return "written"
 
 
-def _unchanged(path: Path, want: str, rel: str, snapshot: dict[str, list]) -> list[int] | None:
+def _unchanged(path: str, want: str, rel: str, snapshot: dict[str, list]) -> list[int] | None:
     """The file's stat key when it matches the snapshot (same sha256 expected, same stat)."""
     entry = snapshot.get(rel)
     if entry is None or entry[0] != want:
         return None
     try:
-        key = _stat_key(path.stat())
+        key = _stat_key(os.stat(path))
     except OSError:
         return None
     return key if key == entry[1:] else None
@@ -202,23 +200,25 @@ def check_files(root: Path, manifests: dict[str, dict], threads: int | None, rep
     taken_ns = time.time_ns()
     entries: dict[str, list] = {}
     to_hash: dict[Path, list[int] | None] = {}
-    for path, (want, _pkg) in expect.items():
-        rel = str(path.relative_to(root))
+    base = str(root)
+    # Plain strings here: pathlib costs more than the stat calls on a 20,000-file prefix.
+    for rel, (want, _pkg) in expect.items():
+        path = f"{base}/{rel}"
         key = _unchanged(path, want, rel, snapshot)
         if key is not None:
             entries[rel] = [want, *key]
             continue
         try:
             # Taken before hashing: a write during the hash changes ctime, so the next run re-hashes.
-            to_hash[path] = _stat_key(path.stat())
+            to_hash[Path(path)] = _stat_key(os.stat(path))
         except OSError:
-            to_hash[path] = None
+            to_hash[Path(path)] = None
     hashes = hash_many(to_hash, threads=threads)
     for path, got in sorted(hashes.items()):
-        want, pkg = expect[path]
-        rel = path.relative_to(root)
+        rel = str(path.relative_to(root))
+        want, pkg = expect[rel]
         if not isinstance(got, str) or got != want:
-            report.bad_files.append(str(rel))
+            report.bad_files.append(rel)
         if isinstance(got, FileNotFoundError):
             findings.append(f"missing: {rel} ({pkg})")
         elif isinstance(got, OSError):
@@ -226,7 +226,7 @@ def check_files(root: Path, manifests: dict[str, dict], threads: int | None, rep
         elif got != want:
             findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {want[:12]}…")
         elif to_hash[path] is not None:
-            entries[str(rel)] = [want, *to_hash[path]]
+            entries[rel] = [want, *to_hash[path]]
     report.files_hashed = len(hashes)
     report.files_unchanged = len(expect) - len(hashes)
     report.bytes_hashed = sum(k[0] for p, k in to_hash.items() if k is not None and isinstance(hashes[p], str))
@@ -253,13 +253,22 @@ def unowned_import_files(root: Path, owned: set[str]) -> list[str]:
     """Entries on Python's import path that no package installed: a .pth or sitecustomize runs
     code at every interpreter start, any other module can shadow a real one."""
     findings = []
-    owned_dirs = {str(parent) for o in owned for parent in Path(o).parents}
-    for d in import_path_dirs(root):
+    dirs = {str(d.relative_to(root)): d for d in import_path_dirs(root)}
+    # What packages put directly in each folder: their files, and the folders they fill.
+    top: dict[str, set[str]] = {d: set() for d in dirs}
+    for o in owned:
+        if o.startswith("lib/python3"):
+            parts = o.split("/")
+            for i in (2, 3):
+                where = "/".join(parts[:i])
+                if where in top and len(parts) > i:
+                    top[where].add(parts[i])
+    for where, d in dirs.items():
         for entry in sorted(os.scandir(d), key=lambda e: e.name):
-            rel = str(Path(entry.path).relative_to(root))
+            rel = f"{where}/{entry.name}"
             if entry.name == "__pycache__" or entry.name in ("lib-dynload", "site-packages"):
                 continue  # written by Python itself for owned modules; the two folders are scanned themselves
-            if rel in (owned_dirs if entry.is_dir(follow_symlinks=False) else owned):
+            if entry.name in top[where]:
                 continue
             stem = entry.name.split(".", 1)[0]
             why = ("runs code at every python start" if entry.name.endswith(".pth") or stem in _STARTUP
