@@ -53,7 +53,9 @@ def shape(total: int) -> list[int]:
 
 
 def write_conda(dest: Path, name: str, root: Path, paths: list[dict]) -> Path:
-    """A .conda of the files under root (zstd level 1: the bytes are random, speed is all)."""
+    """A .conda of the files under root. Every file is a slice of one 64 MiB random block, so zstd
+    with a 128 MiB long-distance window stores each block once: the packages of a 5 GiB prefix
+    take well under 1 GiB of disk instead of another 5 GiB."""
     import io
     import tarfile
     import zipfile
@@ -62,7 +64,8 @@ def write_conda(dest: Path, name: str, root: Path, paths: list[dict]) -> Path:
 
     def tar_to(zf: zipfile.ZipFile, member: str, add) -> None:
         with zf.open(member, "w", force_zip64=True) as raw:
-            with zstandard.ZstdCompressor(level=1, threads=-1).stream_writer(raw, closefd=False) as zw:
+            params = zstandard.ZstdCompressionParameters.from_level(1, window_log=27, enable_ldm=1, threads=-1)
+            with zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw:
                 with tarfile.open(fileobj=zw, mode="w|") as tar:
                     add(tar)
 

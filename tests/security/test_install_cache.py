@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from extforge.channel.index import reindex
 
 from .lockenv import MODULE, SITE, forge_record, lock_env, pyish_package
 
@@ -50,9 +53,22 @@ def test_tampered_extracted_cache_is_repaired_not_installed(sandbox):
     sandbox.run("verify", str(prefix), "--env", "env", "--lock", str(lock), "--rehash", expect=0)
 
 
+def _linked_copy(channel: Path, dest: Path) -> Path:
+    for sub in ("noarch", "linux-64"):
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        for f in (channel / sub).glob("*"):
+            if f.name.endswith((".conda", ".tar.bz2")):
+                os.link(f, dest / sub / f.name)
+    reindex(dest)
+    return dest
+
+
 @pytest.mark.slow
 def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
-    lock = lock_env(sandbox.path("ws"), {"demo": demo_channel, "mirror": mirror_channel}, ["demo-ext"])
+    # Hard-linked copies: the shared fixture channels may be rebuilt by another session meanwhile.
+    channels = {name: _linked_copy(src, sandbox.path("channels", name)) for name, src in
+                (("demo", demo_channel), ("mirror", mirror_channel))}
+    lock = lock_env(sandbox.path("ws"), channels, ["demo-ext"])
     first = sandbox.root / "envs" / "first"
     sandbox.run("install", "env", "--prefix", str(first), "--lock", str(lock), expect=0)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"
