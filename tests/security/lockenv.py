@@ -1,5 +1,5 @@
-"""Locked environments for the install/verify cases: a channel folder indexed by rattler, a
-pixi.toml naming it, and the pixi.lock `extforge lock` writes for it."""
+"""A package shaped like a Python extension for the install/verify cases, and the edits an
+attacker who can write a prefix makes to it."""
 
 from __future__ import annotations
 
@@ -7,25 +7,6 @@ import json
 from pathlib import Path
 
 from extforge.channel.index import reindex
-from extforge.channel.lock import lock
-from extforge.channel.manifest import read_manifest
-
-MANIFEST = """\
-[workspace]
-name = "sec"
-channels = {channels}
-platforms = ["linux-64"]
-
-[system-requirements]
-cuda = "13.0"
-
-[feature.env.dependencies]
-{deps}
-
-[environments]
-env = ["env"]
-"""
-
 
 # rattler-build's placeholder is this long too: a binary rewrite needs room for the real prefix.
 PLACEHOLDER = "/home/builder/placehold" + "_placehold" * 23
@@ -53,15 +34,6 @@ def pyish_package(channel: Path) -> Path:
     pkg = craft_package(channel / "noarch", "pyish", members, paths=paths)
     reindex(channel)
     return pkg
-
-
-def lock_env(workspace: Path, channels: dict[str, Path], specs: list[str]) -> Path:
-    """pixi.lock of environment `env` (the specs) solved against the channel folders; its path."""
-    workspace.mkdir(parents=True, exist_ok=True)
-    deps = "\n".join(f'{s} = "*"' for s in specs)
-    (workspace / "pixi.toml").write_text(MANIFEST.format(channels=json.dumps(list(channels)), deps=deps))
-    lock(read_manifest(workspace / "pixi.toml"), workspace / "pixi.lock", {n: c.resolve().as_uri() for n, c in channels.items()})
-    return workspace / "pixi.lock"
 
 
 def conda_meta(prefix: Path, name: str) -> Path:

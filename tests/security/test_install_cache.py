@@ -13,7 +13,7 @@ import pytest
 
 from extforge.channel.index import reindex
 
-from .lockenv import MODULE, SITE, forge_record, lock_env, pyish_package
+from .lockenv import MODULE, SITE, forge_record, pyish_package
 
 INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
 
@@ -37,47 +37,51 @@ def tamper_cache_entry(entry: Path, replace: dict[str, bytes]) -> None:
 def test_tampered_extracted_cache_is_repaired_not_installed(sandbox):
     channel = sandbox.path("ch")
     pyish_package(channel)
-    lock = lock_env(sandbox.path("ws"), {"internal": channel}, ["pyish"])
+    lock = sandbox.lock(channel, "pyish")
     first = sandbox.root / "envs" / "first"
-    sandbox.run("install", "env", "--prefix", str(first), "--lock", str(lock), expect=0)
+    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
     entry = sandbox.cache / "rattler" / "pkgs" / "pyish-1.0-0"
     tamper_cache_entry(entry, {MODULE: INJECTED, f"{SITE}/zz-evil.pth": b"import os\n"})
 
     prefix = sandbox.root / "envs" / "second"
     with sandbox.unchanged_outside(prefix):
-        res = sandbox.run("install", "env", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert f"repaired {MODULE}" in res.output and f"repaired {SITE}/zz-evil.pth" in res.output, res.output
     assert (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
     assert not (prefix / SITE / "zz-evil.pth").exists()
     assert (entry / MODULE).read_bytes() == b"VALUE = 1\n"  # the cache entry was extracted again
-    sandbox.run("verify", str(prefix), "--env", "env", "--lock", str(lock), "--rehash", expect=0)
+    sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
 
 
-def _linked_copy(channel: Path, dest: Path) -> Path:
-    for sub in ("noarch", "linux-64"):
-        (dest / sub).mkdir(parents=True, exist_ok=True)
-        for f in (channel / sub).glob("*"):
-            if f.name.endswith((".conda", ".tar.bz2")):
-                os.link(f, dest / sub / f.name)
+def _linked_copy(channels: list[Path], dest: Path) -> Path:
+    """One channel holding hard links to the packages of several (indexed)."""
+    for channel in channels:
+        for sub in ("noarch", "linux-64"):
+            (dest / sub).mkdir(parents=True, exist_ok=True)
+            for f in (channel / sub).glob("*"):
+                if f.name.endswith((".conda", ".tar.bz2")):
+                    os.link(f, dest / sub / f.name)
     reindex(dest)
     return dest
 
 
 @pytest.mark.slow
 def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
-    # Hard-linked copies: the shared fixture channels may be rebuilt by another session meanwhile.
-    channels = {name: _linked_copy(src, sandbox.path("channels", name)) for name, src in
-                (("demo", demo_channel), ("mirror", mirror_channel))}
-    lock = lock_env(sandbox.path("ws"), channels, ["demo-ext"])
+    # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
+    channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
+    manifest = sandbox.manifest("demo-ext")
+    manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
+    sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+    lock = manifest.with_name("pixi.lock")
     first = sandbox.root / "envs" / "first"
-    sandbox.run("install", "env", "--prefix", str(first), "--lock", str(lock), expect=0)
+    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"
     (entry,) = (sandbox.cache / "rattler" / "pkgs").glob("demo-ext-*_0")
     tamper_cache_entry(entry, {init: INJECTED})
 
     prefix = sandbox.root / "envs" / "second"
     with sandbox.unchanged_outside(prefix):
-        res = sandbox.run("install", "env", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert f"repaired {init}" in res.output, res.output
     imported = subprocess.run([str(prefix / "bin" / "python"), "-c", "import demo_ext; print(demo_ext.__file__)"],
                               capture_output=True, text=True)
@@ -87,5 +91,5 @@ def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caugh
     # The same edit made in the installed prefix, its conda-meta record rewritten to match.
     forge_record(prefix, "demo-ext", init, INJECTED)
     with sandbox.unchanged_outside():
-        res = sandbox.run("verify", str(prefix), "--env", "env", "--lock", str(lock), "--rehash", expect=1)
+        res = sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=1)
     assert f"modified: {init} (demo-ext)" in res.output, res.output

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .lockenv import MODULE, PLACEHOLDER, SITE, forge_record, lock_env, pyish_package
+from .lockenv import MODULE, PLACEHOLDER, SITE, forge_record, pyish_package
 
 EVIL = b"import os; os.system('touch /tmp/owned')\n"
 
@@ -25,9 +25,9 @@ def env(sandbox) -> tuple[Path, Path]:
     """(pixi.lock, prefix) of the pyish environment, installed by `extforge install`."""
     channel = sandbox.path("ch")
     pyish_package(channel)
-    lock = lock_env(sandbox.path("ws"), {"internal": channel}, ["pyish"])
+    lock = sandbox.lock(channel, "pyish")
     prefix = sandbox.root / "envs" / "p"
-    sandbox.run("install", "env", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     return lock, prefix
 
 
@@ -45,10 +45,10 @@ def test_clean_install_passes_with_placeholders_rewritten(sandbox, env):
     assert f"#!{prefix}/bin/python3.11\n" in (prefix / "bin/pyish").read_text()
     assert str(prefix).encode() + b"/lib:" in (prefix / "lib/libpyish.so").read_bytes()
     assert PLACEHOLDER not in (prefix / "bin/pyish").read_text()
-    _verify(sandbox, prefix, "--env", "env", "--lock", str(lock), "--rehash", expect=0)
+    _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), "--rehash", expect=0)
 
 
-@pytest.mark.parametrize("mode", [["--env", "env", "--lock", "LOCK", "--rehash"], ["--env", "env", "--lock", "LOCK"], []],
+@pytest.mark.parametrize("mode", [["--env", "default", "--lock", "LOCK", "--rehash"], ["--env", "default", "--lock", "LOCK"], []],
                          ids=["lock-rehash", "lock", "no-lock"])
 def test_file_edited_with_its_conda_meta_record_is_caught(sandbox, env, mode):
     lock, prefix = env
@@ -92,7 +92,7 @@ def test_forged_manifest_in_the_trust_folder_is_rebuilt_from_the_package(sandbox
     forged = body.replace(_sha(b"VALUE = 1\n").encode(), _sha(EVIL).encode())
     assert forged != body
     manifest.write_bytes(mac + b"\n" + forged)
-    res = _verify(sandbox, prefix, "--env", "env", "--lock", str(lock), expect=1)
+    res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=1)
     assert any(f.startswith(f"modified: {MODULE} (pyish)") for f in _findings(res)["files"]), res.output
 
 
@@ -100,7 +100,7 @@ def test_trust_folder_others_can_write_is_refused(sandbox, env):
     lock, prefix = env
     trust = sandbox.cache / f"trust-{os.getuid()}"
     os.chmod(trust, 0o770)
-    res = _verify(sandbox, prefix, "--env", "env", "--lock", str(lock), expect=2)
+    res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=2)
     res.refused(f"{trust} is not private to this user", code=2)
 
 
@@ -117,7 +117,7 @@ def test_files_no_package_owns_on_the_import_path_are_reported(sandbox, env):
         (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
         (prefix / rel).write_bytes(data)
     (prefix / SITE / "__pycache__").mkdir()  # Python writes these itself
-    res = _verify(sandbox, prefix, "--env", "env", "--lock", str(lock), expect=1)
+    res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=1)
     found = _findings(res)["import-path"]
     assert sorted(found) == sorted([
         f"not from any package: {SITE}/zz-evil.pth (runs code at every python start)",
