@@ -13,7 +13,7 @@ import pytest
 
 from extforge.channel.index import reindex
 
-from .lockenv import MODULE, SITE, forge_record, pyish_package
+from .pyish import MODULE, SITE, forge_record, pyish_package
 
 INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from extforge.channel.install import install_lock_path
 from extforge.locking import exclusive_or_busy
 
-from .lockenv import pyish_package
+from .pyish import pyish_package
 
 
 def _locked(sandbox) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .lockenv import MODULE, PLACEHOLDER, SITE, forge_record, pyish_package
+from .pyish import MODULE, PLACEHOLDER, SITE, forge_record, pyish_package
 
 EVIL = b"import os; os.system('touch /tmp/owned')\n"
 
