@@ -53,6 +53,21 @@ def test_tampered_extracted_cache_is_repaired_not_installed(sandbox):
     sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
 
 
+def test_package_store_copy_that_differs_is_fetched_again(sandbox):
+    channel = sandbox.path("ch")
+    pkg = pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / "first"), "--lock", str(lock), expect=0)
+    (stored,) = (sandbox.cache / "pkgs").glob(f"*/{pkg.name}")
+    stored.write_bytes(b"not the package")
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {stored} (sha256" in res.output, res.output
+    assert stored.read_bytes() == pkg.read_bytes() and (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
+
+
 def _linked_copy(channels: list[Path], dest: Path) -> Path:
     """One channel holding hard links to the packages of several (indexed)."""
     for channel in channels:

@@ -108,14 +108,23 @@ def _fetch_into(url: str, dest: Path) -> str:
         raise ExtforgeError(f"cannot fetch {url}", str(exc), "check that the channel in pixi.lock is reachable from this node") from exc
 
 
-def fetch_verified(records: list, store: Path) -> tuple[dict[str, Path], list[str]]:
-    """Verified local copies by file name, and the packages whose bytes differ from the lock."""
+def fetch_verified(records: list, store: Path, repaired: list[str] | None = None) -> tuple[dict[str, Path], list[str]]:
+    """Verified local copies by file name, and the packages whose bytes differ from the lock.
+
+    A store copy (the store may be shared) is re-hashed at every use; one that differs is
+    fetched again from its URL, and noted in `repaired`."""
     local: dict[str, Path] = {}
     bad = []
     for r in records:
         want = record_sha256(r)
         dest = store / want / r.file_name
-        got = sha256_file(dest) if dest.is_file() else _fetch_into(r.url, dest)
+        got = sha256_file(dest) if dest.is_file() else None
+        if got is not None and got != want:
+            if repaired is not None:
+                repaired.append(f"{dest} (sha256 {got[:12]}…, fetched again)")
+            got = None
+        if got is None:
+            got = _fetch_into(r.url, dest)
         if got != want:
             dest.unlink(missing_ok=True)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {r.url})")
@@ -175,7 +184,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str) -> InstallR
         )
 
     t = time.monotonic()
-    local, bad = fetch_verified(records, store_dir())
+    local, bad = fetch_verified(records, store_dir(), result.cache_mismatches)
     if bad:
         raise ExtforgeError(
             f"{len(bad)} package(s) differ from {lock_path.name}: " + "; ".join(bad),
@@ -202,7 +211,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str) -> InstallR
             # The extracted cache (perhaps shared, on NFS) gave other bytes than the packages the
             # lock names: drop those entries so rattler extracts them again from the verified archives.
             dropped = _drop_cache_entries(cache, records, bad_files)
-            result.cache_mismatches = [f"{f} (from {', '.join(dropped) or 'no cache entry found'})" for f in bad_files]
+            result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
             bad_files = _link_and_check(records, staging, prefix, cache, manifests)
             if bad_files:
                 raise ExtforgeError(

@@ -37,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
         emit_json(result.to_json())
     else:
         for f in result.cache_mismatches:
-            console.print(f"  [yellow]repaired[/yellow] {f}: the package cache held other bytes than the locked package; re-extracted from it")
+            console.print(f"  repaired {f}: the cache held other bytes than the package the lock names", markup=False, style="yellow")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
     return EXIT_OK
