@@ -151,16 +151,25 @@ def install_lock_path(prefix: Path) -> Path:
 
 def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64") -> InstallResult:
     prefix = prefix.resolve()
+    # Folders made for the lock file are removed again if the install does not happen.
+    created = [p for p in prefix.parents if not p.exists()]
     prefix.parent.mkdir(parents=True, exist_ok=True)
     try:
         with exclusive_or_busy(install_lock_path(prefix)):
             return _install(lock_path, env, prefix, platform)
-    except Busy as busy:
-        raise ExtforgeError(
-            f"another install is running into {prefix} (pid {busy.holder})",
-            "two installs into one prefix would mix their files",
-            "wait for it to finish and run this again (it is then a no-op)",
-        ) from None
+    except BaseException as exc:
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if isinstance(exc, Busy):
+            raise ExtforgeError(
+                f"another install is running into {prefix} (pid {exc.holder})",
+                "two installs into one prefix would mix their files",
+                "wait for it to finish and run this again (it is then a no-op)",
+            ) from None
+        raise
 
 
 def _install(lock_path: Path, env: str, prefix: Path, platform: str) -> InstallResult:
