@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from extforge import paths
 from extforge.channel.index import reindex
 
 from .pyish import MODULE, SITE, forge_record, pyish_package
@@ -80,6 +82,22 @@ def _linked_copy(channels: list[Path], dest: Path) -> Path:
     return dest
 
 
+def _prefill_caches(sandbox, channel: Path) -> None:
+    """The sandbox's package store and extracted cache as hard links to the user's (a 5 GB
+    environment would otherwise be copied and extracted again). Edits below replace files,
+    never write into a linked one, and rattler's own lock files are copied."""
+    repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    shared = paths.rattler_cache_dir() / "pkgs"
+    for fn, record in repodata["packages.conda"].items():
+        stored = sandbox.cache / "pkgs" / record["sha256"] / fn
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        os.link(channel / "linux-64" / fn, stored)
+        entry = shared / fn.removesuffix(".conda")
+        if entry.is_dir() and Path(f"{entry}.lock").is_file():
+            shutil.copytree(entry, sandbox.cache / "rattler" / "pkgs" / entry.name, copy_function=os.link)
+            shutil.copy(f"{entry}.lock", sandbox.cache / "rattler" / "pkgs")
+
+
 @pytest.mark.slow
 def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
     # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
@@ -88,6 +106,7 @@ def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caugh
     manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
     sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
     lock = manifest.with_name("pixi.lock")
+    _prefill_caches(sandbox, channel)
     first = sandbox.root / "envs" / "first"
     sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"
