@@ -3,11 +3,12 @@
 
 Builds a synthetic prefix shaped like torch 2.14.1+cu130 with its nvidia-* libraries
 (by default 5 GiB: a few libraries of 0.3-1 GiB, hundreds of MiB-sized ones, ~20,000
-small Python files), with conda-meta records as rattler writes them (paths_data with
-sha256), then times verify_prefix: hashing every file (the first run, and --rehash) with the
-files in the page cache, then the default run that re-hashes only files changed since the last
-clean run (what a Slurm prolog runs), and, with --cold as root, a full run with the page cache
-dropped.
+small Python files), the .conda packages it came from (in a channel folder) and conda-meta
+records naming them, then times verify_prefix with its own empty cache: the first run (each
+package archive fetched and sha256-checked, its paths.json made a trusted manifest, every file
+hashed), --rehash (manifests known, every file hashed), with the files in the page cache, then
+the default run that re-hashes only files changed since the last clean run (what a Slurm
+prolog runs), and, with --cold as root, a full run with the page cache dropped.
 Prints the numbers and appends a dated section to docs/benchmarks.md unless --no-record.
 """
 
@@ -51,7 +52,44 @@ def shape(total: int) -> list[int]:
     return sizes
 
 
-def build_prefix(root: Path, total: int) -> int:
+def write_conda(dest: Path, name: str, root: Path, paths: list[dict]) -> Path:
+    """A .conda of the files under root. Every file is a slice of one 64 MiB random block, so zstd
+    with a 128 MiB long-distance window stores each block once: the packages of a 5 GiB prefix
+    take well under 1 GiB of disk instead of another 5 GiB."""
+    import io
+    import tarfile
+    import zipfile
+
+    import zstandard
+
+    def tar_to(zf: zipfile.ZipFile, member: str, add) -> None:
+        with zf.open(member, "w", force_zip64=True) as raw:
+            params = zstandard.ZstdCompressionParameters.from_level(1, window_log=27, enable_ldm=1, threads=-1)
+            with zstandard.ZstdCompressor(compression_params=params).stream_writer(raw, closefd=False) as zw:
+                with tarfile.open(fileobj=zw, mode="w|") as tar:
+                    add(tar)
+
+    def add_info(tar: tarfile.TarFile) -> None:
+        index = {"name": name, "version": "1.0", "build": "0", "build_number": 0, "depends": [], "subdir": "linux-64"}
+        for fn, obj in (("index.json", index), ("paths.json", {"paths_version": 1, "paths": paths})):
+            data = json.dumps(obj).encode()
+            info = tarfile.TarInfo(f"info/{fn}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+    def add_pkg(tar: tarfile.TarFile) -> None:
+        for p in paths:
+            tar.add(root / p["_path"], arcname=p["_path"])
+
+    path = dest / f"{name}-1.0-0.conda"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("metadata.json", json.dumps({"conda_pkg_format_version": 2}))
+        tar_to(zf, f"info-{name}-1.0-0.tar.zst", add_info)
+        tar_to(zf, f"pkg-{name}-1.0-0.tar.zst", add_pkg)
+    return path
+
+
+def build_prefix(root: Path, total: int, channel: Path) -> int:
     block = os.urandom(64 * MIB)
     files_per_pkg = 2000
     records: dict[str, list[dict]] = {}
@@ -73,8 +111,11 @@ def build_prefix(root: Path, total: int) -> int:
         written += size
         records.setdefault(pkg, []).append({"_path": rel, "path_type": "hardlink", "sha256": h.hexdigest(), "size_in_bytes": size})
     (root / "conda-meta").mkdir()
+    channel.mkdir(parents=True)
     for name, paths in records.items():
-        rec = {"name": name, "version": "1.0", "build": "0", "sha256": "0" * 64, "files": [p["_path"] for p in paths],
+        pkg = write_conda(channel, name, root, paths)
+        rec = {"name": name, "version": "1.0", "build": "0", "fn": pkg.name, "url": pkg.as_uri(),
+               "sha256": hashlib.sha256(pkg.read_bytes()).hexdigest(), "files": [p["_path"] for p in paths],
                "paths_data": {"paths_version": 1, "paths": paths}}
         (root / "conda-meta" / f"{name}-1.0-0.json").write_text(json.dumps(rec))
     return written
@@ -99,17 +140,20 @@ def main() -> int:
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="verify-bench-", dir=args.dir))
+    # Its own cache: the first run must fetch and check every package, as on a fresh node.
+    os.environ["EXTFORGE_CACHE"] = str(base / "cache")
     try:
         prefix = base / "env"
         t = time.monotonic()
-        size = build_prefix(prefix, int(args.gib * 1024**3))
+        size = build_prefix(prefix, int(args.gib * 1024**3), base / "channel")
         print(f"built {size / 1024**3:.2f} GiB prefix in {time.monotonic() - t:.1f} s", file=sys.stderr)
         node = NodeFacts()  # admission is not what is measured
         # An installed env is older than its first verify: let the files leave the window in
         # which verify would not trust a snapshot of them (timestamps of the same tick).
         time.sleep(verify_mod.RACY_NS / 1e9 + 0.5)
         runs = []
-        for label, rehash in (("every file hashed (first run)", True), ("every file hashed (--rehash)", True),
+        for label, rehash in (("first run: packages fetched and checked, every file hashed", True),
+                              ("every file hashed (--rehash)", True),
                               ("unchanged since the last clean run (default)", False)):
             r = verify_prefix(prefix, node=node, threads=args.threads, rehash=rehash)
             assert r.ok, r.to_json()
@@ -140,8 +184,10 @@ def main() -> int:
             f"Machine: {m.cores} cores, {m.memory_gib:.0f} GiB, {platform.machine()}, local disk; "
             f"load average {os.getloadavg()[0]:.1f} while measuring (shared machine); threads {args.threads or 'default'}. `bench/verify_bench.py --gib {args.gib}`: synthetic prefix shaped "
             "like torch + nvidia-* (four libraries holding 40% of the bytes, 1-30 MiB ones holding 50%, 20,000 small files), "
-            "page cache warm unless said. The default mode re-hashes only files whose size, mtime, ctime or inode changed since "
-            "the last clean run, and still finds a flipped byte (asserted).\n",
+            "page cache warm unless said. File hashes come from the packages' own paths.json (each .conda, written by the bench, "
+            "sha256-checked on the first run and kept as a trusted manifest in the user's private cache folder), not from "
+            "conda-meta. The default mode re-hashes only files whose size, mtime, ctime or inode changed since "
+            "the last clean run (a record kept HMAC-keyed in that folder), and still finds a flipped byte (asserted).\n",
             "| mode | files hashed | files unchanged | GiB hashed | seconds |",
             "|---|---|---|---|---|",
             *rows,

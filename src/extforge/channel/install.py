@@ -13,40 +13,19 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ..archive import check_package
 from ..errors import EXIT_FINDINGS, ExtforgeError
-from ..paths import cache_root, rattler_cache_dir
-from .hashing import sha256_file
+from ..locking import Busy, exclusive_or_busy
+from ..paths import rattler_cache_dir
 from .mirrors import Mirrors
-
-
-def read_prefix_records(prefix: Path) -> list[dict]:
-    meta = prefix / "conda-meta"
-    if not meta.is_dir():
-        raise ExtforgeError(f"{prefix} is not a conda environment", "it has no conda-meta folder", "pass the prefix given to `extforge install`")
-    records = []
-    for p in sorted(meta.glob("*.json")):
-        try:
-            record = json.loads(p.read_bytes())
-        except (OSError, ValueError) as exc:
-            record, why = None, str(exc)
-        else:
-            why = "it is not a package record (name, version, build)"
-        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("name", "version", "build")):
-            raise ExtforgeError(
-                f"{p} is not a readable package record", why,
-                "the environment was damaged or edited: reinstall it with `extforge install` into a new prefix",
-                exit_code=1,
-            )
-        records.append(record)
-    return records
+from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
+from .trust import PackageRef, manifests_for, owned_paths
+from .verify import VerifyReport, check_files
 
 
 @dataclass
@@ -57,6 +36,8 @@ class InstallResult:
     status: str = "installed"  # "installed" | "already-installed"
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # Files the package cache gave wrong, before install re-extracted them from the verified packages.
+    cache_mismatches: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -66,87 +47,8 @@ class InstallResult:
             "status": self.status,
             "seconds": round(self.seconds, 3),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "cache_mismatches": self.cache_mismatches,
         }
-
-
-def store_dir() -> Path:
-    return cache_root() / "pkgs"
-
-
-def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> list:
-    from rattler import LockFile
-
-    if not lock_path.is_file():
-        raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
-    try:
-        lock_file = LockFile.from_path(lock_path)
-    except Exception as exc:  # rattler's ParseCondaLockError and I/O errors
-        raise ExtforgeError(f"cannot read {lock_path}", str(exc), "restore it from version control or re-run `extforge lock`") from exc
-    environment = lock_file.environment(env)
-    if environment is None:
-        names = [name for name, _ in lock_file.environments()]
-        raise ExtforgeError(f"environment {env!r} is not in {lock_path}", f"it has: {', '.join(names)}", "pass one of those or re-run `extforge lock`")
-    # rattler wants the lock file's own platform object, not a new LockPlatform.
-    owned = next((p for p in environment.platforms() if p.name == platform), None)
-    records = environment.conda_repodata_records_for_platform(owned) if owned else None
-    if records is None:
-        raise ExtforgeError(f"{lock_path} has no {platform} packages for {env!r}", "", f"add {platform} to the workspace platforms and re-lock")
-    return records
-
-
-def record_sha256(record: Any) -> str:
-    value = record.sha256
-    if value is None:
-        raise ExtforgeError(f"{record.file_name} has no sha256 in the lock", "install refuses what it cannot verify", "re-lock against a channel indexed with sha256")
-    return value.hex() if isinstance(value, bytes) else str(value)
-
-
-def _fetch_into(url: str, dest: Path) -> str:
-    """Copy or download url to dest through a temp name; return the sha256 of the bytes."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    parsed = urlparse(url)
-    try:
-        with tmp.open("wb") as out:
-            if parsed.scheme == "file" or not parsed.scheme:
-                digest = sha256_file(unquote(parsed.path) if parsed.scheme else url, copy_to=out)
-            else:
-                import hashlib
-
-                h = hashlib.sha256()
-                with urllib.request.urlopen(url, timeout=60) as resp:
-                    while chunk := resp.read(4 * 1024 * 1024):
-                        h.update(chunk)
-                        out.write(chunk)
-                digest = h.hexdigest()
-        tmp.replace(dest)
-        return digest
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ExtforgeError(
-            f"cannot fetch {url}",
-            str(exc),
-            "check that the channel is reachable from this node, or point its channel at the site's mirror "
-            "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
-        ) from exc
-
-
-def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None) -> tuple[dict[str, Path], list[str]]:
-    """Verified local copies by file name, and the packages whose bytes differ from the lock."""
-    mirrors = mirrors or Mirrors()
-    local: dict[str, Path] = {}
-    bad = []
-    for r in records:
-        want = record_sha256(r)
-        dest = store / want / r.file_name
-        source = mirrors.redirect(r.url)
-        got = sha256_file(dest) if dest.is_file() else _fetch_into(source, dest)
-        if got != want:
-            dest.unlink(missing_ok=True)
-            bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {source})")
-            continue
-        local[r.file_name] = dest
-    return local, bad
 
 
 def installed_identity(prefix: Path) -> set[tuple[str, str, str, str]] | None:
@@ -160,11 +62,38 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
     return {(r.name.normalized, str(r.version), str(r.build), record_sha256(r)) for r in records}
 
 
-def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64", mirrors: Mirrors | None = None) -> InstallResult:
-    from rattler import install
+def install_lock_path(prefix: Path) -> Path:
+    """Beside the prefix (which may not exist yet), removed when the install ends."""
+    return prefix.parent / f".{prefix.name}.extforge-install.lock"
+
+
+def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64",
+                mirrors: Mirrors | None = None) -> InstallResult:
+    prefix = prefix.resolve()
+    # Folders made for the lock file are removed again if the install does not happen.
+    created = [p for p in prefix.parents if not p.exists()]
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive_or_busy(install_lock_path(prefix)):
+            return _install(lock_path, env, prefix, platform, mirrors or Mirrors())
+    except BaseException as exc:
+        for folder in created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        if isinstance(exc, Busy):
+            raise ExtforgeError(
+                f"another install is running into {prefix} (pid {exc.holder})",
+                "two installs into one prefix would mix their files",
+                "wait for it to finish and run this again (it is then a no-op)",
+            ) from None
+        raise
+
+
+def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mirrors) -> InstallResult:
 
     start = time.monotonic()
-    prefix = prefix.resolve()
     result = InstallResult(prefix=prefix, environment=env)
     records = locked_records(lock_path, env, platform)
     result.packages = len(records)
@@ -182,7 +111,7 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         )
 
     t = time.monotonic()
-    local, bad = fetch_verified(records, store_dir(), mirrors)
+    local, bad = fetch_verified(records, store_dir(), mirrors, result.cache_mismatches)
     if bad:
         raise ExtforgeError(
             f"{len(bad)} package(s) differ from {lock_path.name}: " + "; ".join(bad),
@@ -192,6 +121,8 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         )
     for path in local.values():
         check_package(path)
+    refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
+    manifests, _ = manifests_for(refs, prefix, local)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     originals = {}
@@ -199,20 +130,23 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix.parent / f".{prefix.name}.extforge-staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    cache = rattler_cache_dir() / "pkgs"
     t = time.monotonic()
     try:
-        asyncio.run(
-            install(
-                records,
-                staging,
-                cache_dir=rattler_cache_dir() / "pkgs",
-                alternative_target_prefix=prefix,
-                show_progress=False,
-                execute_link_scripts=False,
-            )
-        )
+        bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+        if bad_files:
+            # The extracted cache (perhaps shared, on NFS) gave other bytes than the packages the
+            # lock names: drop those entries so rattler extracts them again from the verified archives.
+            dropped = _drop_cache_entries(cache, records, bad_files)
+            result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
+            bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+            if bad_files:
+                raise ExtforgeError(
+                    f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
+                    f"the package cache {cache} gives other bytes than the verified packages, even after re-extracting",
+                    f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
+                    exit_code=EXIT_FINDINGS,
+                )
         _restore_urls(staging / "conda-meta", originals)
         if prefix.exists():
             prefix.rmdir()  # empty, checked above
@@ -220,9 +154,74 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    result.timings["link"] = time.monotonic() - t
+    result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
     return result
+
+
+def _new_staging(staging: Path, prefix: Path) -> None:
+    """An empty staging folder with the mode and group of a pre-created prefix (a setgid 2750
+    folder stays one, and its group is inherited by everything installed into it)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    if prefix.is_dir():
+        st = prefix.stat()
+        try:
+            os.chown(staging, -1, st.st_gid)
+        except PermissionError:
+            pass  # not a member of that group: the mode is still kept
+        os.chmod(staging, stat.S_IMODE(st.st_mode))
+
+
+def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict]) -> list[str]:
+    """Install into staging, then hash what landed there against the packages' own manifests;
+    the paths (relative) that differ from them or that no package owns."""
+    from rattler import install
+
+    _new_staging(staging, prefix)
+    asyncio.run(
+        install(
+            records,
+            staging,
+            cache_dir=cache,
+            alternative_target_prefix=prefix,
+            show_progress=False,
+            execute_link_scripts=False,
+        )
+    )
+    owned = owned_paths(manifests)
+    if CACHEDIR_TAG not in owned:
+        # rattler marks every prefix as a cache; backup tools would then skip the environment.
+        (staging / CACHEDIR_TAG).unlink(missing_ok=True)
+    report = VerifyReport(prefix=prefix)
+    check_files(staging, manifests, None, report, rehash=True, prefix=prefix)
+    return sorted(set(report.bad_files) | set(_unowned_files(staging, owned)))
+
+
+CACHEDIR_TAG = "CACHEDIR.TAG"
+
+
+def _unowned_files(root: Path, owned: set[str]) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == "conda-meta":
+            dirnames[:] = []
+            continue
+        out += [p for f in filenames if (p := os.path.normpath(os.path.join(rel_dir, f))) not in owned]
+    return out
+
+
+def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> list[str]:
+    """Remove the extracted cache folders that hold any of rel_paths; their names."""
+    dropped = []
+    for r in records:
+        entry = cache / r.file_name.removesuffix(".conda").removesuffix(".tar.bz2")
+        if any(os.path.lexists(entry / rel) for rel in rel_paths):
+            shutil.rmtree(entry, ignore_errors=True)
+            Path(f"{entry}.lock").unlink(missing_ok=True)
+            dropped.append(entry.name)
+    return dropped
 
 
 def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:

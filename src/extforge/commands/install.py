@@ -19,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
     )
     add_channel_map_option(parser)
-    parser.epilog = "exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), 2 could not run"
+    parser.epilog = ("exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), "
+                     "2 could not run (also: another install is running into the same prefix)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,5 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_json())
     else:
+        for f in result.cache_mismatches:
+            console.print(f"  repaired {f}: the cache held other bytes than the package the lock names", markup=False, style="yellow")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
     return EXIT_OK

@@ -1,0 +1,129 @@
+"""The packages a lock names: the prefix's records of them, the lock's records, and local
+copies whose sha256 is checked against the lock before anything reads them.
+
+Shared by install (which links them), trust (which reads their own paths.json) and verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ..errors import ExtforgeError
+from ..paths import cache_root
+from .hashing import sha256_file
+from .mirrors import Mirrors
+
+
+def read_prefix_records(prefix: Path) -> list[dict]:
+    meta = prefix / "conda-meta"
+    if not meta.is_dir():
+        raise ExtforgeError(f"{prefix} is not a conda environment", "it has no conda-meta folder", "pass the prefix given to `extforge install`")
+    records = []
+    for p in sorted(meta.glob("*.json")):
+        try:
+            record = json.loads(p.read_bytes())
+        except (OSError, ValueError) as exc:
+            record, why = None, str(exc)
+        else:
+            why = "it is not a package record (name, version, build)"
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("name", "version", "build")):
+            raise ExtforgeError(
+                f"{p} is not a readable package record", why,
+                "the environment was damaged or edited: reinstall it with `extforge install` into a new prefix",
+                exit_code=1,
+            )
+        records.append(record)
+    return records
+
+
+def store_dir() -> Path:
+    return cache_root() / "pkgs"
+
+
+def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> list:
+    from rattler import LockFile
+
+    if not lock_path.is_file():
+        raise ExtforgeError(f"lock file {lock_path} not found", "", "run `extforge lock` first or pass --lock PATH")
+    try:
+        lock_file = LockFile.from_path(lock_path)
+    except Exception as exc:  # rattler's ParseCondaLockError and I/O errors
+        raise ExtforgeError(f"cannot read {lock_path}", str(exc), "restore it from version control or re-run `extforge lock`") from exc
+    environment = lock_file.environment(env)
+    if environment is None:
+        names = [name for name, _ in lock_file.environments()]
+        raise ExtforgeError(f"environment {env!r} is not in {lock_path}", f"it has: {', '.join(names)}", "pass one of those or re-run `extforge lock`")
+    # rattler wants the lock file's own platform object, not a new LockPlatform.
+    owned = next((p for p in environment.platforms() if p.name == platform), None)
+    records = environment.conda_repodata_records_for_platform(owned) if owned else None
+    if records is None:
+        raise ExtforgeError(f"{lock_path} has no {platform} packages for {env!r}", "", f"add {platform} to the workspace platforms and re-lock")
+    return records
+
+
+def record_sha256(record: Any) -> str:
+    value = record.sha256
+    if value is None:
+        raise ExtforgeError(f"{record.file_name} has no sha256 in the lock", "install refuses what it cannot verify", "re-lock against a channel indexed with sha256")
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def _fetch_into(url: str, dest: Path) -> str:
+    """Copy or download url to dest through a temp name; return the sha256 of the bytes."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    parsed = urlparse(url)
+    try:
+        with tmp.open("wb") as out:
+            if parsed.scheme == "file" or not parsed.scheme:
+                digest = sha256_file(unquote(parsed.path) if parsed.scheme else url, copy_to=out)
+            else:
+                h = hashlib.sha256()
+                with urllib.request.urlopen(url, timeout=60) as resp:
+                    while chunk := resp.read(4 * 1024 * 1024):
+                        h.update(chunk)
+                        out.write(chunk)
+                digest = h.hexdigest()
+        tmp.replace(dest)
+        return digest
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ExtforgeError(
+            f"cannot fetch {url}",
+            str(exc),
+            "check that the channel is reachable from this node, or point its channel at the site's mirror "
+            "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
+        ) from exc
+
+
+def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
+                   repaired: list[str] | None = None) -> tuple[dict[str, Path], list[str]]:
+    """Verified local copies by file name, and the packages whose bytes differ from the lock.
+
+    A store copy (the store may be shared) is re-hashed at every use; one that differs is
+    fetched again from its URL (through this site's mirrors), and noted in `repaired`."""
+    mirrors = mirrors or Mirrors()
+    local: dict[str, Path] = {}
+    bad = []
+    for r in records:
+        want = record_sha256(r)
+        dest = store / want / r.file_name
+        got = sha256_file(dest) if dest.is_file() else None
+        if got is not None and got != want:
+            if repaired is not None:
+                repaired.append(f"{dest} (sha256 {got[:12]}…, fetched again)")
+            got = None
+        if got is None:
+            got = _fetch_into(mirrors.redirect(r.url), dest)
+        if got != want:
+            dest.unlink(missing_ok=True)
+            bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")
+            continue
+        local[r.file_name] = dest
+    return local, bad

@@ -1,0 +1,268 @@
+"""What install and verify trust: the packages the lock names, and records no prefix writer can forge.
+
+A prefix (often on NFS, writable by a group) holds conda-meta records that anyone who can
+write the prefix can rewrite, so file hashes never come from there. They come from each
+package's own `info/paths.json`, read from an archive whose sha256 matched the lock, and are
+kept as a *manifest* keyed by that sha256 in a folder private to the user
+(`<cache>/trust-<uid>`, mode 0700, refused when anyone else could write it). Files whose prefix
+placeholder the installer rewrote get their expected in-prefix sha256 computed here, the way
+rattler rewrites them, from the archive's original bytes (once per package and prefix).
+
+Every file in that folder (manifests, the record of files unchanged since a clean run) carries
+an HMAC-SHA256 keyed with a per-user secret kept there too, so a copy planted or edited by
+someone else is rejected and rebuilt rather than believed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import stat
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ExtforgeError
+from ..paths import cache_root
+from .mirrors import Mirrors
+from .packages import fetch_verified, store_dir
+
+SCHEMA = 1
+# Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
+MAX_SHEBANG = 127
+
+
+@dataclass(frozen=True)
+class PackageRef:
+    """A package as the lock (or, without a lock, the prefix) names it."""
+
+    name: str
+    file_name: str
+    url: str
+    sha256: str
+
+
+def trust_dir() -> Path:
+    """The user's private folder for manifests, records and the HMAC secret."""
+    d = cache_root() / f"trust-{os.getuid()}"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = d.lstat()  # lstat: a symlink planted in a shared cache is not followed
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ExtforgeError(
+            f"{d} is not private to this user (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})",
+            "install and verify keep the package manifests they trust there; others could forge them",
+            f"remove {d} (it is rebuilt from the packages) or make it yours with mode 700",
+        )
+    return d
+
+
+def _secret(d: Path) -> bytes:
+    path = d / "secret"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".secret-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(32))
+        try:
+            os.link(tmp, path)  # two first runs at once: the first link wins, both read it
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return path.read_bytes()
+
+
+def write_signed(path: Path, body: dict) -> None:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    mac = hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".w-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(mac + b"\n" + data)
+    os.replace(tmp, path)
+
+
+def read_signed(path: Path) -> dict | None:
+    """The body, or None when the file is missing, unreadable or its HMAC does not match."""
+    try:
+        mac, _, data = path.read_bytes().partition(b"\n")
+    except OSError:
+        return None
+    want = hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode()
+    if not hmac.compare_digest(mac, want):
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+# --- reading a verified archive -------------------------------------------------------------
+
+def _tars(archive: Path, part: str) -> Iterator[tarfile.TarFile]:
+    """Stream-mode tarballs of a package: part "info" or "pkg" of a .conda, the one of a .tar.bz2."""
+    if archive.name.endswith(".tar.bz2"):
+        with archive.open("rb") as fh, tarfile.open(fileobj=fh, mode="r|bz2") as tar:
+            yield tar
+        return
+    import zstandard
+
+    with zipfile.ZipFile(archive) as zf:
+        for inner in zf.namelist():
+            if inner.startswith(f"{part}-") and inner.endswith(".tar.zst"):
+                with zf.open(inner) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr, \
+                        tarfile.open(fileobj=zr, mode="r|") as tar:
+                    yield tar
+
+
+def _read_members(archive: Path, part: str, names: set[str]) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    for tar in _tars(archive, part):
+        for m in tar:
+            if m.name in names and m.isfile():
+                found[m.name] = tar.extractfile(m).read()  # type: ignore[union-attr]
+    return found
+
+
+def read_paths_json(archive: Path) -> list[dict]:
+    raw = _read_members(archive, "info", {"info/paths.json"}).get("info/paths.json")
+    if raw is None:
+        raise ExtforgeError(f"{archive.name} has no info/paths.json", "its files cannot be checked", "rebuild the package")
+    return json.loads(raw).get("paths", [])
+
+
+# --- prefix placeholders, rewritten as rattler rewrites them ---------------------------------
+
+def _env_shebang(line: str) -> str:
+    m = re.match(r"#!\s*(\S+)(.*)", line)
+    return f"#!/usr/bin/env {m.group(1).rsplit('/', 1)[-1]}{m.group(2)}" if m else line
+
+
+def _replace_text(data: bytes, old: bytes, new: bytes) -> bytes:
+    head = b""
+    if data.startswith(b"#!"):
+        end = data.find(b"\n")
+        end = len(data) if end < 0 else end
+        line = data[:end].decode("utf-8", "replace")
+        if old in data[:end]:
+            line = line.replace(old.decode(), new.decode())
+            if b" " in new or len(line.encode()) > MAX_SHEBANG:
+                line = _env_shebang(line)
+        head, data = line.encode(), data[end:]
+    return head + data.replace(old, new)
+
+
+def _replace_cstrings(data: bytes, old: bytes, new: bytes) -> bytes:
+    """Each C string holding the placeholder is rewritten in place, padded with NULs to its length."""
+    out = bytearray()
+    pos = 0
+    while (i := data.find(old, pos)) >= 0:
+        end = data.find(b"\0", i)
+        end = len(data) if end < 0 else end
+        out += data[pos:i]
+        string = data[i:end]
+        replaced = string.replace(old, new)[: len(string)]
+        out += replaced + b"\0" * (len(string) - len(replaced))
+        pos = end
+    return bytes(out + data[pos:])
+
+
+def in_prefix_bytes(data: bytes, placeholder: str, prefix: str, file_mode: str) -> bytes:
+    old, new = placeholder.encode(), prefix.encode()
+    return _replace_cstrings(data, old, new) if file_mode == "binary" else _replace_text(data, old, new)
+
+
+# --- manifests ------------------------------------------------------------------------------
+
+def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | None = None) -> dict:
+    """A package's manifest from its (already sha256-checked) archive, with the in-prefix sha256
+    of its placeholder files for this prefix added."""
+    body = previous or {"schema": SCHEMA, "sha256": sha256, "file": archive.name, "in_prefix": {}}
+    if "paths" not in body:
+        body["paths"] = [
+            [e["_path"], e.get("path_type", "hardlink"), e.get("sha256"), e.get("prefix_placeholder"), e.get("file_mode", "text")]
+            for e in read_paths_json(archive)
+        ]
+    placeholders = {p[0]: p for p in body["paths"] if p[3] and p[1] == "hardlink"}
+    if placeholders and str(prefix) not in body["in_prefix"]:
+        originals = _read_members(archive, "pkg", set(placeholders))
+        body["in_prefix"][str(prefix)] = {
+            path: hashlib.sha256(in_prefix_bytes(data, placeholders[path][3], str(prefix), placeholders[path][4])).hexdigest()
+            for path, data in originals.items()
+        }
+    return body
+
+
+def manifest_path(sha256: str) -> Path:
+    return trust_dir() / "manifests" / f"{sha256}.json"
+
+
+def cached_manifest(sha256: str, prefix: Path) -> dict | None:
+    """The stored manifest when it is genuine and already knows this prefix."""
+    body = read_signed(manifest_path(sha256))
+    if body is None or body.get("schema") != SCHEMA or body.get("sha256") != sha256:
+        return None
+    if any(p[3] for p in body["paths"]) and str(prefix) not in body["in_prefix"]:
+        return None
+    return body
+
+
+def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path) -> dict:
+    body = cached_manifest(ref.sha256, prefix)
+    if body is None:
+        previous = read_signed(manifest_path(ref.sha256))
+        if previous and previous.get("sha256") != ref.sha256:
+            previous = None
+        body = build_manifest(archive, ref.sha256, prefix, previous)
+        write_signed(manifest_path(ref.sha256), body)
+    return body
+
+
+def expected_paths(body: dict, prefix: Path) -> Iterator[tuple[str, str | None]]:
+    """(relative path, expected sha256) of a package in a prefix; None: check presence only
+    (symbolic links, and files the package lists without a hash)."""
+    in_prefix = body["in_prefix"].get(str(prefix), {})
+    for path, kind, sha, placeholder, _mode in body["paths"]:
+        if kind != "hardlink" or not sha:
+            yield path, None
+        else:
+            yield path, in_prefix.get(path, sha) if placeholder else sha
+
+
+def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] | None = None,
+                  mirrors: Mirrors | None = None) -> tuple[dict[str, dict], list[str]]:
+    """{package name: manifest} for every package, and why any could not be had.
+
+    Packages whose manifest is not yet trusted are fetched (from `local`, or the store, or
+    their URL) and their sha256 compared with the one given, before anything is read from them."""
+    out: dict[str, dict] = {}
+    missing = []
+    for ref in refs:
+        body = cached_manifest(ref.sha256, prefix)
+        if body is None:
+            missing.append(ref)
+        else:
+            out[ref.name] = body
+    problems: list[str] = []
+    if missing:
+        have = {r.file_name: local[r.file_name] for r in missing if local and r.file_name in local}
+        try:
+            fetched, bad = fetch_verified([r for r in missing if r.file_name not in have], store_dir(), mirrors)
+        except ExtforgeError as exc:
+            fetched, bad = {}, [exc.what]
+        have.update(fetched)
+        problems += [f"package archive not usable: {b}" for b in bad]
+        for ref in missing:
+            if ref.file_name in have:
+                out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix)
+    return out, problems
+
+
+def owned_paths(manifests: dict[str, dict]) -> set[str]:
+    return {p[0] for body in manifests.values() for p in body["paths"]}
+

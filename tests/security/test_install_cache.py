@@ -1,0 +1,129 @@
+"""Install takes nothing from the package cache on trust: an extracted package whose files (and
+its own info/paths.json) were changed is re-extracted from the archive the lock vouches for."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from extforge import paths
+from extforge.channel.index import reindex
+
+from .pyish import MODULE, SITE, forge_record, pyish_package
+
+INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
+
+
+def tamper_cache_entry(entry: Path, replace: dict[str, bytes]) -> None:
+    """Replace (or add) files of an extracted package and make its info/paths.json agree."""
+    paths_json = entry / "info" / "paths.json"
+    data = json.loads(paths_json.read_text())
+    entries = {e["_path"]: e for e in data["paths"]}
+    for rel, content in replace.items():
+        path = entry / rel
+        path.unlink(missing_ok=True)  # a new inode: installed prefixes may hard-link the old one
+        path.write_bytes(content)
+        e = entries.setdefault(rel, {"_path": rel, "path_type": "hardlink"})
+        e.update(sha256=hashlib.sha256(content).hexdigest(), size_in_bytes=len(content))
+        e.pop("prefix_placeholder", None)
+    data["paths"] = list(entries.values())
+    paths_json.write_text(json.dumps(data))
+
+
+def test_tampered_extracted_cache_is_repaired_not_installed(sandbox):
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    first = sandbox.root / "envs" / "first"
+    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
+    entry = sandbox.cache / "rattler" / "pkgs" / "pyish-1.0-0"
+    tamper_cache_entry(entry, {MODULE: INJECTED, f"{SITE}/zz-evil.pth": b"import os\n"})
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {MODULE}" in res.output and f"repaired {SITE}/zz-evil.pth" in res.output, res.output
+    assert (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
+    assert not (prefix / SITE / "zz-evil.pth").exists()
+    assert (entry / MODULE).read_bytes() == b"VALUE = 1\n"  # the cache entry was extracted again
+    sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
+
+
+def test_package_store_copy_that_differs_is_fetched_again(sandbox):
+    channel = sandbox.path("ch")
+    pkg = pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / "first"), "--lock", str(lock), expect=0)
+    (stored,) = (sandbox.cache / "pkgs").glob(f"*/{pkg.name}")
+    stored.write_bytes(b"not the package")
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {stored} (sha256" in res.output, res.output
+    assert stored.read_bytes() == pkg.read_bytes() and (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
+
+
+def _linked_copy(channels: list[Path], dest: Path) -> Path:
+    """One channel holding hard links to the packages of several (indexed)."""
+    for channel in channels:
+        for sub in ("noarch", "linux-64"):
+            (dest / sub).mkdir(parents=True, exist_ok=True)
+            for f in (channel / sub).glob("*"):
+                if f.name.endswith((".conda", ".tar.bz2")):
+                    os.link(f, dest / sub / f.name)
+    reindex(dest)
+    return dest
+
+
+def _prefill_caches(sandbox, channel: Path) -> None:
+    """The sandbox's package store and extracted cache as hard links to the user's (a 5 GB
+    environment would otherwise be copied and extracted again). Edits below replace files,
+    never write into a linked one, and rattler's own lock files are copied."""
+    repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    shared = paths.rattler_cache_dir() / "pkgs"
+    for fn, record in repodata["packages.conda"].items():
+        stored = sandbox.cache / "pkgs" / record["sha256"] / fn
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        os.link(channel / "linux-64" / fn, stored)
+        entry = shared / fn.removesuffix(".conda")
+        if entry.is_dir() and Path(f"{entry}.lock").is_file():
+            shutil.copytree(entry, sandbox.cache / "rattler" / "pkgs" / entry.name, copy_function=os.link)
+            shutil.copy(f"{entry}.lock", sandbox.cache / "rattler" / "pkgs")
+
+
+@pytest.mark.slow
+def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
+    # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
+    channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
+    manifest = sandbox.manifest("demo-ext")
+    manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
+    sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+    lock = manifest.with_name("pixi.lock")
+    _prefill_caches(sandbox, channel)
+    first = sandbox.root / "envs" / "first"
+    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
+    init = "lib/python3.11/site-packages/demo_ext/__init__.py"
+    (entry,) = (sandbox.cache / "rattler" / "pkgs").glob("demo-ext-*_0")
+    tamper_cache_entry(entry, {init: INJECTED})
+
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {init}" in res.output, res.output
+    imported = subprocess.run([str(prefix / "bin" / "python"), "-c", "import demo_ext; print(demo_ext.__file__)"],
+                              capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    assert not list((prefix / "lib").rglob("*.ran")), "the injected code ran"
+
+    # The same edit made in the installed prefix, its conda-meta record rewritten to match.
+    forge_record(prefix, "demo-ext", init, INJECTED)
+    with sandbox.unchanged_outside():
+        res = sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=1)
+    assert f"modified: {init} (demo-ext)" in res.output, res.output
