@@ -7,6 +7,7 @@ its time in nvcc (~30 s for the probe on 2 cores).
 
 from __future__ import annotations
 
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -19,10 +20,11 @@ from extforge.audit.elf import open_elf
 from extforge.audit.fatbin import arch_sets, parse_fatbin
 from extforge.audit.packaging import open_target
 from extforge.build import build_recipe
+from extforge.build_options import BuildOptions
 from extforge.cuda_rule import Offer
 from extforge.errors import ExtforgeError
 from extforge.locking import exclusive
-from extforge.mirror import cuda_sources, variants_yaml
+from extforge.mirror import cuda_sources, rows
 from extforge.mirror.channel import build_job, place
 from extforge.mirror.cuda_toolkit import Toolkit, toolkit_jobs
 from extforge.mirror.toolchain import compiler_jobs, detect
@@ -37,10 +39,10 @@ def toolkit_channel(tk: Toolkit, channel: Path) -> Path:
     tc = detect()
     packages = [build_job(job) for job in toolkit_jobs(tk, tc.gxx) + compiler_jobs(tc)]
     place(packages, channel)
-    (channel / "variants.yaml").write_text(variants_yaml({
+    (channel / "variants.yaml").write_text(rows.variants_yaml([rows.Row({
         "c_compiler": "gcc", "c_compiler_version": tc.gcc_major, "cxx_compiler": "gxx",
         "cxx_compiler_version": tc.gcc_major, "cuda_compiler": "cuda-nvcc", "cuda_compiler_version": tk.short,
-    }))
+    })]))
     return channel
 
 
@@ -59,7 +61,7 @@ def host_toolkit() -> Toolkit:
     torch 2.14.1's nvidia wheels when it lacks them (this CI image's toolkit does)."""
     if not Path(HOST_CUDA, "bin", "nvcc").exists():
         pytest.skip(f"no CUDA toolkit in {HOST_CUDA}")
-    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []))
+    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []), f"{sys.version_info[0]}.{sys.version_info[1]}")
     if not (wheels / ".complete").exists():
         pytest.skip(f"torch {MIRROR_TORCH}'s wheels are not in the cache yet (the mirror fixture fetches them)")
     return cuda_sources.add_wheel_headers(cuda_sources.from_host(HOST_CUDA), mirror.from_wheels(wheels))
@@ -73,8 +75,8 @@ def host_toolkit() -> Toolkit:
 def test_packaged_nvcc_builds_a_kernel_in_the_build_prefix(offer, cudart, tmp_path):
     tk = fetched(offer)
     channel = toolkit_channel(tk, tmp_path / "channel")
-    (pkg,) = build_recipe(PROBE, [channel], tmp_path / "out", variant_config=[channel / "variants.yaml"],
-                          test=False, audit=False)
+    (pkg,) = build_recipe(BuildOptions.make(PROBE, [channel], tmp_path / "out", variant_configs=[channel / "variants.yaml"],
+                                            test=False, audit=False))
     with open_target(pkg.path) as payload:
         # The strong run export of cuda-nvcc_linux-64: what nvcc X.Y built needs CUDA X.>=Y.
         major = tk.major
@@ -104,7 +106,7 @@ def conda_members(path: Path) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
 def test_a_build_asking_for_a_toolkit_the_channel_lacks_names_the_fitting_one(tmp_path):
     channel = toolkit_channel(fetched(Offer("12.4", "debian")), tmp_path / "channel")
     with pytest.raises(ExtforgeError) as err:
-        build_recipe(PROBE, [channel], tmp_path / "out", variant_config=[channel / "variants.yaml"],
-                     variants={"cuda_compiler_version": ["12.8"]}, test=False, audit=False)
+        build_recipe(BuildOptions.make(PROBE, [channel], tmp_path / "out", variant_configs=[channel / "variants.yaml"],
+                                       variants={"cuda_compiler_version": ["12.8"]}, test=False, audit=False))
     assert "no CUDA 12.8 toolkit" in err.value.what and "12.4 would be" in err.value.why
     assert "cuda_compiler_version=12.4" in err.value.fix
