@@ -125,7 +125,10 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
     """`extforge build` in this process, its log lines timestamped as rattler-build emits them;
     the ninja log is saved before the work folder is deleted, the audit is timed."""
     from extforge import build as build_mod
+    from extforge import engine
+    from extforge.build_options import BuildOptions
     from extforge.channel.hashing import sha256_file
+    from extforge.variants import parse_variant_overrides
 
     digest = sha256_file(sdist)
     store = work / "sources" / "sha256" / digest
@@ -136,7 +139,7 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
     lines: list[tuple[float, str]] = []
     marks: dict[str, float] = {}
     saved: list[Path] = []
-    on_log, after_build = build_mod._LogSink.on_log, build_mod.after_build
+    on_log, after_build = engine.LogSink.on_log, build_mod.after_build
 
     def timed_on_log(self, event) -> None:
         lines.append((time.monotonic() - t0, str(event.message)))
@@ -151,11 +154,11 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
         after_build(packages, channels, build_env)
         marks["audit end"] = time.monotonic() - t0
 
-    build_mod._LogSink.on_log, build_mod.after_build = timed_on_log, timed_after_build
+    engine.LogSink.on_log, build_mod.after_build = timed_on_log, timed_after_build
     try:
-        build_mod.build_recipe(recipe, [channel], work / "out", variants=build_mod.parse_variant_overrides(variants))
+        build_mod.build_recipe(BuildOptions.make(recipe, [channel], work / "out", variants=parse_variant_overrides(variants)))
     finally:
-        build_mod._LogSink.on_log, build_mod.after_build = on_log, after_build
+        engine.LogSink.on_log, build_mod.after_build = on_log, after_build
     wall = time.monotonic() - t0
     if not saved:
         raise SystemExit("the recipe build left no .ninja_log (did setup.py build through ninja?)")

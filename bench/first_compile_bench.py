@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 
 from extforge.build import build_recipe
+from extforge.build_options import BuildOptions
 from extforge.machine import detect
 
 COMPILERS = (b"nvcc", b"cicc", b"cc1plus")
@@ -60,7 +61,7 @@ def one_build(recipe: Path, channel: Path, out: Path, test: bool) -> dict:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        build_recipe(recipe, [channel], out, test=test,
+        build_recipe(BuildOptions.make(recipe, [channel], out, test=test),
                      on_step=lambda msg: steps.append((time.monotonic() - t0, msg)))
     finally:
         done.set()
