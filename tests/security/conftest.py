@@ -170,7 +170,12 @@ class Sandbox:
     def lock(self, channel: Path, package: str) -> Path:
         """`extforge lock` of manifest(package) against the channel folder; the pixi.lock path."""
         manifest = self.manifest(package)
-        self.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
+        # The site's mirror as pixi keeps it (the workspace's .pixi/config.toml): the lock names
+        # the manifest's channel, and lock, install and verify all fetch from the folder.
+        config = manifest.parent / ".pixi" / "config.toml"
+        config.parent.mkdir(exist_ok=True)
+        config.write_text(f'[mirrors]\n"https://conda.anaconda.org/internal" = ["{channel.as_uri()}"]\n')
+        self.run("lock", "--manifest", str(manifest), expect=0)
         return manifest.with_name("pixi.lock")
 
     def listing(self, *allowed: Path) -> Listing:

@@ -26,8 +26,9 @@ def test_flash_attn_sbatch_matches_plan_on_a_16_core_128g_node(tmp_path):
         "--output-dir", str(tmp_path / "out"), "--publish-to", str(tmp_path / "published"),
     ))
     scripts = doc["scripts"]
-    # The offline variant file has two rows: sm_80+sm_90 (python 3.11) and sm_90 only (H100 node, 3.12).
-    assert len(scripts) == 2
+    # One job per row of the offline variant file: the development machine and the H100 node
+    # (CUDA 13.0), clusters A, B and C (CUDA 12.4).
+    assert len(scripts) == 5
     seen_archs = set()
     for text in scripts.values():
         archs = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#   flash_attn_cuda_archs"))
@@ -38,5 +39,5 @@ def test_flash_attn_sbatch_matches_plan_on_a_16_core_128g_node(tmp_path):
                      if line.startswith(("#SBATCH --cpus-per-task", "#SBATCH --mem", "#SBATCH --time"))]
         assert requested == plan["slurm"]["sbatch_args"], archs
         assert "--profile flash-attn" in text
-    assert seen_archs == {"80,90", "90"}
+    assert seen_archs == {"80,90", "90", "80"}
     assert not (tmp_path / "out").exists(), "a dry run writes nothing"
