@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -85,20 +85,25 @@ def package_names(channels: Sequence[str | Path], subdir: str = "linux-64") -> s
     return {rec["name"] for ch in channels for sub in (subdir, "noarch") for rec in records(ch, sub).values()}
 
 
-def virtual_packages(platform: str, *, linux: str, glibc: str, cuda: str | None) -> list[Any]:
-    """The virtual packages a solve for nodes of `platform` assumes (rattler GenericVirtualPackage):
-    a CPU-only build host has no `__cuda`, so lock and audit name the nodes' own."""
+def virtual_packages(subdir: str, *, linux: str, glibc: str, extra: Mapping[str, str] | None = None) -> list[Any]:
+    """The virtual packages a solve for nodes of `subdir` assumes (rattler GenericVirtualPackage):
+    a CPU-only build host has no `__cuda`, so lock and audit name the nodes' own. `extra` holds the
+    others by name (`__cuda`: its version; `__archspec`: the microarchitecture, its build string)."""
     from rattler import BuildString, GenericVirtualPackage, PackageName, Version
 
-    def vp(name: str, version: str) -> GenericVirtualPackage:
-        return GenericVirtualPackage(PackageName(name), Version(version), BuildString("0"))
+    def vp(name: str, version: str, build: str = "0") -> GenericVirtualPackage:
+        return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build))
 
-    if not platform.startswith("linux"):
-        return []
-    out = [vp("__unix", "0"), vp("__linux", linux), vp("__glibc", glibc)]
-    if cuda:
-        out.append(vp("__cuda", cuda))
-    if platform == "linux-64":
+    extra = extra or {}
+    out = []
+    if subdir.startswith("linux"):
+        out += [vp("__unix", "0"), vp("__linux", linux), vp("__glibc", glibc)]
+    for name, value in sorted(extra.items()):
+        if name == "__archspec":
+            out.append(vp(name, "1", value))
+        elif name not in ("__linux", "__glibc"):
+            out.append(vp(name, value))
+    if subdir == "linux-64" and "__archspec" not in extra:
         out.append(vp("__archspec", "1"))
     return out
 

@@ -74,7 +74,7 @@ async def _solve_install(specs: list[str], channels: list[str], prefix: Path) ->
     from rattler import install, solve
 
     virtual = virtual_packages("linux-64", linux="5.0", glibc="2.28",
-                               cuda=os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA))
+                               extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
     try:
         records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
         await install(records, target_prefix=prefix, cache_dir=rattler_cache_dir(), show_progress=False)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
 from .hashing import sha256_file
@@ -52,22 +53,8 @@ def envs_dir_for(lock_path: Path) -> Path:
 
 def virtual_packages(platform: Platform) -> list:
     """The virtual packages of the target nodes, as the manifest's platform declares them."""
-    from rattler import BuildString, GenericVirtualPackage, PackageName, Version
-
-    def vp(name: str, version: str, build: str = "0") -> GenericVirtualPackage:
-        return GenericVirtualPackage(PackageName(name), Version(version), BuildString(build))
-
-    out = []
-    if platform.subdir.startswith("linux"):
-        out += [vp("__unix", "0"), vp("__linux", platform.linux), vp("__glibc", platform.glibc)]
-    for name, value in sorted(platform.virtual.items()):
-        if name == "__archspec":
-            out.append(vp(name, "1", value))  # the microarchitecture is the build string
-        elif name not in ("__linux", "__glibc"):
-            out.append(vp(name, value))
-    if platform.subdir == "linux-64" and "__archspec" not in platform.virtual:
-        out.append(vp("__archspec", "1"))
-    return out
+    return channel_ref.virtual_packages(platform.subdir, linux=platform.linux, glibc=platform.glibc,
+                                        extra=platform.virtual)
 
 
 async def _solve(env: EnvSpec, channels: list[str], served: list[str], platform: Platform) -> list:
