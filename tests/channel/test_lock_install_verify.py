@@ -212,9 +212,10 @@ def test_verify_rehashes_only_files_changed_since_a_clean_run(tiny_packages, htt
     first = verify_prefix(prefix, lock_path=lock_path, env="app")
     total = first.files_hashed
     assert first.ok and total > 0 and first.snapshot == "written"
-    # Files written seconds before the snapshot may share its timestamp tick: hashed again.
+    # Files changed within the window before the snapshot may share its timestamp tick: hashed again.
+    monkeypatch.setattr(verify_mod, "RACY_FINE_NS", 10**15)
     assert verify_prefix(prefix, lock_path=lock_path, env="app").files_hashed == total
-    monkeypatch.setattr(verify_mod, "RACY_NS", 0)
+    monkeypatch.setattr(verify_mod, "RACY_FINE_NS", 0)
     quick = verify_prefix(prefix, lock_path=lock_path, env="app")
     assert quick.ok and quick.files_hashed == 0 and quick.files_unchanged == total
 

@@ -137,8 +137,13 @@ def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tupl
     return expect, findings
 
 
-# A file whose ctime is this close to the snapshot may have changed within the same timestamp tick.
+# A file whose ctime is this close to the snapshot may have changed again within the same
+# timestamp tick, unseen. Filesystems that keep sub-second times tick within milliseconds (the
+# kernel's coarse clock); only those that keep whole seconds (some NFS servers) need seconds.
+# A window of seconds on a fine filesystem made the first verify after an install (whose links
+# are made in its last second) trust nothing, and the one after it re-hash everything again.
 RACY_NS = 3 * 10**9
+RACY_FINE_NS = 100 * 10**6
 RECORD_SCHEMA = 2
 
 
@@ -157,8 +162,11 @@ def _load_snapshot(prefix: Path) -> dict[str, list]:
     if not data or data.get("schema") != RECORD_SCHEMA or data.get("prefix") != str(prefix):
         return {}
     taken = int(data.get("taken_ns", 0))
+    files: dict[str, list] = data.get("files", {})
+    # The record's own ctimes tell the filesystem's resolution: any sub-second part means fine.
+    window = RACY_FINE_NS if any(e[3] % 10**9 for e in files.values()) else RACY_NS
     # Entries changed too close to the snapshot are left out: they must be hashed again.
-    return {rel: e for rel, e in data.get("files", {}).items() if e[3] < taken - RACY_NS}
+    return {rel: e for rel, e in files.items() if e[3] < taken - window}
 
 
 def _write_snapshot(prefix: Path, entries: dict[str, list], taken_ns: int) -> str:
