@@ -22,6 +22,7 @@ from types import ModuleType
 
 from . import __version__
 from .errors import EXIT_CANNOT_RUN, ExtforgeError
+from .paths import cache_root
 from .ui import console, emit_json, setup_logging
 
 # Order is the order `extforge --help` lists them in: the pipeline first, diagnostics last.
@@ -140,8 +141,6 @@ CRASH_LOGS_KEPT = 20
 
 def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
     """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept)."""
-    from .paths import cache_root
-
     logs = cache_root() / "logs"
     path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     try:

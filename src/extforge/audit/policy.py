@@ -10,6 +10,8 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from .fatbin import parse_arch
+
 
 @cache
 def policy() -> dict[str, Any]:
@@ -35,8 +37,6 @@ def is_interpreter_symbol(name: str) -> bool:
 
 def parse_archs(text: str) -> list[str]:
     """'sm_80, 90,9.0,sm_90a' -> ['sm_80', 'sm_90', 'sm_90', 'sm_90a']; ValueError with the reason."""
-    from .fatbin import parse_arch
-
     archs = [a.strip() for a in text.split(",") if a.strip()]
     if not archs:
         raise ValueError("no GPU arch given (write them like sm_80,sm_90)")
