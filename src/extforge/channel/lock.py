@@ -19,7 +19,6 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
@@ -114,10 +113,9 @@ def _write(path: Path, text: str) -> None:
 
 def _check_folder_channel(url: str, env: str) -> None:
     """A file:// channel must be a folder with repodata: said here, not by a solver error."""
-    parsed = urlparse(url)
-    if parsed.scheme != "file":
+    folder = channel_ref.local_folder(url) if url.startswith("file://") else None
+    if folder is None:
         return
-    folder = Path(unquote(parsed.path))
     if not (folder / "noarch" / "repodata.json").is_file():
         raise ExtforgeError(
             f"channel {url} of environment {env!r} is not a channel folder",
