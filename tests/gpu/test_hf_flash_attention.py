@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from gpu_env import draw_seed, import_or_skip
+from gpu_env import built_head_dims, draw_seed, import_or_skip
 
 torch = import_or_skip("torch")
 import_or_skip("flash_attn")
@@ -30,10 +30,14 @@ FLASH_OP_PREFIX = "flash_attn::"
 LOGITS_SLACK, LOGITS_CAP = 1e-3, 5e-2
 
 
+# 64 where every head dim is built; a head-dim subset build gets a model of one of its own.
+HEAD_DIM = 64 if built_head_dims() is None else built_head_dims()[0]
+
+
 def _tiny_config():
     # A fresh config per model: from_config records the attention implementation on it.
     return transformers.Qwen2Config(
-        hidden_size=256,
+        hidden_size=4 * HEAD_DIM,
         num_attention_heads=4,
         num_key_value_heads=2,
         num_hidden_layers=2,
