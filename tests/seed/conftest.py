@@ -120,6 +120,7 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     import time
 
     from extforge.build import build_recipe
+    from extforge.build_options import BuildOptions
 
     builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
     key = hashlib.sha256((_tree_digest(DEMO_RECIPE) + builder + _repodata_of(seed_channel.path)).encode()).hexdigest()[:16]
@@ -135,8 +136,8 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
             if not done.exists():
                 start = time.monotonic()
                 # The recipe's own tests are left to the per-row env tests below (same import, one solve less).
-                built = build_recipe(DEMO_RECIPE, [seed_channel.path], out, test=False, variants={
-                    "python": [row["python"]], "pytorch": [row["pytorch"]], "cuda_archs": [c.archs]})
+                built = build_recipe(BuildOptions.make(DEMO_RECIPE, [seed_channel.path], out, test=False, variants={
+                    "python": [row["python"]], "pytorch": [row["pytorch"]], "cuda_archs": [c.archs]}))
                 (pkg,) = [p.path for p in built if p.name == "demo-ext"]
                 done.write_text(json.dumps({"package": pkg.name, "seconds": time.monotonic() - start}))
             record = json.loads(done.read_text())

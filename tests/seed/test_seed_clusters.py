@@ -121,13 +121,14 @@ def test_each_rows_env_locks_to_its_own_build_installs_and_imports(name: str, se
 def wrong_abi_package(seed_channel: SeedChannel, tmp_path_factory) -> Path:
     """A C++ torch extension built for row C with the new C++ ABI forced on (no CUDA: no toolkit needed)."""
     from extforge.build import build_recipe
+    from extforge.build_options import BuildOptions
 
     if CLUSTER_C.name not in seed_channel.rows:
         pytest.skip(f"cluster C: {seed_channel.skipped.get('C')}")
     row = seed_channel.rows["C"]
     out = tmp_path_factory.mktemp("wrong-abi")
-    built = build_recipe(Path(__file__).parent / "data" / "wrong-abi-ext", [seed_channel.path], out, test=False,
-                         variants={"python": [row["python"]], "pytorch": [row["pytorch"]]})
+    built = build_recipe(BuildOptions.make(Path(__file__).parent / "data" / "wrong-abi-ext", [seed_channel.path], out,
+                                           test=False, variants={"python": [row["python"]], "pytorch": [row["pytorch"]]}))
     (pkg,) = [p for p in built if p.name == "wrong-abi-ext"]
     assert pkg.audit_verdict == "fail", pkg
     return pkg.path
