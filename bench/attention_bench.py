@@ -17,8 +17,9 @@ flash-attn's forward TFLOP/s to SDPA's must be within 3% of the ratio a plain
 `setup.py bdist_wheel` build of the same flash-attn source reached on an H100: 312 / 531.
 
 Prints a table on stdout; writes JSON to --out (default: $EXTFORGE_BENCH_OUT, if set);
---write-docs appends a dated section to docs/benchmarks.md. Exit code: 0 ratio within 3%,
-1 outside it, 2 could not run (no CUDA device or no flash_attn).
+--write-docs appends a dated section to docs/benchmarks.md. A head-dim subset build is timed on
+its own head dims only. Exit code: 0 ratio within 3%, 3 outside it, 2 could not run (no CUDA
+device, no flash_attn, or no kernels for the reference head dim); 1 is a crash, never a verdict.
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ CASES = (
     Case(batch=4, seqlen=4096, nheads=32, headdim=64, causal=True),
     Case(batch=4, seqlen=4096, nheads=32, headdim=64, causal=False),
 )
+
+
+def built_head_dims() -> tuple[int, ...] | None:
+    """Head dims of the installed flash-attn build (None: every head dim), from the build record
+    the recipe writes; a head-dim subset build (flash_attn_head_dims) has only those kernels."""
+    record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn.json"
+    if not record.is_file():
+        return None
+    dims = str(json.loads(record.read_text()).get("head_dims") or "all")
+    return None if dims == "all" else tuple(int(d) for d in dims.split(";"))
+
+
+def built_cases() -> tuple[Case, ...]:
+    built = built_head_dims()
+    return CASES if built is None else tuple(c for c in CASES if c.headdim in built)
 
 
 @dataclass(frozen=True)
@@ -243,7 +259,7 @@ def _environment() -> dict[str, Any]:
 
 
 def run(*, reps: int) -> dict[str, Any]:
-    timings = [t for case in CASES for t in measure(case, reps=reps)]
+    timings = [t for case in built_cases() for t in measure(case, reps=reps)]
     env = _environment()
     env["sdpa_kernels"] = _sdpa_kernels(REFERENCE_CASE)
     return {
@@ -273,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot benchmark: torch {torch.__version__} sees no CUDA device.", file=sys.stderr)
         return 2
 
+    if REFERENCE_CASE not in built_cases():
+        print(f"error: cannot benchmark: this flash-attn build has no kernels for head dim {REFERENCE_CASE.headdim} "
+              f"(built: {', '.join(map(str, built_head_dims() or ()))}); benchmark a build that has them.", file=sys.stderr)
+        return 2
     report = run(reps=args.reps)
     print(render_text(report["table"]))
     verdict = report["verdict"]
@@ -286,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     if args.write_docs:
         append_section(render_docs(report))
-    return 0 if verdict["within_tolerance"] else 1
+    return 0 if verdict["within_tolerance"] else 3
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from .errors import ExtforgeError
 _FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
 # Relative compile cost by kind and head dim. Backward kernels instantiate several tile
 # configurations and the dq/dk/dv accumulators; larger head dims unroll larger tiles.
-_KIND_WEIGHT = {"bwd": 2.5, "fwd": 1.0, "fwd_split": 0.8}
+_KIND_WEIGHT = {"bwd": 2.5, "fwd": 1.0, "fwd_split": 0.8}  # a prior guess; measured twins replace it
 _HDIM_WEIGHT = {32: 0.55, 64: 0.7, 96: 0.85, 128: 1.0, 192: 1.25, 256: 1.45}
 _CAUSAL_WEIGHT = 1.05
 _OTHER_WEIGHT = 0.3  # flash_api.cpp and other host-only units
@@ -64,12 +64,27 @@ class UnitCosts:
         return any(s is not None for s in self.units.values())
 
     def seconds(self) -> dict[str, float]:
-        """Every unit's cost: measured where known, the rest from heuristic weights scaled to the
-        measured ones (with none measured, the bare weights, for the caller to calibrate)."""
+        """Every unit's cost: measured where known; else the measured twins of the same kind,
+        dtype and masking at other head dims, scaled by head dim (the node measured split-kv >
+        backward > forward and causal < non-causal at head dim 128, against the prior guess);
+        else heuristic weights scaled to the measured units (with none measured, the bare
+        weights, for the caller to calibrate)."""
         weights = {u: heuristic_weight(u) for u in self.units}
         known = {u: s for u, s in self.units.items() if s is not None}
         scale = sum(known.values()) / sum(weights[u] for u in known) if known else 1.0
-        return {u: known.get(u, weights[u] * scale) for u in self.units}
+        twins: dict[str, list[tuple[int, float]]] = {}
+        for u, sec in known.items():
+            if (hd := head_dim(u)) is not None:
+                twins.setdefault(_twin_key(u), []).append((hd, sec))
+
+        def estimate(u: str) -> float:
+            hd = head_dim(u)
+            measured = twins.get(_twin_key(u)) if hd is not None else None
+            if hd is None or not measured:
+                return weights[u] * scale
+            return sum(sec * _hdim_weight(hd) / _hdim_weight(d) for d, sec in measured) / len(measured)
+
+        return {u: known[u] if u in known else estimate(u) for u in self.units}
 
 
 def unit_name(path: str) -> str:
@@ -85,8 +100,17 @@ def heuristic_weight(unit: str) -> float:
     m = _FLASH_UNIT.match(unit)
     if not m:
         return _OTHER_WEIGHT
-    weight = _KIND_WEIGHT[m["kind"]] * _HDIM_WEIGHT.get(int(m["hdim"]), int(m["hdim"]) / 128)
+    weight = _KIND_WEIGHT[m["kind"]] * _hdim_weight(int(m["hdim"]))
     return weight * (_CAUSAL_WEIGHT if m["causal"] else 1.0)
+
+
+def _hdim_weight(hdim: int) -> float:
+    return _HDIM_WEIGHT.get(hdim, hdim / 128)
+
+
+def _twin_key(unit: str) -> str:
+    """The unit's name without its head dim: units that differ only in head dim are twins."""
+    return re.sub(r"_hdim\d+_", "_hdim*_", unit)
 
 
 def head_dim(unit: str) -> int | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -45,18 +47,22 @@ def draw_seed() -> int:
     return value
 
 
-def built_head_dims() -> tuple[int, ...] | None:
-    """Head dims of the installed flash-attn build (None: every head dim), from the build record
-    the recipe writes; a head-dim subset build (flash_attn_head_dims) has only those kernels."""
-    import json
-    import sys
-    from pathlib import Path
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "attention_bench.py"
 
-    record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn.json"
-    if not record.is_file():
-        return None
-    dims = str(json.loads(record.read_text()).get("head_dims") or "all")
-    return None if dims == "all" else tuple(int(d) for d in dims.split(";"))
+
+def load_bench() -> ModuleType:
+    """bench/attention_bench.py as a module (its cases, arithmetic and the build's head dims)."""
+    if "attention_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("attention_bench", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+    return sys.modules["attention_bench"]
+
+
+def built_head_dims() -> tuple[int, ...] | None:
+    """Head dims of the installed flash-attn build (None: every head dim)."""
+    return load_bench().built_head_dims()
 
 
 def require_head_dim(headdim: int) -> None:

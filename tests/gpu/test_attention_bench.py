@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-from gpu_env import import_or_skip
+from gpu_env import import_or_skip, load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "attention_bench.py"
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("attention_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench()
 
 
 def _timings(flash_ms: float, sdpa_ms: float):
@@ -90,3 +76,14 @@ def test_flash_attn_to_sdpa_ratio_matches_the_plain_build(device):
         f"{verdict['sdpa_tflops']:.0f} TFLOP/s = {verdict['ratio']:.3f}, but a plain setup.py build "
         f"reached {verdict['reference_ratio']:.3f} on this kind of GPU (allowed: within 3%)"
     )
+
+
+def test_a_head_dim_subset_build_is_timed_on_its_own_head_dims(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench.sys, "prefix", str(tmp_path))
+    assert bench.built_cases() == bench.CASES  # no build record: every head dim is built
+    record = tmp_path / "share" / "extforge" / "build" / "flash-attn.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"head_dims": "128"}')
+    assert {c.headdim for c in bench.built_cases()} == {128} and bench.REFERENCE_CASE in bench.built_cases()
+    record.write_text('{"head_dims": "64"}')
+    assert bench.REFERENCE_CASE not in bench.built_cases()
