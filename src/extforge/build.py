@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import compile_cache, engine, machine, plan
+from . import compile_cache, engine, machine, paths, plan
 from .audit import audit_package
 from .audit.stamp import stamp_package
 from .build_options import BuildOptions
@@ -145,9 +145,27 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
+# Below this much free space a failed build is a full disk first: rattler-build says only
+# "Failed to resolve dependencies" when it cannot unpack a package (a torch env is ~5 GB).
+LOW_DISK_BYTES = 2 * 2**30
+
+
+def low_disk(dirs: Sequence[Path]) -> str | None:
+    """A 'No space left on device' line for the first of `dirs` whose disk is nearly full."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(d).free
+            if free < LOW_DISK_BYTES:
+                return f"No space left on device: {free / 2**30:.1f} GiB free on the disk of {d}"
+    return None
+
+
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
-    if "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
+    full = low_disk([log_file.parent, paths.rattler_cache_dir()])
+    if full:
+        lines = [*lines, full]
+    elif "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
         return solve_failure(lines, urls, log_file)
     kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
     where = f"build log: {log_file}" + (kept + " (delete it when done)" if work_dirs else "")

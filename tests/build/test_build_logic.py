@@ -1,5 +1,6 @@
 """extforge build's pure parts: solve-failure extraction, variant overrides, recipe/channel checks."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from extforge.build import build_failure, missing_names, solve_context, solve_fa
 from extforge.channel_ref import channel_url
 from extforge.engine import engine_failure, find_recipe
 from extforge.errors import ExtforgeError
+from extforge.explain import explain_text
 from extforge.variants import parse_variant_overrides
 
 LOG = [
@@ -78,6 +80,30 @@ def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):
     assert "compilePyTorch" in err.why and "extforge mirror" in err.fix and str(tmp_path / "build.log") in err.fix
 
 
+def test_a_full_disk_is_named_not_taken_for_a_solve_failure(tmp_path, monkeypatch):
+    """rattler-build says "Failed to resolve dependencies" when it cannot unpack a package for
+    lack of space; with the disk nearly full the error names the disk instead."""
+    import extforge.build as build
+
+    rattler_says = RuntimeError("PyRattlerBuildError: Failed to resolve dependencies")
+    lines = ["info: ✔ Successfully updated the build environment"]
+    solve = build_failure(rattler_says, lines, ["file:///nonexistent/"], tmp_path / "demo-ext" / "recipe.yaml",
+                          tmp_path / "build.log", [])
+    assert "disk" not in solve.what  # plenty of space: a solve failure it is
+    monkeypatch.setattr(build, "LOW_DISK_BYTES", shutil.disk_usage(tmp_path).free * 2)
+    err = build_failure(rattler_says, lines, ["file:///nonexistent/"], tmp_path / "demo-ext" / "recipe.yaml",
+                        tmp_path / "build.log", [])
+    assert err.what == "building demo-ext failed: the disk is full"
+    assert "GiB free on the disk of" in err.why and "EXTFORGE_CACHE" in err.fix
+
+
+def test_rattlers_unpack_error_is_explained_as_a_full_disk():
+    text = ("failed to fetch nvidia-curand-cu12-10.3.9.90-py312_hb0f4dca_0.conda\nCaused by: an io error occurred: "
+            "failed to unpack `lib/python3.12/site-packages/nvidia/curand/lib/libcurand.so.10`: No space left on device (os error 28)")
+    (diagnosis, *_) = explain_text(text).diagnoses
+    assert diagnosis.id == "disk-full"
+
+
 def test_a_rattler_build_panic_is_an_error_not_a_traceback(tmp_path):
     """pyo3 turns a Rust panic into a BaseException; build_failure still names it."""
     panic = type("PanicException", (BaseException,), {})("Failed to parse the ELF file: Scroll(BadInput)")
@@ -87,11 +113,11 @@ def test_a_rattler_build_panic_is_an_error_not_a_traceback(tmp_path):
     assert err.what.startswith("building x failed: rattler-build crashed (panic): Failed to parse the ELF file")
 def test_build_passes_the_longest_first_unit_order():
     """ninja starts units in the order of setup.py's sources: flash-attn's build script reorders
-    them by EXTFORGE_UNIT_ORDER, backward kernels of the largest head dims first."""
+    them by EXTFORGE_UNIT_ORDER, the measured longest (split-kv forward of the largest head dim) first."""
     from extforge.build import build_environment
 
     env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
-    assert len(order) == 73 and order[0].startswith("flash_bwd_hdim256")
+    assert len(order) == 73 and order[0].startswith("flash_fwd_split_hdim256")
     assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")
     assert "EXTFORGE_UNIT_ORDER" not in build_environment("", [], {}, "no-such-profile")
