@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import time
 from pathlib import Path
 
 from extforge.channel.index import reindex
@@ -37,3 +40,22 @@ def test_channel_folder_with_space_and_hash(tmp_path: Path, tiny_packages) -> No
 
     records = asyncio.run(solve([url], ["tiny-01"], platforms=["linux-64", "noarch"]))
     assert [r.name.normalized for r in records] == ["tiny-01"]
+
+
+def test_a_package_rewritten_in_place_is_indexed_again(tmp_path: Path) -> None:
+    """rattler-build indexes its output folder, then the audit stamps the package (new bytes,
+    same name): the next index must carry the new sha256, or a lock of that channel refuses it."""
+    import hashlib
+
+    from security.pyish import pyish_package
+
+    channel = tmp_path / "ch"
+    pkg = pyish_package(channel)
+    before = json.loads((pkg.parent / "repodata.json").read_text())["packages.conda"][pkg.name]["sha256"]
+    data = pkg.read_bytes()
+    os.utime(pkg.parent / "repodata.json", ns=(time.time_ns() - 10**9,) * 2)
+    pkg.write_bytes(data + b"\0")  # what a re-zipped, stamped package is to the indexer: new bytes
+    reindex(channel)
+    after = json.loads((pkg.parent / "repodata.json").read_text())["packages.conda"][pkg.name]
+    assert after["sha256"] == hashlib.sha256(pkg.read_bytes()).hexdigest() != before
+    assert after["size"] == len(data) + 1

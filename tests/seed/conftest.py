@@ -121,6 +121,7 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
 
     from extforge.build import build_recipe
     from extforge.build_options import BuildOptions
+    from extforge.channel.index import index_channel
 
     builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
     key = hashlib.sha256((_tree_digest(DEMO_RECIPE) + builder + _repodata_of(seed_channel.path)).encode()).hexdigest()[:16]
@@ -143,6 +144,7 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
             record = json.loads(done.read_text())
             packages[c.name] = out / "linux-64" / record["package"]
             seconds[c.name] = record["seconds"]
+        index_channel(out)  # rows built by earlier sessions: their entries as the files are now
     return SeedBuilds(out, packages, seconds)
 
 

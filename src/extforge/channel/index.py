@@ -8,6 +8,7 @@ each finished repodata.json over the live one: a reader sees the old file or the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -80,6 +81,28 @@ def index_fs(folder: Path) -> None:
         )
 
 
+def carry_fresh_entries(live: Path, dest: Path) -> None:
+    """The subdir's repodata.json without the entries of files rewritten since it was written.
+
+    rattler's indexer keeps every entry it finds and indexes only new file names, so a package
+    rewritten in place under the same name (the audit stamps built packages after rattler-build
+    indexed them) would keep its old sha256, and a lock taken from the channel would then refuse
+    the file."""
+    repodata = live / "repodata.json"
+    written = repodata.stat().st_mtime_ns
+    data = json.loads(repodata.read_text())
+    for key in ("packages", "packages.conda"):
+        entries = data.get(key) or {}
+        for name in list(entries):
+            try:
+                st = (live / name).stat()
+            except OSError:
+                continue  # gone: the indexer drops it
+            if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
+                del entries[name]
+    dest.write_text(json.dumps(data))
+
+
 def reindex(channel: Path) -> None:
     """Index every subdir of a channel folder and atomically replace its repodata.json files."""
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
@@ -94,7 +117,7 @@ def reindex(channel: Path) -> None:
                 if is_package_file(entry.name):
                     os.link(entry.path, shadow / sd / entry.name)
             if (live / "repodata.json").exists():
-                shutil.copyfile(live / "repodata.json", shadow / sd / "repodata.json")
+                carry_fresh_entries(live, shadow / sd / "repodata.json")
         index_fs(shadow)
         for sd in names:
             new = shadow / sd / "repodata.json"
