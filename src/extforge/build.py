@@ -17,13 +17,13 @@ from pathlib import Path
 
 from . import compile_cache, engine, machine, paths, plan
 from .audit import audit_package
-from .audit.stamp import stamp_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
 from .channel_ref import channel_url, package_names, records, repodata_mentions
 from .cuda_rule import missing_toolkit
 from .errors import ExtforgeError
 from .explain import explain_text
+from .stamp import stamp_package
 from .ui import log
 from .variants import archs as variant_archs
 from .variants import resolve as resolve_variants
@@ -191,7 +191,7 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
     where that holds the torch it pins, else the channel's."""
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
-        stamp_package(pkg.path, report)
+        stamp_package(pkg.path, report.to_stamp(pkg.path))
         pkg.audit_verdict = report.verdict
         if not report.ok:
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)

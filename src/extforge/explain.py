@@ -17,7 +17,7 @@ from typing import Any
 from . import machine
 from .audit.abi import abi_evidence
 from .audit.demangle import demangle
-from .doctor import planner_values
+from .doctor.diagnosis import planner_values
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "

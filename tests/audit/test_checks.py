@@ -6,7 +6,7 @@ from pathlib import Path
 
 from extforge.audit import audit_target
 from extforge.audit.elf import open_elf
-from extforge.audit.fatbin import arch_sets, parse_fatbin
+from extforge.fatbin import arch_sets, parse_fatbin
 
 
 def _errors(report, check):

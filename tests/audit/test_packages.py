@@ -14,9 +14,9 @@ import pytest
 import zstandard
 
 from extforge.audit import audit_target
-from extforge.audit.stamp import read_stamps, stamp_package
 from extforge.cli import main
 from extforge.errors import ExtforgeError
+from extforge.stamp import read_stamps, stamp_package
 
 
 def _tar_zst(files: dict[str, bytes]) -> bytes:
@@ -61,7 +61,7 @@ def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
     assert [m.path for m in report.modules] == ["lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so"]
     assert report.modules[0].is_extension
 
-    record = stamp_package(pkg, report)
+    record = stamp_package(pkg, report.to_stamp(pkg))
     assert record.verdict == "pass" and record.cxx11_abi is True and record.schema == 1
     # The stamp is in the payload and in info/paths.json with its sha256 and size.
     prefix = tmp_path / "prefix"
@@ -81,7 +81,7 @@ def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
     assert "share/extforge/audit/greeter.json" in (prefix / "info/files").read_text().splitlines()
     assert read_stamps(prefix) == [record]
     # Stamping again replaces the record rather than adding a second one.
-    stamp_package(pkg, report)
+    stamp_package(pkg, report.to_stamp(pkg))
     assert audit_target(pkg, against=elfs["v1"]).ok
 
 
@@ -97,7 +97,7 @@ def test_tar_bz2_package_is_stamped(elfs, tmp_path):
             tar.addfile(info, io.BytesIO(data))
     report = audit_target(pkg, against=elfs["v1"])
     assert report.ok
-    stamp_package(pkg, report)
+    stamp_package(pkg, report.to_stamp(pkg))
     with tarfile.open(pkg) as tar:
         paths = json.load(tar.extractfile("info/paths.json"))["paths"]
         assert [p["_path"] for p in paths] == ["share/extforge/audit/greeter.json"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from extforge.audit.fatbin import arch_runs_on
-from extforge.audit.stamp import AuditStamp, read_stamps
 from extforge.channel.admission import admission_checks
 from extforge.channel.node import NodeFacts, cuda_version_from_int, probe_nvml
 from extforge.doctor.model import DriverFacts, Gpu
+from extforge.fatbin import arch_runs_on
+from extforge.stamp import AuditStamp, read_stamps
 
 FLASH_JSON = {"schema": 1, "name": "flash-attn", "version": "2.8.3", "sass_archs": ["sm_80", "sm_90"], "ptx_archs": [],
               "glibc_floor": "2.17", "cuda_version": "13.0", "verdict": "pass"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.doctor import run_doctor
+from extforge.doctor.diagnosis import run_doctor
 from extforge.paths import cache_root
 
 from .conftest import FakeMachine

@@ -17,12 +17,12 @@ import zstandard
 
 from extforge import mirror, paths
 from extforge.audit.elf import open_elf
-from extforge.audit.fatbin import arch_sets, parse_fatbin
 from extforge.audit.packaging import open_target
 from extforge.build import build_recipe
 from extforge.build_options import BuildOptions
 from extforge.cuda_rule import Offer
 from extforge.errors import ExtforgeError
+from extforge.fatbin import arch_sets, parse_fatbin
 from extforge.locking import exclusive
 from extforge.mirror import cuda_sources, rows
 from extforge.mirror.channel import build_job, place

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.audit.fatbin import arch_runs_on
+from extforge.fatbin import arch_runs_on
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 KERNEL = r"""

@@ -1,7 +1,7 @@
 """`extforge audit`: prove a binary matches its target environment before it is published.
 
 Public entry points: audit_target / audit_package (the build and publish gates),
-stamp.stamp_package / stamp.read_stamps (audit metadata inside packages).
+extforge.stamp holds the audit metadata written into packages.
 """
 
 from __future__ import annotations

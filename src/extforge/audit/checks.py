@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..fatbin import arch_coverage, arch_sets, gencode, parse_fatbin
 from .abi import AbiEvidence, abi_evidence, uses_old_string
 from .demangle import demangle_all
 from .elf import ElfObject, Symbol
-from .fatbin import arch_coverage, arch_sets, gencode, parse_fatbin
 from .glibc import baseline, exceeds, floors
 from .platforms import SUBDIRS, describe_elf, runs_on
 from .policy import is_torch_library, owner_library, policy

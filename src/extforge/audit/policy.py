@@ -10,7 +10,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from .fatbin import parse_arch
+from ..fatbin import parse_arch
 
 
 @cache

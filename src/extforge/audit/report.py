@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import ExtforgeError
+from ..stamp import AuditStamp
 from .glibc import version_key
 
 Severity = Literal["error", "warning", "info"]
@@ -98,6 +101,26 @@ class AuditReport:
     def cxx11_abi(self) -> bool | None:
         values = {m.cxx11_abi for m in self.modules if m.cxx11_abi is not None}
         return values.pop() if len(values) == 1 else None
+
+    def to_stamp(self, path: Path) -> AuditStamp:
+        """The record `stamp_package` writes into the package at `path`."""
+        if not self.name:
+            raise ExtforgeError(f"cannot stamp {path}", "the audit report has no package name (info/index.json)",
+                                "stamp only .conda/.tar.bz2 packages built by rattler-build or conda-build")
+        return AuditStamp(
+            name=self.name,
+            version=self.version,
+            build=self.build,
+            sass_archs=tuple(self.sass_archs),
+            ptx_archs=tuple(self.ptx_archs),
+            cxx11_abi=self.cxx11_abi,
+            glibc_floor=self.floor("GLIBC"),
+            glibcxx_floor=self.floor("GLIBCXX"),
+            torch=self.torch,
+            audited_against=self.against_source,
+            cuda_version=self.cuda_version,
+            verdict=self.verdict,
+        )
 
     def floor(self, family: str) -> str | None:
         values = [m.floors[family] for m in self.modules if family in m.floors]

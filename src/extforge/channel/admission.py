@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from ..audit.fatbin import arch_runs_on
-from ..audit.stamp import AuditStamp
 from ..doctor.model import Gpu
+from ..fatbin import arch_runs_on
+from ..stamp import AuditStamp
 from .node import NodeFacts
 
 

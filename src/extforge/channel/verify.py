@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..audit.stamp import read_stamps
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..machine import detect
+from ..stamp import read_stamps
 from .admission import Check, admission_checks
 from .hashing import hash_many
 from .mirrors import Mirrors

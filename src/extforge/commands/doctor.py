@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..doctor import run_doctor
+    from ..doctor.diagnosis import run_doctor
     from ..doctor.render import render
     from ..ui import console, emit_json
 

@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 import re
 
-from ..audit.fatbin import arch_number
 from ..errors import EXIT_OK
+from ..fatbin import arch_number
 from ..machine import parse_memory
 from ..options import option_type, positive_int, positive_size
 from ..ui import console, emit_json

@@ -35,7 +35,6 @@ def process_seconds() -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = process_seconds()
     if args.slurm:
         from ..slurm.cli import verify_slurm
 
@@ -44,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from ..channel.verify import verify_prefix
     from ..ui import console, emit_json
 
+    # From the process start to here: the interpreter and every import verify needs.
+    started = process_seconds()
     # Packages installed through this site's mirror came from the lock's channels all the same.
     mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
     report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash,

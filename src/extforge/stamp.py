@@ -21,8 +21,7 @@ from typing import Any
 
 import zstandard
 
-from ..errors import ExtforgeError
-from .report import AuditReport
+from .errors import ExtforgeError
 
 AUDIT_DIR = "share/extforge/audit"
 SCHEMA = 1
@@ -49,26 +48,6 @@ class AuditStamp:
     schema: int = SCHEMA
 
     @classmethod
-    def from_report(cls, report: AuditReport, path: Path) -> AuditStamp:
-        if not report.name:
-            raise ExtforgeError(f"cannot stamp {path}", "the audit report has no package name (info/index.json)",
-                                "stamp only .conda/.tar.bz2 packages built by rattler-build or conda-build")
-        return cls(
-            name=report.name,
-            version=report.version,
-            build=report.build,
-            sass_archs=tuple(report.sass_archs),
-            ptx_archs=tuple(report.ptx_archs),
-            cxx11_abi=report.cxx11_abi,
-            glibc_floor=report.floor("GLIBC"),
-            glibcxx_floor=report.floor("GLIBCXX"),
-            torch=report.torch,
-            audited_against=report.against_source,
-            cuda_version=report.cuda_version,
-            verdict=report.verdict,
-        )
-
-    @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditStamp:
         """A record as stamped; keys a newer extforge added are ignored, missing ones default."""
         known = {f.name for f in fields(cls)}
@@ -82,10 +61,9 @@ class AuditStamp:
         return {**asdict(self), "sass_archs": list(self.sass_archs), "ptx_archs": list(self.ptx_archs)}
 
 
-def stamp_package(path: Path, report: AuditReport) -> AuditStamp:
-    """Write the report's record into the package at `path` (replaced in place, atomically)."""
+def stamp_package(path: Path, record: AuditStamp) -> AuditStamp:
+    """Write the record (AuditReport.to_stamp) into the package at `path` (replaced in place, atomically)."""
     path = Path(path)
-    record = AuditStamp.from_report(report, path)
     data = (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
     stamp = _Stamp(f"{AUDIT_DIR}/{record.name}.json", data)
     tmp = path.with_name(f".{path.name}.stamp{os.getpid()}")
