@@ -127,3 +127,23 @@ def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caugh
     with sandbox.unchanged_outside():
         res = sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=1)
     assert f"modified: {init} (demo-ext)" in res.output, res.output
+
+
+def test_packages_sharing_a_path_install_and_the_set_aside_copy_is_checked(sandbox):
+    """Every nvidia-*-cu12 wheel ships its own nvidia/__init__.py; rattler keeps one in place and
+    sets the others aside under __clobbers__/<package>/. Those copies belong to their package
+    (torch 2.6/2.9 envs installed only once this was understood) and are hashed like the rest."""
+    from .crafted import craft_package, member
+
+    channel = sandbox.path("ch")
+    shared = f"{SITE}/nsshared/__init__.py"
+    craft_package(channel / "noarch", "ns-a", [member(shared, b""), member(f"{SITE}/nsshared/a.py", b"A = 1\n")])
+    craft_package(channel / "noarch", "ns-b", [member(shared, b""), member(f"{SITE}/nsshared/b.py", b"B = 1\n")],
+                  index={"depends": ["ns-a"]})
+    reindex(channel)
+    lock = sandbox.lock(channel, "ns-b")
+    prefix = sandbox.root / "envs" / "ns"
+    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    (aside,) = (prefix / "__clobbers__").glob(f"*/{shared}")
+    assert (prefix / shared).read_bytes() == b"" and aside.read_bytes() == b""
+    sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)

@@ -22,9 +22,10 @@ from ..archive import check_package
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..locking import Busy, exclusive_or_busy
 from ..paths import rattler_cache_dir
+from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
-from .trust import PackageRef, manifests_for, owned_paths
+from .trust import PackageRef, expected_paths, manifests_for, owned_paths
 from .verify import VerifyReport, check_files
 
 
@@ -195,7 +196,38 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
         (staging / CACHEDIR_TAG).unlink(missing_ok=True)
     report = VerifyReport(prefix=prefix)
     check_files(staging, manifests, None, report, rehash=True, prefix=prefix)
-    return sorted(set(report.bad_files) | set(_unowned_files(staging, owned)))
+    clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
+    unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
+    return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered))
+
+
+CLOBBERS = "__clobbers__"
+
+
+def _clobbered_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[set[str], list[str]]:
+    """Files rattler set aside when two packages ship the same path (every nvidia-*-cu12 wheel
+    has its own nvidia/__init__.py): `__clobbers__/<package>/<path>` is that package's copy.
+    Those whose package lists the path, and the ones among them whose bytes differ from it."""
+    found: set[str] = set()
+    bad: list[str] = []
+    base = root / CLOBBERS
+    if not base.is_dir():
+        return found, bad
+    for pkg_dir in base.iterdir():
+        body = manifests.get(pkg_dir.name)
+        if body is None:
+            continue
+        want = dict(expected_paths(body, prefix))
+        for dirpath, _dirs, files in os.walk(pkg_dir):
+            for name in files:
+                path = Path(dirpath, name)
+                rel = path.relative_to(pkg_dir).as_posix()
+                if rel not in want:
+                    continue
+                found.add(f"{CLOBBERS}/{pkg_dir.name}/{rel}")
+                if want[rel] is not None and sha256_file(path) != want[rel]:
+                    bad.append(f"{CLOBBERS}/{pkg_dir.name}/{rel}")
+    return found, bad
 
 
 CACHEDIR_TAG = "CACHEDIR.TAG"
