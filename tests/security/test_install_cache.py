@@ -61,6 +61,9 @@ def test_package_store_copy_that_differs_is_fetched_again(sandbox):
     lock = sandbox.lock(channel, "pyish")
     sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / "first"), "--lock", str(lock), expect=0)
     (stored,) = (sandbox.cache / "pkgs").glob(f"*/{pkg.name}")
+    # The store holds a hard link to the channel's file (same filesystem): no second copy.
+    assert stored.stat().st_ino == pkg.stat().st_ino
+    stored.unlink()  # replaced, not written into: a write into the link would change the channel's file too
     stored.write_bytes(b"not the package")
 
     prefix = sandbox.root / "envs" / "second"

@@ -75,14 +75,33 @@ def record_sha256(record: Any) -> str:
 
 
 def _fetch_into(url: str, dest: Path) -> str:
-    """Copy or download url to dest through a temp name; return the sha256 of the bytes."""
+    """Link, copy or download url to dest through a temp name; return the sha256 of the bytes.
+
+    A local channel file on the store's filesystem is hard-linked, not copied (a torch env is
+    ~4 GB of archives): the hash is taken of the linked file, and every later use re-hashes it,
+    so a write into either name is caught as bytes that differ from the lock."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    # A leftover of a killed run may be a link to a channel file: never write through it.
+    tmp.unlink(missing_ok=True)
     parsed = urlparse(url)
+    local = (unquote(parsed.path) if parsed.scheme else url) if parsed.scheme in ("file", "") else None
+    if local is not None:
+        try:
+            os.link(local, tmp)
+        except OSError:
+            pass  # another filesystem, or a file the kernel will not let us link: copy below
+        else:
+            try:
+                digest = sha256_file(tmp)
+                tmp.replace(dest)
+                return digest
+            except OSError:
+                tmp.unlink(missing_ok=True)
     try:
         with tmp.open("wb") as out:
-            if parsed.scheme == "file" or not parsed.scheme:
-                digest = sha256_file(unquote(parsed.path) if parsed.scheme else url, copy_to=out)
+            if local is not None:
+                digest = sha256_file(local, copy_to=out)
             else:
                 h = hashlib.sha256()
                 with urllib.request.urlopen(url, timeout=60) as resp:
