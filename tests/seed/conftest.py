@@ -144,7 +144,7 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
             record = json.loads(done.read_text())
             packages[c.name] = out / "linux-64" / record["package"]
             seconds[c.name] = record["seconds"]
-        index_channel(out)  # rows built by earlier sessions: their entries as the files are now
+        index_channel(out)  # rows built by earlier runs: their entries as the files are now
     return SeedBuilds(out, packages, seconds)
 
 
