@@ -131,3 +131,24 @@ def test_a_static_libstdcxx_exported_by_the_module_is_an_error(elfs):
     shared = audit_target(elfs["shared_runtime"])
     assert shared.ok and not shared.warnings, shared.render()
     assert "libstdc++.so.6" in shared.modules[0].needed
+
+
+# Exported by torch 2.6.0+cu124's libc10.so (the pip wheel, old C++ ABI): its own API with the
+# old std::string (`Ss`), next to libstdc++'s own instantiations of the new one.
+LIBC10_2_6_0 = [
+    "_ZN3c1011LogAPIUsageERKSs",
+    "_ZNSt10_HashtableISsSt4pairIKSsN3c1011DispatchKeyEESaIS4_ENSt8__detail10_Select1stESt8equal_toISsESt4hashISsENS6_18_Mod_range_hashingENS6_20_Default_ranged_hashENS6_20_Prime_rehash_policyENS6_17_Hashtable_traitsILb1ELb0ELb1EEEEC2IPKS4_EET_SL_mRKSB_RKSC_RKSD_RKS9_RKS7_RKS5_",
+    "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE6appendERKS4_",
+    "_ZGTtNSt16invalid_argumentC2ERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+    "_ZGTtNSt13runtime_errorC1ERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+]
+
+
+def test_an_old_abi_torch_library_is_read_as_old_abi_despite_libstdcxx_names():
+    from extforge.audit.abi import abi_evidence
+    from extforge.audit.checks import library_abi
+
+    assert abi_evidence(LIBC10_2_6_0).cxx11_abi is None  # taken whole: mixed, "unknown"
+    assert library_abi(LIBC10_2_6_0) is False
+    assert library_abi(["_ZN3c1011LogAPIUsageERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+                        *LIBC10_2_6_0[2:]]) is True

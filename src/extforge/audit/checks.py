@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..fatbin import arch_coverage, arch_sets, gencode, parse_fatbin
@@ -19,7 +20,8 @@ from .search_paths import Placement, search_path_findings
 _RUNTIME_LIBS = ("libstdc++.so", "libgcc_s.so", "libc.so", "libm.so")
 # Mangled names in the runtime's namespaces: std (St, and the abbreviations Sa Sb Ss Si So Sd)
 # and __gnu_cxx.
-STD_MANGLED = re.compile(r"_Z(?:NK?)?(?:S[tabsiod]|9__gnu_cxx)")
+# Names in namespace std (or __gnu_cxx), and their transactional-memory clones (_ZGTt).
+STD_MANGLED = re.compile(r"_Z(?:GTt)?(?:NK?)?(?:S[tabsiod]|9__gnu_cxx)")
 
 
 @dataclass
@@ -141,10 +143,17 @@ def target_cxx11_abi(ctx: Context, resolution: Resolution) -> tuple[bool | None,
             and not o.path.name.startswith(_RUNTIME_LIBS)]
     c10 = [o for o in libs if o.path.name == "libc10.so"]
     for lib in c10 or libs:
-        value = abi_evidence(lib.exports).cxx11_abi
+        value = library_abi(lib.exports)
         if value is not None:
             return value, lib.path.name
     return None, None
+
+
+def library_abi(exports: Iterable[str]) -> bool | None:
+    """The string ABI of a library's own API. std:: names do not count: torch 2.6's old-ABI
+    libc10.so exports libstdc++'s own instantiations of both ABIs (e.g. the __cxx11
+    basic_string members), which made it look mixed and its ABI unknown."""
+    return abi_evidence(n for n in exports if not STD_MANGLED.match(n)).cxx11_abi
 
 
 def runtime_findings(rel: str, markers: list[str], std_exports: int) -> list[Finding]:
