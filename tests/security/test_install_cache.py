@@ -14,6 +14,7 @@ import pytest
 
 from extforge import paths
 from extforge.channel.index import reindex
+from extforge.channel.install import CLOBBERS
 
 from .pyish import MODULE, SITE, forge_record, pyish_package
 
@@ -150,3 +151,27 @@ def test_packages_sharing_a_path_install_and_the_set_aside_copy_is_checked(sandb
     (aside,) = (prefix / "__clobbers__").glob(f"*/{shared}")
     assert (prefix / shared).read_bytes() == b"" and aside.read_bytes() == b""
     sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
+
+
+def test_a_tampered_set_aside_copy_is_repaired_from_its_package(sandbox):
+    """The copy rattler sets aside under __clobbers__/ comes from the extracted cache like any
+    other file: a tampered cache entry behind it is dropped and extracted again."""
+    from .crafted import craft_package, member
+
+    channel = sandbox.path("ch")
+    shared = f"{SITE}/nsshared/__init__.py"
+    for name, extra in (("ns-a", {}), ("ns-b", {"depends": ["ns-a"]})):
+        craft_package(channel / "noarch", name, [member(shared, b""), member(f"{SITE}/nsshared/{name[-1]}.py", b"X = 1\n")],
+                      index=extra)
+    reindex(channel)
+    lock = sandbox.lock(channel, "ns-b")
+    first = sandbox.root / "envs" / "first"
+    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
+    (set_aside,) = [d.name for d in (first / CLOBBERS).iterdir()]  # the package whose copy is set aside
+    tamper_cache_entry(sandbox.cache / "rattler" / "pkgs" / f"{set_aside}-1.0-0", {shared: INJECTED})
+
+    prefix = sandbox.root / "envs" / "second"
+    res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    assert f"repaired {CLOBBERS}/{set_aside}/{shared}" in res.output, res.output
+    (aside,) = (prefix / CLOBBERS).glob(f"*/{shared}")
+    assert aside.read_bytes() == b"" and (prefix / shared).read_bytes() == b""

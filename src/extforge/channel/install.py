@@ -246,10 +246,12 @@ def _unowned_files(root: Path, owned: set[str]) -> list[str]:
 
 def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> list[str]:
     """Remove the extracted cache folders that hold any of rel_paths; their names."""
+    # A set-aside copy (__clobbers__/<package>/<path>) came from that package's <path>.
+    rels = [rel.split("/", 2)[2] if rel.startswith(f"{CLOBBERS}/") and rel.count("/") >= 2 else rel for rel in rel_paths]
     dropped = []
     for r in records:
         entry = cache / r.file_name.removesuffix(".conda").removesuffix(".tar.bz2")
-        if any(os.path.lexists(entry / rel) for rel in rel_paths):
+        if any(os.path.lexists(entry / rel) for rel in rels):
             shutil.rmtree(entry, ignore_errors=True)
             Path(f"{entry}.lock").unlink(missing_ok=True)
             dropped.append(entry.name)
