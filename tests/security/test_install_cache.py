@@ -167,7 +167,8 @@ def test_a_tampered_set_aside_copy_is_repaired_from_its_package(sandbox):
     lock = sandbox.lock(channel, "ns-b")
     first = sandbox.root / "envs" / "first"
     sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
-    (set_aside,) = [d.name for d in (first / CLOBBERS).iterdir()]  # the package whose copy is set aside
+    (first_aside,) = (first / CLOBBERS).glob(f"*/{shared}")
+    set_aside = first_aside.relative_to(first / CLOBBERS).parts[0]  # the package whose copy rattler set aside
     tamper_cache_entry(sandbox.cache / "rattler" / "pkgs" / f"{set_aside}-1.0-0", {shared: INJECTED})
 
     prefix = sandbox.root / "envs" / "second"
