@@ -4,7 +4,13 @@ same sdist, same MAX_JOBS / NVCC_THREADS / archs, each broken into phases, with 
 read from ninja's own `.ninja_log`.
 
   bench/build_side_by_side.py SDIST --channel MIRROR [--python PY] [--jobs 16 --threads 1 --archs 90]
-      [--only plain|recipe] [--json-out run.json] [--merge a.json b.json] [--emit-costs costs.yaml]
+      [--head-dims 128] [--only plain|recipe] [--json-out run.json] [--merge a.json b.json]
+      [--emit-costs costs.yaml]
+
+With --head-dims both sides build the same head-dim subset: the plain side runs the recipe's
+select_sources.py on the unpacked sdist with that subset alone (upstream's source order, no unit
+split), the recipe side gets the variant flash_attn_head_dims and whatever the planner adds
+(longest first, the longest units split in two).
 
 Phases (seconds from the start of each build):
   env set-up  start → the first compile (recipe: solve, extract and link the build/host envs,
@@ -106,10 +112,15 @@ def _timestamped(stream: Iterable[str], t0: float, sink) -> list[tuple[float, st
     return lines
 
 
-def build_plain(sdist: Path, work: Path, python: str, env: dict[str, str], log) -> tuple[float, list, list[NinjaEdge]]:
+def build_plain(sdist: Path, work: Path, python: str, env: dict[str, str], log, recipe: Path,
+                head_dims: str) -> tuple[float, list, list[NinjaEdge]]:
     with tarfile.open(sdist) as tar:
         tar.extractall(work, filter="data")
     src = next(p for p in work.iterdir() if (p / "setup.py").is_file())
+    if head_dims:
+        subprocess.run([python, str(recipe / "select_sources.py"), str(src)], check=True,
+                       env={**os.environ, "FLASH_ATTN_HEAD_DIMS": head_dims, "EXTFORGE_UNIT_ORDER": "",
+                            "EXTFORGE_SHARD_UNITS": ""})
     t0 = time.monotonic()
     proc = subprocess.Popen([python, "setup.py", "bdist_wheel"], cwd=src, env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -121,7 +132,8 @@ def build_plain(sdist: Path, work: Path, python: str, env: dict[str, str], log) 
     return wall, lines, parse_ninja_log(ninja_log.read_text())
 
 
-def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, variants: list[str], env: dict[str, str]):
+def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, variants: list[str], env: dict[str, str],
+                      output_dir: Path, variant_configs: list[Path]):
     """`extforge build` in this process, its log lines timestamped as rattler-build emits them;
     the ninja log is saved before the work folder is deleted, the audit is timed."""
     from extforge import build as build_mod
@@ -148,7 +160,7 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
         on_log(self, event)
 
     def timed_after_build(packages, channels, build_env=None) -> None:
-        for log_file in (work / "out" / "bld").glob("rattler-build_*/work/build/temp*/.ninja_log"):
+        for log_file in (output_dir / "bld").glob("rattler-build_*/work/build/temp*/.ninja_log"):
             saved.append(Path(shutil.copy(log_file, work / "recipe.ninja_log")))
         marks["audit"] = time.monotonic() - t0
         after_build(packages, channels, build_env)
@@ -156,7 +168,8 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
 
     engine.LogSink.on_log, build_mod.after_build = timed_on_log, timed_after_build
     try:
-        build_mod.build_recipe(BuildOptions.make(recipe, [channel], work / "out", variants=parse_variant_overrides(variants)))
+        build_mod.build_recipe(BuildOptions.make(recipe, [channel], output_dir, variant_configs=variant_configs,
+                                                 variants=parse_variant_overrides(variants)))
     finally:
         engine.LogSink.on_log, build_mod.after_build = on_log, after_build
     wall = time.monotonic() - t0
@@ -179,7 +192,8 @@ def ratio_line(sides: Sequence[Side]) -> str | None:
     by = {s.side: s for s in sides}
     if {"plain", "recipe"} <= by.keys():
         r = by["recipe"]
-        return f"recipe/plain wall ratio: {r.wall / by['plain'].wall:.2f} ({r.node}, {r.date})"
+        subset = f"head dims {r.settings['FLASH_ATTN_HEAD_DIMS']}, " if r.settings.get("FLASH_ATTN_HEAD_DIMS") else ""
+        return f"recipe/plain wall ratio: {r.wall / by['plain'].wall:.2f} ({subset}{r.node}, {r.date})"
     return None
 
 
@@ -205,6 +219,9 @@ def main() -> int:
     ap.add_argument("--jobs", default="16")
     ap.add_argument("--threads", default="1")
     ap.add_argument("--archs", default="90", help="FLASH_ATTN_CUDA_ARCHS, ';'-separated")
+    ap.add_argument("--head-dims", default="", help="build this head-dim subset on both sides, e.g. 128")
+    ap.add_argument("--variant-config", "-m", type=Path, action="append", default=[], help="recipe variant file")
+    ap.add_argument("--output-dir", type=Path, help="the recipe side's output channel (default: in the build folder)")
     ap.add_argument("--only", choices=("plain", "recipe"))
     ap.add_argument("--work", type=Path, help="where to build (default: a temp dir)")
     ap.add_argument("--json-out", type=Path, help="write this run's sides as JSON (for --merge)")
@@ -224,24 +241,32 @@ def main() -> int:
         m = detect()
         node = args.node or f"{m.cores} cores, {m.memory_gib:.0f} GiB"
         env = {"MAX_JOBS": args.jobs, "NVCC_THREADS": args.threads, "FLASH_ATTN_CUDA_ARCHS": args.archs,
-               "FLASH_ATTENTION_FORCE_BUILD": "TRUE"}
+               "FLASH_ATTENTION_FORCE_BUILD": "TRUE", **({"FLASH_ATTN_HEAD_DIMS": args.head_dims} if args.head_dims else {})}
         base = Path(tempfile.mkdtemp(prefix="side-by-side-", dir=args.work))
         sides = []
         today = dt.date.today().isoformat()
         sdist = args.sdist.resolve()
         if args.only in (None, "plain"):
+            from extforge.mirror.toolchain import pick_compilers
+
             (base / "plain").mkdir()
+            # The compilers the mirror gives the recipe (a g++ that links the shared libstdc++).
+            cc, cxx = pick_compilers()
             with (base / "plain.log").open("w") as log:
-                wall, lines, edges = build_plain(sdist, base / "plain", args.python, env, log)
+                wall, lines, edges = build_plain(sdist, base / "plain", args.python, env | {"CC": cc, "CXX": cxx}, log,
+                                                 args.recipe, args.head_dims)
             sides.append(Side("plain", round(wall, 1), phases(wall, lines, edges), unit_costs.unit_seconds(edges),
                               node, today, env))
         if args.only in (None, "recipe"):
             if not args.channel:
                 ap.error("--channel is needed for the recipe build")
             (base / "recipe").mkdir()
-            variants = [f"flash_attn_cuda_archs={args.archs}", *args.variant]
+            variants = [f"flash_attn_cuda_archs={args.archs}", *args.variant,
+                        *([f"flash_attn_head_dims={args.head_dims}"] if args.head_dims else [])]
             wall, lines, edges, marks = build_recipe_side(sdist, base / "recipe", args.recipe, args.channel, variants,
-                                                          {k: v for k, v in env.items() if k in ("MAX_JOBS", "NVCC_THREADS")})
+                                                          {k: v for k, v in env.items() if k in ("MAX_JOBS", "NVCC_THREADS")},
+                                                          (args.output_dir or base / "recipe" / "out").absolute(),
+                                                          args.variant_config)
             # The planner chooses the recipe's MAX_JOBS/NVCC_THREADS: record what the build script used.
             used = next((m.groups() for _, line in lines if (m := re.search(r"MAX_JOBS=(\d+) NVCC_THREADS=(\d+)", line))), None)
             if used and used != (args.jobs, args.threads):
@@ -259,7 +284,9 @@ def main() -> int:
         src = next(s for s in sides if s.side == "plain") if any(s.side == "plain" for s in sides) else sides[0]
         from ruamel.yaml import YAML
 
-        entry = unit_costs.to_yaml_entry("flash-attn", src.units, src.settings.get("FLASH_ATTN_CUDA_ARCHS", "90").split(";"),
+        costs = unit_costs.load("flash-attn")
+        entry = unit_costs.to_yaml_entry("flash-attn", unit_costs.joined(src.units, costs.shards if costs else None),
+                                         src.settings.get("FLASH_ATTN_CUDA_ARCHS", "90").split(";"),
                                          f"{src.node}, {src.date}, {src.side} build, MAX_JOBS={src.settings.get('MAX_JOBS')}")
         with args.emit_costs.open("w") as fh:
             YAML().dump(entry, fh)
@@ -268,7 +295,8 @@ def main() -> int:
         append_section([
             f"## flash-attn side by side: plain setup.py vs the recipe ({s0.date})\n",
             f"Node: {s0.node}. `bench/build_side_by_side.py`, MAX_JOBS={s0.settings.get('MAX_JOBS')}, "
-            f"NVCC_THREADS={s0.settings.get('NVCC_THREADS')}, FLASH_ATTN_CUDA_ARCHS={s0.settings.get('FLASH_ATTN_CUDA_ARCHS')}; "
+            f"NVCC_THREADS={s0.settings.get('NVCC_THREADS')}, FLASH_ATTN_CUDA_ARCHS={s0.settings.get('FLASH_ATTN_CUDA_ARCHS')}"
+            f"{', head dims ' + s0.settings['FLASH_ATTN_HEAD_DIMS'] if s0.settings.get('FLASH_ATTN_HEAD_DIMS') else ''}; "
             "compile and per-unit seconds from ninja's .ninja_log.\n",
             *rows, "",
             *[f"Longest units ({s.side}): {', '.join(longest_units(s))}." for s in sides],

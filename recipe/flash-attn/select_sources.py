@@ -10,6 +10,9 @@ Run by build.sh with the host python, in the source folder:
                        head-dim dispatch (HEADDIM_SWITCH in static_switch.h) is rewritten so
                        that a call with another head dim raises a ValueError naming the built
                        ones, instead of the module failing to load on an undefined symbol.
+  EXTFORGE_SHARD_UNITS kernel units to split in two translation units (shard_units.py), chosen
+                       by the planner when a unit alone would set the build's wall time; units
+                       of other head dims than the built ones are ignored.
 
 Standalone on purpose (the build env has no extforge); tests/recipe/test_select_sources.py
 runs it on the real sdist.
@@ -21,6 +24,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+import shard_units
 
 UPSTREAM_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 SOURCE_LINE = re.compile(r'^(?P<indent>\s*)"(?P<path>csrc/flash_attn/(?:src/)?(?P<stem>[\w]+)\.(?:cu|cpp))",\s*$')
@@ -53,15 +58,20 @@ def source_block(lines: list[str]) -> tuple[int, int]:
     return first, last
 
 
-def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str]) -> tuple[str, list[str]]:
-    """setup.py with the kernel list filtered to `head_dims` and sorted by `order` (units not in
-    it keep upstream's relative order, after the ordered ones); also returns the kept stems."""
+def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
+                 shards: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """setup.py with the kernel list filtered to `head_dims`, each unit of `shards` followed by its
+    twin, and sorted by `order` (units not in it keep upstream's relative order, after the
+    ordered ones); also returns the kept stems."""
     lines = setup_py.splitlines(keepends=True)
     first, last = source_block(lines)
     entries = [(SOURCE_LINE.match(line)["stem"], line) for line in lines[first:last]]
     if head_dims:
         entries = [(s, line) for s, line in entries
                    if not (m := KERNEL.match(s)) or int(m["hdim"]) in head_dims]
+    entries = [e for s, line in entries for e in
+               ([(s, line), (s + shard_units.SUFFIX, line.replace(f"/{s}.", f"/{s}{shard_units.SUFFIX}."))]
+                if s in shards else [(s, line)])]
     rank = {stem: i for i, stem in enumerate(order)}
     entries.sort(key=lambda e: rank.get(e[0], len(rank)))  # stable: the rest keep their order
     lines[first:last] = [line for _, line in entries]
@@ -100,14 +110,20 @@ def edit_switch(header: str, head_dims: tuple[int, ...]) -> str:
 def main(root: Path) -> int:
     head_dims = parse_head_dims(os.environ.get("FLASH_ATTN_HEAD_DIMS", ""))
     order = [u for u in os.environ.get("EXTFORGE_UNIT_ORDER", "").split(";") if u]
+    wanted = {u for u in os.environ.get("EXTFORGE_SHARD_UNITS", "").split(";") if u}
     setup_py = root / "setup.py"
-    text, kept = edit_sources(setup_py.read_text(), head_dims, order)
+    _, units = edit_sources(setup_py.read_text(), head_dims, [])
+    shards = frozenset(u for u in units if u in wanted)
+    text, kept = edit_sources(setup_py.read_text(), head_dims, order, shards)
+    if shards:
+        shard_units.shard(root / "csrc" / "flash_attn" / "src", sorted(shards))
     setup_py.write_text(text)
     if head_dims:
         switch = root / "csrc" / "flash_attn" / "src" / "static_switch.h"
         switch.write_text(edit_switch(switch.read_text(), head_dims))
     print(f"select_sources: {len(kept)} units"
           f"{', head dims ' + ';'.join(map(str, head_dims)) if head_dims else ', every head dim'}"
+          f"{f', {len(shards)} split in two' if shards else ''}"
           f"{', longest first' if order else ', upstream order'}: {' '.join(kept[:4])} ...", file=sys.stderr)
     return 0
 

@@ -26,6 +26,7 @@ from .explain import explain_text
 from .stamp import stamp_package
 from .ui import log
 from .variants import archs as variant_archs
+from .variants import head_dims as variant_head_dims
 from .variants import resolve as resolve_variants
 
 
@@ -61,16 +62,15 @@ def build_environment(
     profile: str,
     profile_explicit: bool = False,
 ) -> dict[str, str]:
-    """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS and
-    longest-first unit order, a compile cache."""
+    """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
+    longest-first unit order and units to split, a compile cache."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # A recipe without a measured profile (and none asked for) keeps its own defaults.
     if profile in plan.load_profiles() or profile_explicit:
-        env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS).env()
-    if order := plan.unit_order(profile):
-        env["EXTFORGE_UNIT_ORDER"] = ";".join(order)
+        env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
+                               variant_head_dims(variants)).env()
     # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
     with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()

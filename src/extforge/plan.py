@@ -45,9 +45,19 @@ class BuildPlan:
     reasons: list[str] = field(default_factory=list)
     # The same build with the units started in upstream's order (None: no per-unit data).
     upstream_order_wall_seconds: int | None = None
+    # The translation units, longest first (empty: no per-unit data), and those split in two.
+    unit_order: tuple[str, ...] = ()
+    split_units: tuple[str, ...] = ()
 
     def env(self) -> dict[str, str]:
-        return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+        """What the recipe's build script reads: the job settings, the order ninja starts the
+        units in (setup.py's source order), and the units to split in two translation units."""
+        env = {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+        if self.unit_order:
+            env["EXTFORGE_UNIT_ORDER"] = ";".join(self.unit_order)
+        if self.split_units:
+            env["EXTFORGE_SHARD_UNITS"] = ";".join(self.split_units)
+        return env
 
 
 @dataclass(frozen=True)
@@ -94,15 +104,6 @@ def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: in
         per_unit = {u: s * scale for u, s in per_unit.items()}
     busy = min(threads, n_archs)
     return {u: s * n_archs / data_archs / busy for u, s in per_unit.items()}
-
-
-def unit_order(profile: str) -> list[str]:
-    """The profile's translation units, longest first (empty without per-unit data): a recipe
-    reorders its sources by it so ninja starts the critical path first."""
-    profiles, costs = load_profiles(), unit_costs.load(profile)
-    if not costs or profile not in profiles:
-        return []
-    return unit_costs.longest_first(unit_seconds(profiles[profile], costs, 1, 1))
 
 
 def scheduled_wall_seconds(per_unit: dict[str, float], jobs: int, link_seconds: float) -> tuple[float, float]:
@@ -158,11 +159,15 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
             f"build on a node with at least {math.ceil(need / GIB)} GiB (extforge plan --memory ...)",
         )
     wall, peak, jobs, threads = min(candidates, key=lambda c: (round(c[0]), c[1]))
-    upstream_wall = None
+    upstream_wall, order, split = None, (), []
     costs = unit_costs.load(profile)
     if costs:
         per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
-        wall, upstream_wall = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
+        # Upstream's order is what a plain build does: no unit split, sources as listed.
+        _, upstream_wall = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
+        per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards)
+        wall, _ = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
+        order = tuple(unit_costs.longest_first(per_unit))
     reasons = [
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
         f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
@@ -175,10 +180,13 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
         f"started longest first over {jobs} job slots (upstream's order: ~{upstream_wall:.0f} s)",
     ]
+    if split:
+        reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
+                       f"schedule: {', '.join(split)}")
     if jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
-                     None if upstream_wall is None else int(round(upstream_wall)))
+                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split))
 
 
 def slurm_request(plan: BuildPlan) -> SlurmRequest:

@@ -27,6 +27,8 @@ from .errors import ExtforgeError
 
 # flash_{fwd,bwd,fwd_split}_hdim{D}_{fp16,bf16}[_causal]_sm80
 _FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
+# The second translation unit of a unit split in two (recipe/flash-attn/shard_units.py).
+SHARD_SUFFIX = "_shard1"
 # Relative compile cost by kind and head dim. Backward kernels instantiate several tile
 # configurations and the dq/dk/dv accumulators; larger head dims unroll larger tiles.
 _KIND_WEIGHT = {"bwd": 2.5, "fwd": 1.0, "fwd_split": 0.8}  # a prior guess; measured twins replace it
@@ -51,6 +53,27 @@ class NinjaEdge:
 
 
 @dataclass(frozen=True)
+class ShardModel:
+    """What splitting a unit in two translation units costs: each half repeats `repeated` of the
+    unit's seconds (headers, the front end's template work), and the second half takes
+    `twin_share[kind]` of the rest (the dropout kernels of a forward or backward unit, the
+    several-splits kernels of a split-kv one)."""
+
+    repeated: float
+    twin_share: dict[str, float]
+    measured: str = ""
+
+    def halves(self, unit: str, seconds: float) -> tuple[float, float] | None:
+        """(the unit's, its twin's) seconds once split; None if this unit cannot be split."""
+        m = _FLASH_UNIT.match(unit)
+        if not m or m["kind"] not in self.twin_share:
+            return None
+        fixed, rest = seconds * self.repeated, seconds * (1 - self.repeated)
+        share = self.twin_share[m["kind"]]
+        return fixed + rest * (1 - share), fixed + rest * share
+
+
+@dataclass(frozen=True)
 class UnitCosts:
     """One profile's units and their measured seconds (None: not measured, use the heuristic)."""
 
@@ -58,6 +81,7 @@ class UnitCosts:
     units: dict[str, float | None]
     archs: tuple[str, ...] = ()
     measured: str | None = None  # where and when, for the measured ones
+    shards: ShardModel | None = None  # None: the recipe cannot split its units
 
     @property
     def any_measured(self) -> bool:
@@ -85,6 +109,39 @@ class UnitCosts:
             return sum(sec * _hdim_weight(hd) / _hdim_weight(d) for d, sec in measured) / len(measured)
 
         return {u: known[u] if u in known else estimate(u) for u in self.units}
+
+
+def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | None,
+                min_gain: float = 0.02) -> tuple[dict[str, float], list[str]]:
+    """Split the longest units in two while that shortens the longest-first schedule by at
+    least `min_gain` of it: a build with fewer long units than job slots (a head-dim subset)
+    otherwise waits for its longest unit on an idle node. A full build, whose slots stay busy,
+    splits nothing. Returns the per-unit seconds with the twins and the units split."""
+    costs, split = dict(per_unit), []
+    if model is None:
+        return costs, split
+    span = lpt_makespan(costs, jobs)
+    for unit in longest_first(per_unit):
+        halves = model.halves(unit, costs[unit])
+        if halves is None:
+            continue
+        trial = {**costs, unit: halves[0], unit + SHARD_SUFFIX: halves[1]}
+        trial_span = lpt_makespan(trial, jobs)
+        if trial_span > span * (1 - min_gain):
+            break
+        costs, span = trial, trial_span
+        split.append(unit)
+    return costs, split
+
+
+def joined(per_unit: Mapping[str, float], model: ShardModel | None) -> dict[str, float]:
+    """Measured seconds of a build that split units, as the unsplit units would have cost: a
+    unit and its twin together repeat `model.repeated` of it once more."""
+    out = {u: s for u, s in per_unit.items() if not u.endswith(SHARD_SUFFIX)}
+    for u, s in per_unit.items():
+        if u.endswith(SHARD_SUFFIX) and (main := u[: -len(SHARD_SUFFIX)]) in out:
+            out[main] = (out[main] + s) / (1 + (model.repeated if model else 0.0))
+    return out
 
 
 def unit_name(path: str) -> str:
@@ -179,7 +236,10 @@ def load(profile: str) -> UnitCosts | None:
     if not d:
         return None
     units = {str(k): (None if v is None else float(v)) for k, v in (d.get("units") or {}).items()}
-    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"))
+    sh = d.get("shards")
+    shards = ShardModel(float(sh["repeated"]), {str(k): float(v) for k, v in sh["twin_share"].items()},
+                        str(sh.get("measured", ""))) if sh else None
+    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards)
 
 
 def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:

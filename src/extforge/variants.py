@@ -161,6 +161,20 @@ def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def head_dims(values: Mapping[str, object]) -> tuple[int, ...]:
+    """Head dims a head-dim subset variant builds (flash_attn_head_dims="64;128"), () for every
+    head dim. A matrix of several subsets is planned as their union; one "all" means all."""
+    found: set[int] = set()
+    for key, value in values.items():
+        if "head_dims" not in key.lower():
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if str(item).strip() in ("", "all"):
+                return ()
+            found.update(int(d) for d in re.findall(r"\d+", str(item)))
+    return tuple(sorted(found))
+
+
 def archs(values: Mapping[str, object]) -> list[str]:
     """GPU archs named by a variant, from any key about archs (cuda_archs="8.0;9.0",
     flash_attn_cuda_archs="80;90"), as ["80", "90"]; values may be one value or a list."""

@@ -67,7 +67,18 @@ def test_planner_gets_the_archs_of_any_arch_variant_key():
     want = plan.plan_build(here, "flash-attn", ["90"]).env()
     assert {k: env[k] for k in want} == want
     h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
-    assert plan.plan_build(h100, "flash-attn", ["90"]).env() == {"MAX_JOBS": "16", "NVCC_THREADS": "1"}
+    h100_env = plan.plan_build(h100, "flash-attn", ["90"]).env()
+    assert (h100_env["MAX_JOBS"], h100_env["NVCC_THREADS"]) == ("16", "1")
+
+
+def test_planner_gets_the_head_dims_of_a_subset_variant():
+    """The planner orders (and splits) only the units a head-dim subset build compiles."""
+    from extforge.build import build_environment
+
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"], "flash_attn_head_dims": ["128"]}, "flash-attn",
+                            profile_explicit=True)
+    order = env["EXTFORGE_UNIT_ORDER"].split(";")
+    assert "flash_api" in order and {u.split("_hdim")[1][:3] for u in order if "_hdim" in u} == {"128"}
 
 
 def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):

@@ -25,13 +25,16 @@ SLACK = 1e-4
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+              keep: torch.Tensor | None = None, dropout_p: float = 0.0) -> torch.Tensor:
     """Softmax attention computed in the inputs' dtype, in flash-attn's layout and semantics.
 
     q is (batch, seqlen_q, heads, dim); k and v are (batch, seqlen_k, kv_heads, dim) with heads a
     multiple of kv_heads (query head i reads kv head i // (heads // kv_heads)). The causal mask
     is aligned to the bottom-right corner, as in flash-attn >= 2.1: query i sees key j when
-    j <= i + seqlen_k - seqlen_q, and a query that sees no key returns zeros.
+    j <= i + seqlen_k - seqlen_q, and a query that sees no key returns zeros. With dropout,
+    `keep` (batch, heads, seqlen_q, seqlen_k) says which probabilities the kernel kept, and the
+    kept ones are scaled by 1 / (1 - dropout_p).
     """
     group = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(group, dim=2)
@@ -48,6 +51,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         probs = torch.softmax(scores, dim=-1).masked_fill(hidden.all(dim=-1, keepdim=True), 0.0)
     else:
         probs = torch.softmax(scores, dim=-1)
+    if keep is not None:
+        probs = probs.masked_fill(~keep, 0.0) / (1.0 - dropout_p)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
@@ -76,12 +81,24 @@ def compare_with_reference(
     exact = run(reference, torch.float64)
     baseline = run(reference, dtype)
     for name, g, e, b in zip(("out", "dq", "dk", "dv"), got, exact, baseline):
-        context = f"{what}, {name}, seed={seed}"
-        assert g.shape == e.shape, f"{context}: shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-        assert torch.isfinite(g).all(), f"{context}: {int((~torch.isfinite(g)).sum())} non-finite values"
-        err, base = rel_error(g, e), rel_error(b, e)
-        cap = CAP[dtype]["out" if name == "out" else "grad"]
-        assert err <= 2 * base + SLACK and err <= cap, (
-            f"{context}: relative error {err:.2e} vs float64; PyTorch in {dtype} has {base:.2e}; "
-            f"allowed 2x that + {SLACK:g} and at most {cap:g}"
-        )
+        _check(name, g, e, b, f"{what}, {name}, seed={seed}")
+
+
+def compare_forward(out: torch.Tensor, reference: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], *,
+                    seed: int, what: str) -> None:
+    """Check a forward-only kernel's output (the kv-cache path has no backward) the same way."""
+    exact = reference(*[x.double() for x in inputs])
+    baseline = reference(*inputs)
+    _check("out", out, exact, baseline, f"{what}, out, seed={seed}")
+
+
+def _check(name: str, got: torch.Tensor, exact: torch.Tensor, baseline: torch.Tensor, context: str) -> None:
+    dtype = got.dtype
+    assert got.shape == exact.shape, f"{context}: shape {tuple(got.shape)}, expected {tuple(exact.shape)}"
+    assert torch.isfinite(got).all(), f"{context}: {int((~torch.isfinite(got)).sum())} non-finite values"
+    err, base = rel_error(got, exact), rel_error(baseline, exact)
+    cap = CAP[dtype]["out" if name == "out" else "grad"]
+    assert err <= 2 * base + SLACK and err <= cap, (
+        f"{context}: relative error {err:.2e} vs float64; PyTorch in {dtype} has {base:.2e}; "
+        f"allowed 2x that + {SLACK:g} and at most {cap:g}"
+    )

@@ -22,7 +22,9 @@ def test_predicted_peak_never_exceeds_limit(cores: int, gib: float, archs: tuple
     plan = plan_build(node(cores, gib), "flash-attn", archs)
     assert plan.predicted_peak_bytes <= plan.memory_limit_bytes < gib * GIB
     assert 1 <= plan.max_jobs and plan.max_jobs * plan.nvcc_threads <= cores
-    assert plan.env() == {"MAX_JOBS": str(plan.max_jobs), "NVCC_THREADS": str(plan.nvcc_threads)}
+    env = plan.env()
+    assert (env["MAX_JOBS"], env["NVCC_THREADS"]) == (str(plan.max_jobs), str(plan.nvcc_threads))
+    assert sorted(env["EXTFORGE_UNIT_ORDER"].split(";")) == sorted(plan.unit_order) and len(plan.unit_order) >= 73
 
 
 def test_reproduces_the_measured_h100_build() -> None:
@@ -38,9 +40,11 @@ def test_reproduces_the_measured_h100_build() -> None:
 
 
 def test_predicts_the_measured_head_dim_128_build() -> None:
-    # The head-dim-128 build on that node: 447 s from start to package, 18 s before the first nvcc.
+    # The head-dim-128 build on that node, no unit split: 447 s from start to package, 18 s before
+    # the first nvcc. (With 13 units on 16 slots upstream's order is the longest-first schedule.)
     plan = plan_build(node(16, 128), "flash-attn", ("90",), head_dims=(128,))
-    assert abs(plan.expected_wall_seconds - (447 - 18)) < 0.1 * 447
+    assert plan.upstream_order_wall_seconds is not None
+    assert abs(plan.upstream_order_wall_seconds - (447 - 18)) < 0.1 * 447
 
 
 def test_memory_not_cores_limits_a_small_node() -> None:

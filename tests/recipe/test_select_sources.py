@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from extforge import plan, sources
+from extforge.machine import GIB, Machine
 from extforge.paths import cache_root
 
 SDIST_NAME = "flash_attn-2.8.3"
@@ -48,7 +49,8 @@ def listed_units(setup_py: Path) -> list[str]:
 
 
 def test_units_start_longest_first(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
-    order = plan.unit_order("flash-attn")
+    node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
+    order = list(plan.plan_build(node, "flash-attn", ("90",)).unit_order)
     upstream = listed_units(sdist / "setup.py")
     work = run_select(recipe_dir, sdist, tmp_path, EXTFORGE_UNIT_ORDER=";".join(order))
     assert listed_units(work / "setup.py") == order != upstream
@@ -128,3 +130,70 @@ def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist
     kernels = {re.sub(r"cutlass::(half_t|bfloat16_t), ", "", m) for m in re.findall(r"run_mha_\w+<[^>]*>", syms)}
     assert kernels == {f"{fn}<128, {c}>" for fn in ("run_mha_fwd_", "run_mha_bwd_", "run_mha_fwd_splitkv_dispatch")
                        for c in ("false", "true")}
+
+
+SPLIT = ["flash_fwd_hdim128_bf16_sm80", "flash_bwd_hdim128_fp16_causal_sm80", "flash_fwd_split_hdim128_fp16_sm80"]
+
+
+def test_split_units_get_a_twin_listed_beside_them(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="128",
+                      EXTFORGE_SHARD_UNITS=";".join([*SPLIT, "flash_bwd_hdim64_fp16_sm80"]))
+    units = listed_units(work / "setup.py")
+    twins = [u + "_shard1" for u in SPLIT]
+    # The head-dim-64 unit is not built, so it is not split either.
+    assert len(units) == 13 + 3 and set(twins) <= set(units) and "flash_bwd_hdim64_fp16_sm80_shard1" not in units
+    src = work / "csrc/flash_attn/src"
+    assert all((src / f"{t}.cu").is_file() for t in twins) and not (src / "flash_bwd_hdim64_fp16_sm80_shard1.cu").exists()
+    # Every head dim's launcher gets the parameter (a header is shared), flash.h and flash_api.cpp do not change.
+    assert (src / "flash_fwd_launch_template.h").read_text().count("int Shard = -1>") == 6 + 1
+    assert (src / "flash_bwd_launch_template.h").read_text().count("int Shard = -1>") == 6
+    for same in ("csrc/flash_attn/src/flash.h", "csrc/flash_attn/flash_api.cpp"):
+        assert (work / same).read_text() == (sdist / same).read_text()
+
+
+def test_a_unit_of_another_shape_is_refused_before_compiling(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    src = tmp_path / "sdist"
+    shutil.copytree(sdist, src)
+    unit = src / "csrc/flash_attn/src/flash_bwd_hdim128_fp16_sm80.cu"
+    unit.write_text(unit.read_text().replace("(params, stream);", "(params, stream, 0);"))
+    proc = subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(src)], capture_output=True, text=True,
+                          env={**os.environ, "FLASH_ATTN_HEAD_DIMS": "128", "EXTFORGE_UNIT_ORDER": "",
+                               "EXTFORGE_SHARD_UNITS": "flash_bwd_hdim128_fp16_sm80"})
+    assert proc.returncode != 0 and "the unit split does not fit this flash-attn version" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _nvcc_objects(work: Path, torch: Path, units: list[str]) -> dict[str, str]:
+    """Each unit compiled by nvcc for sm_90 as torch's BuildExtension would (two at once), as `nm -C`."""
+    include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
+               f"{torch}/torch/include/torch/csrc/api/include", f"{torch}/nvidia/cu13/include", sysconfig.get_paths()["include"]]
+    procs = {u: subprocess.Popen(
+        ["nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", "-std=c++20", "--expt-relaxed-constexpr",
+         "--expt-extended-lambda", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+         "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "--compiler-options=-fPIC",
+         "-gencode", "arch=compute_90,code=sm_90", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda", *[f"-I{i}" for i in include]],
+        cwd=work, stderr=subprocess.PIPE, text=True) for u in units}
+    for u, p in procs.items():
+        assert p.wait() == 0, f"nvcc {u}: {p.stderr.read()[-2000:]}"
+    return {u: subprocess.run(["nm", "-C", f"{u}.o"], cwd=work, capture_output=True, text=True, check=True).stdout
+            for u in units}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_split_unit_compiles_each_side_of_its_switch_once(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    """The cheapest kernel unit split for real: the unit keeps the kernels without dropout and
+    calls the dropout side, which only its twin defines. (Upstream runs softcap without dropout,
+    so the dropout side's softcap kernels are the unit's own, compiled in both.)"""
+    torch = _torch_headers()
+    if torch is None:
+        pytest.skip("no torch wheel in the cache (tests/audit installs one)")
+    unit = "flash_fwd_hdim32_fp16_causal_sm80"
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="32", EXTFORGE_SHARD_UNITS=unit)
+    syms = _nvcc_objects(work, torch, [unit, unit + "_shard1"])
+    side1 = "run_mha_fwd_hdim32<cutlass::half_t, true, 1>(flash::Flash_fwd_params&, CUstream_st*)"
+    assert re.search(rf"^\s+U void flash::{re.escape(side1)}$", syms[unit], re.M), "the unit must call side 1, not define it"
+    assert re.search(rf"^[0-9a-f]+ [TW] void flash::{re.escape(side1)}$", syms[unit + "_shard1"], re.M)
+    # flash_fwd_kernel<Kernel_traits<..., Flash_kernel_traits<...> >, Is_dropout, ...>: the kernels' host stubs.
+    dropout = {u: set(re.findall(r"flash_fwd_kernel<Flash_fwd_kernel_traits<[^<>]*<[^<>]*> >, (true|false),", s))
+               for u, s in syms.items()}
+    assert dropout[unit] == {"false"} and "true" in dropout[unit + "_shard1"]
