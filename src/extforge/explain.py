@@ -177,10 +177,18 @@ def _plan(values: dict[str, str], ctx: Context) -> dict[str, str]:
     return {"plan_env": "MAX_JOBS=1 NVCC_THREADS=1", "plan_source": f"the safe minimum; {why}"}
 
 
+def _compile_failure(values: dict[str, str], ctx: Context) -> dict[str, str]:
+    """A failed compile job: a compiler error names its cause; without one, memory is the suspect."""
+    if values.get("compiler_error"):
+        return {"variant": "compiler-error"}
+    return _plan(values, ctx)
+
+
 ANALYZERS: dict[str, Callable[[dict[str, str], Context], dict[str, str]]] = {
     "undefined_symbol": _undefined_symbol,
     "driver_version": _driver_version,
     "plan": _plan,
+    "compile_failure": _compile_failure,
 }
 
 

@@ -49,10 +49,14 @@ class BuildPlan:
     unit_order: tuple[str, ...] = ()
     split_units: tuple[str, ...] = ()
 
+    def job_env(self) -> dict[str, str]:
+        """The settings any torch extension build takes (pip, setup.py)."""
+        return {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+
     def env(self) -> dict[str, str]:
         """What the recipe's build script reads: the job settings, the order ninja starts the
         units in (setup.py's source order), and the units to split in two translation units."""
-        env = {"MAX_JOBS": str(self.max_jobs), "NVCC_THREADS": str(self.nvcc_threads)}
+        env = self.job_env()
         if self.unit_order:
             env["EXTFORGE_UNIT_ORDER"] = ";".join(self.unit_order)
         if self.split_units:

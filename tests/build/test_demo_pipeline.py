@@ -61,7 +61,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_demo_package_pins_the_exact_pytorch_it_was_built_against(demo_package: Path, mirror_channel: Path):
     index = _index_json(demo_package)
     torch = _channel_record(mirror_channel, "pytorch")
-    assert re.fullmatch(r"cuda130_torch214_py311_h[0-9a-f]{7}_0", index["build"]), index["build"]
+    assert re.fullmatch(r"cuda130_torch214_py311_cxx11_h[0-9a-f]{7}_0", index["build"]), index["build"]
     assert f"pytorch =={torch['version']} {torch['build']}" in index["depends"]
     assert torch["build"].startswith("cuda130_py311_")
     # The python pin comes from the mirrored python's run_exports, as with conda-forge's python_abi.

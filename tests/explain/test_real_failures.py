@@ -138,6 +138,22 @@ def test_shell_reports_a_killed_job() -> None:
     assert [d.id for d in explain_text(out.stderr, context=NO_PLAN).diagnoses] == ["oom-killed"]
 
 
+@needs_gxx
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja")
+def test_a_compiler_error_under_ninja_is_named_not_blamed_on_memory(tmp_path: Path) -> None:
+    # ninja prints FAILED and the command first, then the compiler's own output.
+    (tmp_path / "ok.cpp").write_text("int ok() { return 1; }\n")
+    (tmp_path / "bad.cpp").write_text("#include <compare>\nauto f() { return std::strong_orderin::equal; }\n")
+    (tmp_path / "build.ninja").write_text(
+        "rule cxx\n  command = g++ -std=c++20 -c $in -o $out\nbuild ok.o: cxx ok.cpp\nbuild bad.o: cxx bad.cpp\n")
+    out = subprocess.run(["ninja", "-j", "1"], cwd=tmp_path, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert "ninja: build stopped: subcommand failed." in text
+    d = explain_text(text, context=NO_PLAN).diagnoses[0]
+    assert (d.id, d.variant, d.values["target"]) == ("ninja-build-stopped", "compiler-error", "bad.o")
+    assert "bad.cpp:2" in d.cause and "strong_orderin" in d.cause and "MAX_JOBS" not in d.fix
+
+
 def test_without_a_planner_the_fix_falls_back_to_one_job() -> None:
     ctx = Context(plan=lambda: (None, "planner unavailable (test)"))
     d = explain_text("ninja: build stopped: subcommand failed.", context=ctx).diagnoses[0]

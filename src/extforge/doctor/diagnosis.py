@@ -33,7 +33,7 @@ def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[d
     default list), or why it cannot say."""
     try:
         plan = plan_build(m, archs=tuple(archs))
-        values: dict[str, Any] = dict(plan.env())
+        values: dict[str, Any] = dict(plan.job_env())
         values["archs"] = list(plan.archs)
         for key in ("predicted_peak_bytes", "memory_limit_bytes", "expected_wall_seconds"):
             values[key] = getattr(plan, key)
