@@ -163,7 +163,9 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
             f"build on a node with at least {math.ceil(need / GIB)} GiB (extforge plan --memory ...)",
         )
     wall, peak, jobs, threads = min(candidates, key=lambda c: (round(c[0]), c[1]))
-    upstream_wall, order, split = None, (), []
+    upstream_wall: float | None = None
+    order: tuple[str, ...] = ()
+    split: list[str] = []
     costs = unit_costs.load(profile)
     if costs:
         per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)

@@ -117,7 +117,7 @@ def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | No
     least `min_gain` of it: a build with fewer long units than job slots (a head-dim subset)
     otherwise waits for its longest unit on an idle node. A full build, whose slots stay busy,
     splits nothing. Returns the per-unit seconds with the twins and the units split."""
-    costs, split = dict(per_unit), []
+    costs, split = dict(per_unit), list[str]()
     if model is None:
         return costs, split
     span = lpt_makespan(costs, jobs)
