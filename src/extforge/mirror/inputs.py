@@ -5,6 +5,8 @@ from __future__ import annotations
 import email.parser
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,6 +19,7 @@ from packaging.version import Version
 
 from .. import paths
 from ..errors import ExtforgeError
+from .hashing import sha256_file
 from .deps import DistInfo
 
 PROBE_SCRIPT = Path(__file__).with_name("_probe_env.py")
@@ -168,6 +171,47 @@ def pip_wheel_dir(requirements: list[str], py_short: str) -> Path:
     return paths.cache_root() / "mirror" / "wheels" / key
 
 
+def share_wheels(wheel_dir: Path, store: Path) -> int:
+    """Make each wheel of a request folder a hard link into one store kept by sha256, so requests
+    that share wheels (the same torch with and without extras: 3-4 GB of nvidia wheels) keep one
+    copy on disk. Returns the bytes this freed."""
+    freed = 0
+    for wheel in sorted(wheel_dir.glob("*.whl")):
+        if wheel.stat().st_nlink > 1:
+            continue  # already in the store
+        kept = store / sha256_file(wheel) / wheel.name
+        if kept.exists():
+            tmp = wheel.with_name(wheel.name + ".link")
+            tmp.unlink(missing_ok=True)
+            os.link(kept, tmp)
+            freed += wheel.stat().st_size
+            os.replace(tmp, wheel)
+        else:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            os.link(wheel, kept)
+    return freed
+
+
+def pip_failure(stderr: str, where: Path) -> ExtforgeError:
+    """pip's own reason (its last error line, not a traceback's last frame), a full disk named as such."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()] or ["no output"]
+    reason = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1])
+    if "No space left on device" in stderr:
+        free = shutil.disk_usage(where).free / 2**30
+        return ExtforgeError(
+            f"the disk is full: pip could not write the wheels to mirror into {where} ({free:.1f} GiB free)",
+            reason,
+            "free space on that filesystem (a torch request downloads 3-4 GB of wheels once; old request "
+            "folders under the mirror cache can go), or point EXTFORGE_CACHE at a larger one",
+        )
+    return ExtforgeError(
+        "pip could not download the wheels to mirror",
+        reason,
+        "check the package index pip uses (pip config list), or use --from-wheels DIR "
+        "with wheels you already have, or --from-env PYTHON with an installed torch",
+    )
+
+
 def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInputs:
     """`pip download` the requirements for `python` (its native tags) into a folder keyed by the request."""
     interp = Interpreter.from_json(probe(python, dists=False)["python"])
@@ -181,15 +225,11 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
     # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
     # seconds, and a warm mirror should not. Deleting the folder asks pip again.
     proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None
-    if proc is not None and proc.returncode == 0:
-        complete.touch()
     if proc is not None and proc.returncode != 0:
-        raise ExtforgeError(
-            "pip could not download the wheels to mirror",
-            (proc.stderr.strip().splitlines() or ["no output"])[-1],
-            "check the package index pip uses (pip config list), or use --from-wheels DIR "
-            "with wheels you already have, or --from-env PYTHON with an installed torch",
-        )
+        raise pip_failure(proc.stderr, wheel_dir)
+    # Also a folder downloaded before the store existed: its copies become links.
+    share_wheels(wheel_dir, wheel_dir.parent.parent / "wheel-store")
+    complete.touch()
     inputs = from_wheels(wheel_dir, python)
     inputs.description = f"pip ({' '.join(requirements)})"
     return inputs
