@@ -54,21 +54,22 @@ class NinjaEdge:
 
 @dataclass(frozen=True)
 class ShardModel:
-    """What splitting a unit in two translation units costs: each half repeats `repeated` of the
-    unit's seconds (headers, the front end's template work), and the second half takes
-    `twin_share[kind]` of the rest (the dropout kernels of a forward or backward unit, the
-    several-splits kernels of a split-kv one)."""
+    """What splitting a unit in two translation units costs, per kind of unit: each half repeats
+    `repeated[kind]` of the unit's seconds (headers, the front end, the kernels both sides
+    share), and the second half takes `twin_share[kind]` of the rest (the dropout kernels of a
+    forward or backward unit, the several-splits kernels of a split-kv one)."""
 
-    repeated: float
+    repeated: dict[str, float]
     twin_share: dict[str, float]
     measured: str = ""
 
     def halves(self, unit: str, seconds: float) -> tuple[float, float] | None:
         """(the unit's, its twin's) seconds once split; None if this unit cannot be split."""
         m = _FLASH_UNIT.match(unit)
-        if not m or m["kind"] not in self.twin_share:
+        if not m or m["kind"] not in self.twin_share or m["kind"] not in self.repeated:
             return None
-        fixed, rest = seconds * self.repeated, seconds * (1 - self.repeated)
+        repeated = self.repeated[m["kind"]]
+        fixed, rest = seconds * repeated, seconds * (1 - repeated)
         share = self.twin_share[m["kind"]]
         return fixed + rest * (1 - share), fixed + rest * share
 
@@ -140,7 +141,9 @@ def joined(per_unit: Mapping[str, float], model: ShardModel | None) -> dict[str,
     out = {u: s for u, s in per_unit.items() if not u.endswith(SHARD_SUFFIX)}
     for u, s in per_unit.items():
         if u.endswith(SHARD_SUFFIX) and (main := u[: -len(SHARD_SUFFIX)]) in out:
-            out[main] = (out[main] + s) / (1 + (model.repeated if model else 0.0))
+            m = _FLASH_UNIT.match(main)
+            repeated = model.repeated.get(m["kind"], 0.0) if model and m else 0.0
+            out[main] = (out[main] + s) / (1 + repeated)
     return out
 
 
@@ -237,8 +240,8 @@ def load(profile: str) -> UnitCosts | None:
         return None
     units = {str(k): (None if v is None else float(v)) for k, v in (d.get("units") or {}).items()}
     sh = d.get("shards")
-    shards = ShardModel(float(sh["repeated"]), {str(k): float(v) for k, v in sh["twin_share"].items()},
-                        str(sh.get("measured", ""))) if sh else None
+    shards = ShardModel({str(k): float(v) for k, v in sh["repeated"].items()},
+                        {str(k): float(v) for k, v in sh["twin_share"].items()}, str(sh.get("measured", ""))) if sh else None
     return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards)
 
 

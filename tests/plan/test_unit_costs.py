@@ -150,7 +150,8 @@ def test_head_dim_subset_plan_is_shorter() -> None:
     assert full.upstream_order_wall_seconds is not None and full.upstream_order_wall_seconds > full.expected_wall_seconds
 
 
-SHARDS = unit_costs.ShardModel(repeated=0.2, twin_share={"fwd": 0.4, "bwd": 0.5, "fwd_split": 0.5})
+SHARDS = unit_costs.ShardModel(repeated={"fwd": 0.2, "bwd": 0.2, "fwd_split": 0.2},
+                                twin_share={"fwd": 0.4, "bwd": 0.5, "fwd_split": 0.5})
 
 
 def test_a_unit_longer_than_the_rest_of_the_schedule_is_split() -> None:
@@ -175,7 +176,7 @@ def test_busy_slots_split_nothing() -> None:
 def test_only_kernel_units_of_a_known_switch_are_split() -> None:
     costs = {"flash_api": 500.0, "flash_fwd_hdim64_fp16_sm80": 100.0}
     assert unit_costs.split_units(costs, 4, SHARDS)[1] == []
-    no_split_kv = unit_costs.ShardModel(0.2, {"fwd": 0.4})
+    no_split_kv = unit_costs.ShardModel({"fwd": 0.2}, {"fwd": 0.4})
     assert unit_costs.split_units({"flash_fwd_split_hdim64_fp16_sm80": 500.0}, 4, no_split_kv)[1] == []
     assert unit_costs.split_units({"flash_fwd_hdim64_fp16_sm80": 500.0}, 4, None)[1] == []
 
