@@ -19,8 +19,8 @@ from packaging.version import Version
 
 from .. import paths
 from ..errors import ExtforgeError
-from .hashing import sha256_file
 from .deps import DistInfo
+from .hashing import sha256_file
 
 PROBE_SCRIPT = Path(__file__).with_name("_probe_env.py")
 
