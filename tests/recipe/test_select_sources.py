@@ -165,8 +165,9 @@ def test_a_unit_of_another_shape_is_refused_before_compiling(recipe_dir: Path, s
 
 def _nvcc_objects(work: Path, torch: Path, units: list[str]) -> dict[str, str]:
     """Each unit compiled by nvcc for sm_90 as torch's BuildExtension would (two at once), as `nm -C`."""
+    # nvcc's own toolkit headers, not the nvidia wheels' (another CUDA minor: CCCL refuses the mix).
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
-               f"{torch}/torch/include/torch/csrc/api/include", f"{torch}/nvidia/cu13/include", sysconfig.get_paths()["include"]]
+               f"{torch}/torch/include/torch/csrc/api/include", sysconfig.get_paths()["include"]]
     procs = {u: subprocess.Popen(
         ["nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", "-std=c++20", "--expt-relaxed-constexpr",
          "--expt-extended-lambda", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
