@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
         f"  expected wall time ~{plan.expected_wall_seconds // 60} min {plan.expected_wall_seconds % 60} s (compile + link)"
-        + (f", longest units first; in upstream's order ~{plan.upstream_order_wall_seconds // 60} min "
-           f"{plan.upstream_order_wall_seconds % 60} s\n" if plan.upstream_order_wall_seconds else "\n") +
+        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}; "
+           f"in upstream's order ~{plan.upstream_order_wall_seconds // 60} min {plan.upstream_order_wall_seconds % 60} s\n"
+           if plan.upstream_order_wall_seconds else "\n") +
         f"  sbatch {' '.join(slurm.sbatch_args())}",
         markup=False,
     )
