@@ -145,6 +145,11 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
+def rattler_test_envs(output_dir: Path) -> list[Path]:
+    """The environments rattler-build creates to test a package (`<output>/test/test_<name>*`)."""
+    return sorted((output_dir / "test").glob("test_*"))
+
+
 # Below this much free space a failed build is a full disk first: rattler-build says only
 # "Failed to resolve dependencies" when it cannot unpack a package (a torch env is ~5 GB).
 LOW_DISK_BYTES = 2 * 2**30
@@ -239,6 +244,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
+            tests_before = set(rattler_test_envs(output_dir))
             try:
                 result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except BaseException as exc:
@@ -256,7 +262,9 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 if options.audit:
                     after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None))
             finally:
-                for work in work_dirs:
+                # The tests passed: their environments (a torch env is ~5 GB, copied, not linked)
+                # have nothing left to show. A failed test keeps its own, like a failed build.
+                for work in [*work_dirs, *(set(rattler_test_envs(output_dir)) - tests_before)]:
                     shutil.rmtree(work, ignore_errors=True)
             built += packages
     index_channel(output_dir)

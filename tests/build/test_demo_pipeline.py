@@ -134,3 +134,11 @@ def test_mirror_input_without_torch_says_what_to_do(tmp_path: Path):
     assert proc.returncode == 2, proc.stderr
     assert json.loads(proc.stdout)["error"].startswith("there is no torch in")
     assert "install torch" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_passed_build_leaves_no_test_environment(demo_channel: Path):
+    """rattler-build tests a package in a fresh environment (a torch one is ~5 GB of copies, not
+    links); once the tests passed it has nothing left to show, so the output folder does not keep it."""
+    assert (demo_channel / "linux-64").is_dir()
+    assert not list((demo_channel / "test").glob("test_*"))
