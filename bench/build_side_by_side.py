@@ -39,7 +39,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -49,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _record import append_section
+from _sdist import unpack
 
 from extforge import unit_costs
 from extforge.unit_costs import NinjaEdge, parse_ninja_log
@@ -112,15 +112,9 @@ def _timestamped(stream: Iterable[str], t0: float, sink) -> list[tuple[float, st
     return lines
 
 
-def build_plain(sdist: Path, work: Path, python: str, env: dict[str, str], log, recipe: Path,
+def build_plain(sdist: Path, work: Path, python: str, env: dict[str, str], log,
                 head_dims: str) -> tuple[float, list, list[NinjaEdge]]:
-    with tarfile.open(sdist) as tar:
-        tar.extractall(work, filter="data")
-    src = next(p for p in work.iterdir() if (p / "setup.py").is_file())
-    if head_dims:
-        subprocess.run([python, str(recipe / "select_sources.py"), str(src)], check=True,
-                       env={**os.environ, "FLASH_ATTN_HEAD_DIMS": head_dims, "EXTFORGE_UNIT_ORDER": "",
-                            "EXTFORGE_SHARD_UNITS": ""})
+    src = unpack(sdist, work, python, head_dims=head_dims)
     t0 = time.monotonic()
     proc = subprocess.Popen([python, "setup.py", "bdist_wheel"], cwd=src, env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -254,7 +248,7 @@ def main() -> int:
             cc, cxx = pick_compilers()
             with (base / "plain.log").open("w") as log:
                 wall, lines, edges = build_plain(sdist, base / "plain", args.python, env | {"CC": cc, "CXX": cxx}, log,
-                                                 args.recipe, args.head_dims)
+                                                 args.head_dims)
             sides.append(Side("plain", round(wall, 1), phases(wall, lines, edges), unit_costs.unit_seconds(edges),
                               node, today, env))
         if args.only in (None, "recipe"):

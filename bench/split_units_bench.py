@@ -19,28 +19,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 from _record import append_section
+from _sdist import unpack
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipe" / "flash-attn"
 DEFAULT_UNITS = ["flash_fwd_hdim128_fp16_sm80", "flash_fwd_hdim128_fp16_causal_sm80",
                  "flash_bwd_hdim128_fp16_causal_sm80", "flash_fwd_split_hdim128_fp16_causal_sm80"]
-
-
-def prepare(sdist: Path, dest: Path, python: str, units: list[str]) -> Path:
-    """The sdist unpacked, with `units` split (an empty list: as upstream has them)."""
-    dest.mkdir(parents=True)
-    with tarfile.open(sdist) as tar:
-        tar.extractall(dest, filter="data")
-    src = next(p for p in dest.iterdir() if (p / "setup.py").is_file())
-    subprocess.run([python, str(RECIPE / "select_sources.py"), str(src)], check=True, capture_output=True,
-                   env={**os.environ, "FLASH_ATTN_HEAD_DIMS": "", "EXTFORGE_UNIT_ORDER": "",
-                        "EXTFORGE_SHARD_UNITS": ";".join(units)})
-    return src
 
 
 def nvcc_command(python: str, arch: str) -> list[str]:
@@ -96,8 +83,8 @@ def main() -> int:
     if shutil.which("nvcc") is None:
         raise SystemExit("nvcc is not on PATH")
     base = Path(tempfile.mkdtemp(prefix="split-units-"))
-    whole = prepare(args.sdist.resolve(), base / "whole", args.python, [])
-    split = prepare(args.sdist.resolve(), base / "split", args.python, units)
+    whole = unpack(args.sdist.resolve(), base / "whole", args.python)
+    split = unpack(args.sdist.resolve(), base / "split", args.python, split=";".join(units))
     jobs = {f"{u}": (whole, u) for u in units}
     jobs |= {f"{u} unit": (split, u) for u in units} | {f"{u} twin": (split, f"{u}_shard1") for u in units}
     t0 = time.monotonic()

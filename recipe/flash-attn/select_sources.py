@@ -110,13 +110,13 @@ def edit_switch(header: str, head_dims: tuple[int, ...]) -> str:
 def main(root: Path) -> int:
     head_dims = parse_head_dims(os.environ.get("FLASH_ATTN_HEAD_DIMS", ""))
     order = [u for u in os.environ.get("EXTFORGE_UNIT_ORDER", "").split(";") if u]
-    wanted = {u for u in os.environ.get("EXTFORGE_SHARD_UNITS", "").split(";") if u}
+    wanted = frozenset(u for u in os.environ.get("EXTFORGE_SHARD_UNITS", "").split(";") if u)
     setup_py = root / "setup.py"
-    _, units = edit_sources(setup_py.read_text(), head_dims, [])
-    shards = frozenset(u for u in units if u in wanted)
-    text, kept = edit_sources(setup_py.read_text(), head_dims, order, shards)
+    text, kept = edit_sources(setup_py.read_text(), head_dims, order, wanted)
+    # Units of head dims not built got no twin, so they are not split either.
+    shards = [u for u in kept if u + shard_units.SUFFIX in kept]
     if shards:
-        shard_units.shard(root / "csrc" / "flash_attn" / "src", sorted(shards))
+        shard_units.shard(root / "csrc" / "flash_attn" / "src", shards)
     setup_py.write_text(text)
     if head_dims:
         switch = root / "csrc" / "flash_attn" / "src" / "static_switch.h"

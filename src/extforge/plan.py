@@ -110,13 +110,6 @@ def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: in
     return {u: s * n_archs / data_archs / busy for u, s in per_unit.items()}
 
 
-def scheduled_wall_seconds(per_unit: dict[str, float], jobs: int, link_seconds: float) -> tuple[float, float]:
-    """(longest first, upstream order) wall seconds of a build whose units cost `per_unit`."""
-    lpt = unit_costs.lpt_makespan(per_unit, jobs)
-    upstream = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan
-    return lpt + link_seconds, upstream + link_seconds
-
-
 def headroom_bytes(memory_bytes: int) -> int:
     """Kept free for the final link of a 200+ MB .so, the OS and page cache."""
     return max(4 * GIB, memory_bytes // 10)
@@ -170,9 +163,9 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     if costs:
         per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
         # Upstream's order is what a plain build does: no unit split, sources as listed.
-        _, upstream_wall = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
+        upstream_wall = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards)
-        wall, _ = scheduled_wall_seconds(per_unit, jobs, p.link_seconds)
+        wall = unit_costs.lpt_makespan(per_unit, jobs) + p.link_seconds
         order = tuple(unit_costs.longest_first(per_unit))
     reasons = [
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",

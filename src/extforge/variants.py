@@ -15,7 +15,7 @@ builds exactly the variant that was expanded for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,13 +165,10 @@ def head_dims(values: Mapping[str, object]) -> tuple[int, ...]:
     """Head dims a head-dim subset variant builds (flash_attn_head_dims="64;128"), () for every
     head dim. A matrix of several subsets is planned as their union; one "all" means all."""
     found: set[int] = set()
-    for key, value in values.items():
-        if "head_dims" not in key.lower():
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            if str(item).strip() in ("", "all"):
-                return ()
-            found.update(int(d) for d in re.findall(r"\d+", str(item)))
+    for item in _items_of_keys(values, "head_dims"):
+        if item.strip() in ("", "all"):
+            return ()
+        found.update(int(d) for d in re.findall(r"\d+", item))
     return tuple(sorted(found))
 
 
@@ -179,11 +176,15 @@ def archs(values: Mapping[str, object]) -> list[str]:
     """GPU archs named by a variant, from any key about archs (cuda_archs="8.0;9.0",
     flash_attn_cuda_archs="80;90"), as ["80", "90"]; values may be one value or a list."""
     found: list[str] = []
-    for key, value in values.items():
-        if "arch" not in key.lower():
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            for a in re.findall(r"\d+\.?\d*a?", str(item)):
-                if a.replace(".", "") not in found:
-                    found.append(a.replace(".", ""))
+    for item in _items_of_keys(values, "arch"):
+        for a in re.findall(r"\d+\.?\d*a?", item):
+            if a.replace(".", "") not in found:
+                found.append(a.replace(".", ""))
     return found
+
+
+def _items_of_keys(values: Mapping[str, object], word: str) -> Iterator[str]:
+    """Each value (one, or each of a list) of the keys whose name contains `word`."""
+    for key, value in values.items():
+        if word in key.lower():
+            yield from (str(item) for item in (value if isinstance(value, list) else [value]))

@@ -228,7 +228,7 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
     if proc is not None and proc.returncode != 0:
         raise pip_failure(proc.stderr, wheel_dir)
     # Also a folder downloaded before the store existed: its copies become links.
-    share_wheels(wheel_dir, wheel_dir.parent.parent / "wheel-store")
+    share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
     complete.touch()
     inputs = from_wheels(wheel_dir, python)
     inputs.description = f"pip ({' '.join(requirements)})"
