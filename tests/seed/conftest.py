@@ -3,13 +3,15 @@ demo-ext built for each into ONE output channel, once per session and cached acr
 (cold: ~3 GB of wheels per torch build; warm: seconds).
 
 Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
-skipped with that reason; the others are built and tested.
+skipped with that reason; the others are built and tested. A machine whose disk cannot hold
+the rows' caches skips them all and says how much is missing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from extforge import paths
 from extforge.locking import exclusive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +70,30 @@ class SeedChannel:
         return self.rows[cluster.name]
 
 
+# What the rows add to a cold cache (wheels, mirror packages, extracted packages, envs), with
+# margin: measured in docs/benchmarks.md "Seed clusters in the default suite".
+COLD_CACHE_GIB = 32
+# Written after every row was mirrored: the package files that make the next run warm.
+WARM_RECORD = "seed-clusters-warm.json"
+
+
+def _warm_record() -> Path:
+    return paths.cache_root() / "test-fixtures" / WARM_RECORD
+
+
+def disk_shortfall(free_bytes: int, record: Path) -> str | None:
+    """Why this disk cannot take a cold run of the seed rows, or None (enough room, or caches warm)."""
+    try:
+        warm = all(Path(f).is_file() for f in json.loads(record.read_text())["packages"])
+    except (OSError, ValueError, KeyError):
+        warm = False
+    free = free_bytes / 2**30
+    if warm or free >= COLD_CACHE_GIB:
+        return None
+    return (f"the seed rows need ~{COLD_CACHE_GIB} GiB of cache on a cold machine and {free:.1f} GiB is free "
+            f"on the disk of {paths.cache_root()}; free space or point EXTFORGE_CACHE at a bigger disk")
+
+
 @pytest.fixture(scope="session")
 def seed_channel(fixtures_dir: Path) -> SeedChannel:
     """One mirror channel holding every cluster's torch build (rows added one by one)."""
@@ -78,6 +105,11 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     rows: dict[str, dict[str, str]] = {}
     skipped: dict[str, str] = {}
     seconds: dict[str, float] = {}
+    fixtures_dir.mkdir(parents=True, exist_ok=True)
+    shortfall = disk_shortfall(shutil.disk_usage(fixtures_dir).free, _warm_record())
+    if shortfall:
+        pytest.skip(shortfall)
+    packages: list[str] = []
     with exclusive(fixtures_dir / "seed-channel.lock"):
         for c in CLUSTERS:
             python = find_python(c.python)
@@ -89,10 +121,14 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
             result = mirror.build_mirror(channel, inputs)
             seconds[c.name] = time.monotonic() - start
             rows[c.name] = result.variants
+            packages += [str(p.path) for p in result.packages]
             nvcc = result.variants.get("cuda_compiler_version", "")
             if nvcc.split(".")[0] != c.cuda.split(".")[0]:
                 skipped[c.name] = (f"the channel's CUDA toolkit for torch {c.torch}+cu{c.cuda.replace('.', '')} is "
                                    f"{nvcc or 'none'}; torch refuses an nvcc of another major")
+    tmp = _warm_record().with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"packages": packages}))
+    tmp.replace(_warm_record())
     return SeedChannel(channel, rows, skipped, seconds)
 
 

@@ -5,7 +5,6 @@ imported; and row C's old C++ ABI proven by a build that gets it wrong."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,16 +14,7 @@ import pytest
 
 from .conftest import CLUSTERS, SeedBuilds, SeedChannel
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.seed,
-    # Three more torch builds (~4 GB of wheels each), a Debian CUDA 12.4 toolkit, and their
-    # packages and extracted envs: ~60 GB of cache on disk (measured 2026-11-23: the whole run
-    # passed in 9 min warm on a 2-core machine, with the disk at 97 of ~100 GB). Opt-in until
-    # CI machines have that disk to spare; docs/benchmarks.md "Seed clusters" has the numbers.
-    pytest.mark.skipif(not os.environ.get("EXTFORGE_SEED_CLUSTERS"),
-                       reason="seed clusters A, B, C: set EXTFORGE_SEED_CLUSTERS=1 (warm: 9 min; cold: ~40 min; ~60 GB of cache)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.seed]
 ROW_IDS = [c.name for c in CLUSTERS]
 CLUSTER_C = next(c for c in CLUSTERS if c.name == "C")
 
