@@ -35,7 +35,10 @@ def _fixtures_dir() -> Path:
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     """Where this checkout's session fixtures live (other areas' conftests build theirs there)."""
-    return _fixtures_dir()
+    path = _fixtures_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    paths.mark_used(path)
+    return path
 
 
 @pytest.fixture(scope="session")

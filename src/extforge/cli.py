@@ -39,6 +39,7 @@ COMMANDS = (
     "status",
     "doctor",
     "explain",
+    "cache",
 )
 
 

@@ -36,6 +36,14 @@ def rattler_cache_dir() -> Path:
     return Path(env) if env else cache_root() / "rattler"
 
 
+def mark_used(path: Path) -> None:
+    """Record that a cache entry was reused now (its mtime), so `extforge cache --prune` keeps it."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only shared cache: the entry then ages by its creation time
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -104,6 +104,7 @@ def fetch(spec: SourceSpec, root: Path | None = None) -> tuple[Path, str]:
     """Store the verified sdist; returns (path, how) with how in {"cached", "pip", "url"}."""
     target = stored_path(spec, root)
     if target.is_file() and sha256_file(target) == spec.sha256:
+        paths.mark_used(target.parent)
         return target, "cached"
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent, prefix=".fetch-") as tmp:

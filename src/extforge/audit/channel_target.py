@@ -14,7 +14,7 @@ from pathlib import Path
 from ..channel_ref import channel_url, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from ..paths import cache_root, rattler_cache_dir
+from ..paths import cache_root, mark_used, rattler_cache_dir
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
 # A build host has no __cuda; the package's pytorch run-depends on it.
@@ -58,6 +58,7 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
     # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
     with exclusive(prefix.with_name(prefix.name + ".lock")):
         if (prefix / "conda-meta").is_dir():
+            mark_used(prefix)
             return prefix
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

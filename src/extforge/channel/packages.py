@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..errors import ExtforgeError
-from ..paths import cache_root
+from ..paths import cache_root, mark_used
 from .hashing import sha256_file
 from .mirrors import Mirrors
 
@@ -144,5 +144,6 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
             dest.unlink(missing_ok=True)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")
             continue
+        mark_used(dest.parent)
         local[r.file_name] = dest
     return local, bad

@@ -41,6 +41,7 @@ def lookup(job: PackageJob) -> CachedPackage | None:
     pkg = entry / data["file"]
     if not pkg.is_file():
         return None
+    paths.mark_used(entry)
     return CachedPackage(data["name"], data["version"], data["build"], data["subdir"], pkg, True, 0.0)
 
 

@@ -110,6 +110,7 @@ def _cached_tree(key: str, build: Callable[[Path], dict[str, Any]]) -> Path:
             meta = build(root / "tree")
             (root / "toolkit.json").write_text(json.dumps(meta, indent=1))
             (root / ".complete").touch()
+    paths.mark_used(root)
     return root
 
 
@@ -142,6 +143,7 @@ def from_wheels(short: str, python: str = sys.executable) -> Toolkit:
         if note.exists():
             root = toolkits_dir() / json.loads(note.read_text())["key"]
             if (root / ".complete").exists():
+                paths.mark_used(root)
                 return _tree_toolkit(root, "wheels")
         with tempfile.TemporaryDirectory(dir=toolkits_dir()) as tmp:
             start = time.monotonic()

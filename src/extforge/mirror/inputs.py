@@ -176,10 +176,12 @@ def share_wheels(wheel_dir: Path, store: Path) -> int:
     that share wheels (the same torch with and without extras: 3-4 GB of nvidia wheels) keep one
     copy on disk. Returns the bytes this freed."""
     freed = 0
+    paths.mark_used(wheel_dir)
     for wheel in sorted(wheel_dir.glob("*.whl")):
+        kept = store / sha256_file(wheel) / wheel.name  # memoized: no re-read of 3 GB per run
         if wheel.stat().st_nlink > 1:
+            paths.mark_used(kept.parent)
             continue  # already in the store
-        kept = store / sha256_file(wheel) / wheel.name
         if kept.exists():
             tmp = wheel.with_name(wheel.name + ".link")
             tmp.unlink(missing_ok=True)

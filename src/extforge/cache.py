@@ -1,0 +1,121 @@
+"""What extforge keeps under the cache root, and removing what has gone unused.
+
+The cache grows without bound on a machine that keeps it: every change of a torch build, a
+toolkit or extforge's own package recipes adds entries (a torch row is ~7 GB of wheels and
+packages) and nothing retires the old ones. Each area holds entries, one folder (or file) per
+content key. An entry's last use is its mtime, which the code that reuses an entry refreshes
+(paths.mark_used), so an entry's age means "unused for that long", not "old".
+rattler's own extracted packages are the exception: rattler does not refresh them, so a pruned
+one that was still in use is extracted again at its next install (time, not correctness).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+DAY_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Area:
+    name: str
+    rel: str  # folder under the cache root whose children are the entries
+    what: str
+
+
+AREAS = (
+    Area("mirror-packages", "mirror/packages", "conda packages built by `extforge mirror`"),
+    Area("mirror-wheels", "mirror/wheel-store", "downloaded wheels, one copy per sha256"),
+    Area("wheel-requests", "mirror/wheels", "pip download folders (hard links into mirror-wheels)"),
+    Area("toolkits", "toolkits", "CUDA toolkits fetched for the mirror"),
+    Area("audit-targets", "audit-targets", "pinned torch environments the audit resolves against"),
+    Area("package-store", "pkgs", "package archives checked by `extforge install`"),
+    Area("rattler", "rattler/pkgs", "rattler's extracted packages (build and install environments)"),
+    Area("sources", "sources/sha256", "recipe sources, by sha256"),
+    Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    area: str
+    path: Path
+    last_used: float  # epoch seconds
+    bytes: int  # disk blocks of files not already counted for an earlier entry (hard links once)
+
+
+PRUNING = ".pruning-"
+
+
+def _is_entry(path: Path) -> bool:
+    # Locks and a concurrent run's temporary folders are not entries; what an interrupted prune
+    # left behind is (see remove).
+    name = path.name
+    return name.startswith(PRUNING) or not (name.startswith(".") or name.endswith(".lock") or ".tmp" in name)
+
+
+def _disk_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
+    total = 0
+    stack = [path]
+    while stack:
+        p = stack.pop()
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.st_blocks * 512
+        if p.is_dir() and not p.is_symlink():
+            try:
+                stack.extend(p.iterdir())
+            except OSError:
+                pass
+    return total
+
+
+def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:
+    """Every entry of `areas` under `root`; a file hard-linked from two entries counts for the first."""
+    seen: set[tuple[int, int]] = set()
+    for area in areas:
+        folder = root / area.rel
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if not _is_entry(path):
+                continue
+            try:
+                used = 0.0 if path.name.startswith(PRUNING) else path.lstat().st_mtime
+            except OSError:
+                continue
+            yield Entry(area.name, path, used, _disk_bytes(path, seen))
+
+
+def unused(entries: Iterable[Entry], now: float, days: float) -> list[Entry]:
+    """The entries not used for at least `days` days at `now`."""
+    cutoff = now - days * DAY_S
+    return [e for e in entries if e.last_used <= cutoff]
+
+
+def remove(entry: Entry) -> None:
+    """Delete one entry so that a concurrent reader sees it whole or not at all.
+
+    Renaming first makes it vanish in one step (a reader then rebuilds it, as on a cold cache)
+    instead of showing a half-deleted package or environment."""
+    doomed = entry.path
+    if not entry.path.name.startswith(PRUNING):
+        doomed = entry.path.with_name(f"{PRUNING}{entry.path.name}-{os.getpid()}")
+        try:
+            entry.path.rename(doomed)
+        except FileNotFoundError:
+            return  # removed by another prune
+    if doomed.is_dir() and not doomed.is_symlink():
+        shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        doomed.unlink(missing_ok=True)

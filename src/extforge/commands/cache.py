@@ -1,0 +1,73 @@
+"""`extforge cache`: what the cache root holds, per area; `--prune DAYS` removes what went unused."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+
+from ..errors import EXIT_OK, ExtforgeError
+
+HELP = "show what extforge's cache holds (per area) and remove entries unused for DAYS days (--prune)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prune", type=float, metavar="DAYS",
+                        help="remove the entries not used for DAYS days (0: every entry of the chosen areas)")
+    parser.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
+    parser.add_argument("--area", action="append", default=[], metavar="NAME",
+                        help="only this area (repeatable; names as listed by `extforge cache`)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import cache
+    from ..paths import cache_root
+    from ..ui import console, emit_json, log
+
+    root = cache_root()
+    names = {a.name for a in cache.AREAS}
+    unknown = sorted(set(args.area) - names)
+    if unknown:
+        raise ExtforgeError(f"unknown cache area(s): {', '.join(unknown)}", f"the areas are: {', '.join(sorted(names))}",
+                            "pass --area with one of those names")
+    if args.prune is not None and args.prune < 0:
+        raise ExtforgeError(f"--prune {args.prune:g}: a number of days cannot be negative", "it counts days unused",
+                            "pass --prune 0 to remove every entry, or e.g. --prune 14")
+    if args.dry_run and args.prune is None:
+        raise ExtforgeError("--dry-run needs --prune DAYS", "without --prune nothing would be removed anyway",
+                            "add --prune DAYS")
+    areas = [a for a in cache.AREAS if not args.area or a.name in args.area]
+    entries = list(cache.scan(root, areas))
+    doomed = cache.unused(entries, time.time(), args.prune) if args.prune is not None else []
+    free_before = shutil.disk_usage(root).free if root.exists() else 0
+    for entry in doomed:
+        log.info("%s %s (%s)", "would remove" if args.dry_run else "removing", entry.path, _gib(entry.bytes))
+        if not args.dry_run:
+            cache.remove(entry)
+    freed = (shutil.disk_usage(root).free - free_before) if doomed and not args.dry_run else 0
+    summary = []
+    for area in areas:
+        mine = [e for e in entries if e.area == area.name]
+        gone = [e for e in doomed if e.area == area.name]
+        summary.append({"area": area.name, "path": str(root / area.rel), "what": area.what, "entries": len(mine),
+                        "bytes": sum(e.bytes for e in mine), "pruned": len(gone), "pruned_bytes": sum(e.bytes for e in gone)})
+    if args.json:
+        emit_json({"root": str(root), "areas": summary, "dry_run": args.dry_run, "prune_days": args.prune,
+                   "removed": [{"area": e.area, "path": str(e.path), "bytes": e.bytes} for e in doomed],
+                   "freed_bytes": freed})
+        return EXIT_OK
+    console.print(f"cache root: {root}")
+    for row in summary:
+        line = f"  {row['area']:<16} {row['entries']:>5} entries {_gib(row['bytes']):>10}"
+        if args.prune is not None:
+            verb = "would go" if args.dry_run else "removed"
+            line += f"   {row['pruned']} {verb} ({_gib(row['pruned_bytes'])})"
+        console.print(line)
+    console.print(f"  total {_gib(sum(r['bytes'] for r in summary))} (files hard-linked from two areas count once)")
+    if args.prune is not None and not args.dry_run:
+        console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: {_gib(max(freed, 0))} freed on that disk")
+    return EXIT_OK

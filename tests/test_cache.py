@@ -1,0 +1,129 @@
+"""`extforge cache`: sizes per area with hard links counted once, and --prune removing exactly the
+entries that went unused, on a real folder tree, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from extforge import cache, paths
+from extforge.mirror.channel import lookup
+from extforge.mirror.inputs import share_wheels
+from extforge.mirror.recipes import PackageJob
+
+DAY = 24 * 3600
+MIB = 2**20
+
+
+def _entry(folder: Path, name: str, size: int, age_days: float) -> Path:
+    entry = folder / name
+    entry.mkdir(parents=True)
+    (entry / "blob").write_bytes(os.urandom(size))
+    old = time.time() - age_days * DAY
+    os.utime(entry, (old, old))
+    return entry
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EXTFORGE_CACHE": str(root)}
+    return subprocess.run([sys.executable, "-m", "extforge", "cache", *args], capture_output=True, text=True, env=env)
+
+
+def _tree(tmp_path: Path) -> dict[str, Path]:
+    root = tmp_path / "cache"
+    got = {
+        "old_pkg": _entry(root / "mirror" / "packages", "aaaa", MIB, 30),
+        "new_pkg": _entry(root / "mirror" / "packages", "bbbb", MIB, 1),
+        "old_wheel": _entry(root / "mirror" / "wheel-store", "cccc", 2 * MIB, 30),
+        "old_env": _entry(root / "audit-targets", "dddd", MIB, 30),
+    }
+    # A request folder hard-links its wheel from the store: the same bytes, counted once.
+    request = root / "mirror" / "wheels" / "eeee"
+    request.mkdir(parents=True)
+    os.link(got["old_wheel"] / "blob", request / "torch.whl")
+    (root / "audit-targets" / "dddd.lock").write_text("")
+    got["lock"] = root / "audit-targets" / "dddd.lock"
+    got["request"] = request
+    got["root"] = root
+    return got
+
+
+def test_sizes_count_a_hard_linked_file_once(tmp_path: Path):
+    t = _tree(tmp_path)
+    entries = list(cache.scan(t["root"]))
+    by_path = {e.path: e for e in entries}
+    assert t["lock"] not in by_path  # a lock is not an entry
+    assert by_path[t["old_wheel"]].bytes >= 2 * MIB
+    assert by_path[t["request"]].bytes < MIB  # its wheel was counted under the store
+    total = sum(e.bytes for e in entries)
+    assert 5 * MIB <= total < 6 * MIB
+
+
+def test_prune_removes_only_what_went_unused_and_dry_run_nothing(tmp_path: Path):
+    t = _tree(tmp_path)
+    dry = _cli(t["root"], "--prune", "7", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    doc = json.loads(dry.stdout)
+    assert sorted(r["path"] for r in doc["removed"]) == sorted(str(t[k]) for k in ("old_env", "old_pkg", "old_wheel"))
+    assert all(t[k].exists() for k in ("old_pkg", "old_wheel", "old_env"))
+
+    done = _cli(t["root"], "--prune", "7")
+    assert done.returncode == 0, done.stderr
+    assert "removed 3 entries unused for 7 days" in done.stderr
+    assert not any(t[k].exists() for k in ("old_pkg", "old_wheel", "old_env"))
+    assert t["new_pkg"].exists() and t["request"].exists() and t["lock"].exists()
+    # The request folder still holds its wheel: the store's copy went, the bytes did not.
+    assert (t["request"] / "torch.whl").stat().st_size == 2 * MIB
+    assert not list(t["root"].rglob(".pruning-*"))
+
+
+def test_prune_of_one_area_leaves_the_others(tmp_path: Path):
+    t = _tree(tmp_path)
+    done = _cli(t["root"], "--prune", "7", "--area", "audit-targets", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [r["path"] for r in json.loads(done.stdout)["removed"]] == [str(t["old_env"])]
+    assert t["old_pkg"].exists() and t["old_wheel"].exists()
+
+
+def test_what_an_interrupted_prune_left_goes_with_the_next(tmp_path: Path):
+    t = _tree(tmp_path)
+    left = t["root"] / "mirror" / "packages" / ".pruning-ffff-123"
+    left.mkdir()
+    (left / "blob").write_bytes(b"x")
+    done = _cli(t["root"], "--prune", "365")
+    assert done.returncode == 0, done.stderr
+    assert not left.exists() and t["old_pkg"].exists()
+
+
+def test_bad_arguments_are_refused_with_the_fix(tmp_path: Path):
+    t = _tree(tmp_path)
+    for args, words in ((["--area", "nope"], "mirror-packages"), (["--prune", "-1"], "--prune 0"),
+                        (["--dry-run"], "add --prune DAYS")):
+        proc = _cli(t["root"], *args)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert t["old_pkg"].exists()
+
+
+def test_reusing_a_mirror_package_or_wheel_marks_it_used(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    job = PackageJob(name="demo", version="1", build_string="0", identity="x")
+    entry = _entry(paths.cache_root() / "mirror" / "packages", job.cache_key(), 10, 30)
+    (entry / "demo-1-0.conda").write_bytes(b"pkg")
+    (entry / "package.json").write_text(json.dumps({"name": "demo", "version": "1", "build": "0",
+                                                    "subdir": "noarch", "file": "demo-1-0.conda"}))
+    os.utime(entry, (time.time() - 30 * DAY,) * 2)
+    assert lookup(job) is not None
+    assert time.time() - entry.stat().st_mtime < DAY
+
+    store, request = tmp_path / "store", tmp_path / "request"
+    request.mkdir()
+    (request / "w-1-py3-none-any.whl").write_bytes(b"wheel")
+    share_wheels(request, store)
+    (kept,) = store.iterdir()
+    os.utime(kept, (time.time() - 30 * DAY,) * 2)
+    share_wheels(request, store)  # already linked: only marked
+    assert time.time() - kept.stat().st_mtime < DAY
