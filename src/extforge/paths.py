@@ -36,6 +36,13 @@ def rattler_cache_dir() -> Path:
     return Path(env) if env else cache_root() / "rattler"
 
 
+def rattler_pkgs_dir() -> Path:
+    """Where packages are extracted: rattler-build's layout under RATTLER_CACHE_DIR. py-rattler's
+    install takes the extraction folder itself; given rattler_cache_dir() it would keep a second
+    copy of every torch (~5 GB) beside rattler-build's."""
+    return rattler_cache_dir() / "pkgs"
+
+
 def mark_used(path: Path) -> None:
     """Record that a cache entry was reused now (its mtime), so `extforge cache --prune` keeps it."""
     try:

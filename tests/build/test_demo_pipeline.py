@@ -91,7 +91,7 @@ def test_demo_installs_from_the_channels_and_imports(demo_channel: Path, mirror_
 
     async def solve_install() -> list:
         records = await solve(channels, ["demo-ext"], platforms=["linux-64", "noarch"], virtual_packages=virtual)
-        await install(records, target_prefix=prefix, cache_dir=paths.rattler_cache_dir(), show_progress=False)
+        await install(records, target_prefix=prefix, cache_dir=paths.rattler_pkgs_dir(), show_progress=False)
         return records
 
     records = asyncio.run(solve_install())

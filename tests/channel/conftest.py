@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import shutil
 import sys
 import threading
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from extforge import engine
 
 N_PACKAGES = 16
 
@@ -59,8 +60,9 @@ def build_package(workdir: Path, name: str, *, payload: str = "", run: str = "",
 @pytest.fixture(scope="session")
 def tiny_packages(tmp_path_factory) -> TinyPackages:
     work = tmp_path_factory.mktemp("tiny-build")
-    # rattler-build resolves nothing here, but keep its cache out of the user's home.
-    os.environ.setdefault("RATTLER_CACHE_DIR", str(work / "rattler-cache"))
+    # rattler-build resolves nothing here; its cache goes where every extforge build puts it
+    # (a session-wide RATTLER_CACHE_DIR in tmp sent every later build of the run there, cold).
+    engine.prepare_environment()
     distinct = [build_package(work, f"tiny-{i:02d}") for i in range(N_PACKAGES)]
     clash = build_package(work, "tiny-00", payload="other bytes, same file name")
     app = build_package(work, "tiny-app", run="tiny-00, tiny-01")

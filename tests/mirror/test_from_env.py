@@ -47,7 +47,7 @@ def test_from_env_packages_the_distro_python_and_its_torch(distro_torch_venv: Pa
 
     async def solve_install() -> None:
         records = await solve([channel.resolve().as_uri()], ["python", "packaging"], platforms=["linux-64", "noarch"])
-        await install(records, target_prefix=prefix, cache_dir=paths.rattler_cache_dir(), show_progress=False)
+        await install(records, target_prefix=prefix, cache_dir=paths.rattler_pkgs_dir(), show_progress=False)
 
     asyncio.run(solve_install())
     # The relocated distro python runs from the new prefix and sees packages installed there

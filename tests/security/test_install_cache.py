@@ -91,7 +91,7 @@ def _prefill_caches(sandbox, channel: Path) -> None:
     environment would otherwise be copied and extracted again). Edits below replace files,
     never write into a linked one, and rattler's own lock files are copied."""
     repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
-    shared = paths.rattler_cache_dir() / "pkgs"
+    shared = paths.rattler_pkgs_dir()
     for fn, record in repodata["packages.conda"].items():
         stored = sandbox.cache / "pkgs" / record["sha256"] / fn
         stored.parent.mkdir(parents=True, exist_ok=True)

@@ -162,7 +162,7 @@ def test_explain_says_what_to_do_about_its_import_error(wrong_abi_package: Path,
                               platforms=["linux-64", "noarch"],
                               virtual_packages=[vp("__unix", "0"), vp("__linux", "5.15"), vp("__glibc", "2.36"),
                                                 vp("__cuda", "12.4")])
-        await install(records, target_prefix=prefix, cache_dir=paths.rattler_cache_dir(), show_progress=False)
+        await install(records, target_prefix=prefix, cache_dir=paths.rattler_pkgs_dir(), show_progress=False)
 
     asyncio.run(solve_install())
     out = subprocess.run([str(prefix / "bin" / "python"), "-c", "import torch, wrong_abi_ext"],

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..channel_ref import channel_url, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from ..paths import cache_root, mark_used, rattler_cache_dir
+from ..paths import cache_root, mark_used, rattler_pkgs_dir
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
 # A build host has no __cuda; the package's pytorch run-depends on it.
@@ -78,7 +78,7 @@ async def _solve_install(specs: list[str], channels: list[str], prefix: Path) ->
                                extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
     try:
         records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
-        await install(records, target_prefix=prefix, cache_dir=rattler_cache_dir(), show_progress=False)
+        await install(records, target_prefix=prefix, cache_dir=rattler_pkgs_dir(), show_progress=False)
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError / InstallerError
         raise ExtforgeError(
             f"cannot install the package's pinned torch from {', '.join(channels)}",

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..archive import check_package
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..locking import Busy, exclusive_or_busy
-from ..paths import rattler_cache_dir
+from ..paths import rattler_pkgs_dir
 from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
@@ -131,7 +131,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix.parent / f".{prefix.name}.extforge-staging-{os.getpid()}"
-    cache = rattler_cache_dir() / "pkgs"
+    cache = rattler_pkgs_dir()
     t = time.monotonic()
     try:
         bad_files = _link_and_check(records, staging, prefix, cache, manifests)
