@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from dataclasses import asdict, dataclass
 
 from ..errors import EXIT_OK, ExtforgeError
 
@@ -17,6 +18,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
     parser.add_argument("--area", action="append", default=[], metavar="NAME",
                         help="only this area (repeatable; names as listed by `extforge cache`)")
+
+
+@dataclass(frozen=True)
+class AreaSummary:
+    area: str
+    path: str
+    what: str
+    entries: int
+    bytes: int
+    pruned: int
+    pruned_bytes: int
 
 
 def _gib(n: int) -> str:
@@ -53,21 +65,21 @@ def run(args: argparse.Namespace) -> int:
     for area in areas:
         mine = [e for e in entries if e.area == area.name]
         gone = [e for e in doomed if e.area == area.name]
-        summary.append({"area": area.name, "path": str(root / area.rel), "what": area.what, "entries": len(mine),
-                        "bytes": sum(e.bytes for e in mine), "pruned": len(gone), "pruned_bytes": sum(e.bytes for e in gone)})
+        summary.append(AreaSummary(area.name, str(root / area.rel), area.what, len(mine), sum(e.bytes for e in mine),
+                                   len(gone), sum(e.bytes for e in gone)))
     if args.json:
-        emit_json({"root": str(root), "areas": summary, "dry_run": args.dry_run, "prune_days": args.prune,
+        emit_json({"root": str(root), "areas": [asdict(row) for row in summary], "dry_run": args.dry_run, "prune_days": args.prune,
                    "removed": [{"area": e.area, "path": str(e.path), "bytes": e.bytes} for e in doomed],
                    "freed_bytes": freed})
         return EXIT_OK
     console.print(f"cache root: {root}")
     for row in summary:
-        line = f"  {row['area']:<16} {row['entries']:>5} entries {_gib(row['bytes']):>10}"
+        line = f"  {row.area:<16} {row.entries:>5} entries {_gib(row.bytes):>10}"
         if args.prune is not None:
             verb = "would go" if args.dry_run else "removed"
-            line += f"   {row['pruned']} {verb} ({_gib(row['pruned_bytes'])})"
+            line += f"   {row.pruned} {verb} ({_gib(row.pruned_bytes)})"
         console.print(line)
-    console.print(f"  total {_gib(sum(r['bytes'] for r in summary))} (files hard-linked from two areas count once)")
+    console.print(f"  total {_gib(sum(r.bytes for r in summary))} (files hard-linked from two areas count once)")
     if args.prune is not None and not args.dry_run:
         console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: {_gib(max(freed, 0))} freed on that disk")
     return EXIT_OK
