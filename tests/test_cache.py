@@ -70,6 +70,9 @@ def test_prune_removes_only_what_went_unused_and_dry_run_nothing(tmp_path: Path)
     doc = json.loads(dry.stdout)
     assert sorted(r["path"] for r in doc["removed"]) == sorted(str(t[k]) for k in ("old_env", "old_pkg", "old_wheel"))
     assert all(t[k].exists() for k in ("old_pkg", "old_wheel", "old_env"))
+    # The old wheel stays on disk through the request folder's link: only the package and env free space.
+    assert 2 * MIB <= doc["frees_bytes"] < 3 * MIB
+    assert {r["area"]: r["pruned_bytes"] for r in doc["areas"]}["mirror-wheels"] == 0
 
     done = _cli(t["root"], "--prune", "7")
     assert done.returncode == 0, done.stderr

@@ -58,8 +58,8 @@ def _is_entry(path: Path) -> bool:
     return name.startswith(PRUNING) or not (name.startswith(".") or name.endswith(".lock") or ".tmp" in name)
 
 
-def _disk_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
-    total = 0
+def _walk(path: Path) -> Iterator[os.stat_result]:
+    """lstat of `path` and of everything under it (symlinks are not followed)."""
     stack = [path]
     while stack:
         p = stack.pop()
@@ -67,17 +67,33 @@ def _disk_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
             st = p.lstat()
         except OSError:
             continue
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.st_blocks * 512
+        yield st
         if p.is_dir() and not p.is_symlink():
             try:
                 stack.extend(p.iterdir())
             except OSError:
                 pass
+
+
+def _disk_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
+    total = 0
+    for st in _walk(path):
+        key = (st.st_dev, st.st_ino)
+        if key not in seen:
+            seen.add(key)
+            total += st.st_blocks * 512
     return total
+
+
+def freeable(entries: Iterable[Entry]) -> int:
+    """Disk bytes that removing all of `entries` gives back: a file also linked from elsewhere
+    (another area, an installed environment) stays on disk, so it does not count."""
+    links: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, nlink, blocks]
+    for entry in entries:
+        for st in _walk(entry.path):
+            seen = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_blocks * 512])
+            seen[0] += 1
+    return sum(blocks for here, nlink, blocks in links.values() if here >= nlink)
 
 
 def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:

@@ -55,22 +55,24 @@ def run(args: argparse.Namespace) -> int:
     areas = [a for a in cache.AREAS if not args.area or a.name in args.area]
     entries = list(cache.scan(root, areas))
     doomed = cache.unused(entries, time.time(), args.prune) if args.prune is not None else []
+    # Counted before anything goes: what removal gives back, links from elsewhere excluded.
+    frees = cache.freeable(doomed)
+    summary = []
+    for area in areas:
+        mine = [e for e in entries if e.area == area.name]
+        gone = [e for e in doomed if e.area == area.name]
+        summary.append(AreaSummary(area.name, str(root / area.rel), area.what, len(mine), sum(e.bytes for e in mine),
+                                   len(gone), cache.freeable(gone)))
     free_before = shutil.disk_usage(root).free if root.exists() else 0
     for entry in doomed:
         log.info("%s %s (%s)", "would remove" if args.dry_run else "removing", entry.path, _gib(entry.bytes))
         if not args.dry_run:
             cache.remove(entry)
     freed = (shutil.disk_usage(root).free - free_before) if doomed and not args.dry_run else 0
-    summary = []
-    for area in areas:
-        mine = [e for e in entries if e.area == area.name]
-        gone = [e for e in doomed if e.area == area.name]
-        summary.append(AreaSummary(area.name, str(root / area.rel), area.what, len(mine), sum(e.bytes for e in mine),
-                                   len(gone), sum(e.bytes for e in gone)))
     if args.json:
         emit_json({"root": str(root), "areas": [asdict(row) for row in summary], "dry_run": args.dry_run, "prune_days": args.prune,
                    "removed": [{"area": e.area, "path": str(e.path), "bytes": e.bytes} for e in doomed],
-                   "freed_bytes": freed})
+                   "frees_bytes": frees, "freed_bytes": freed})
         return EXIT_OK
     console.print(f"cache root: {root}")
     for row in summary:
@@ -80,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
             line += f"   {row.pruned} {verb} ({_gib(row.pruned_bytes)})"
         console.print(line)
     console.print(f"  total {_gib(sum(r.bytes for r in summary))} (files hard-linked from two areas count once)")
-    if args.prune is not None and not args.dry_run:
-        console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: {_gib(max(freed, 0))} freed on that disk")
+    if args.prune is not None:
+        # pruned_bytes leaves out files still linked from elsewhere, so a prune never promises space it cannot give.
+        if args.dry_run:
+            console.print(f"would remove {len(doomed)} entries unused for {args.prune:g} days, freeing {_gib(frees)}")
+        else:
+            console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: "
+                          f"{_gib(max(freed, 0))} freed on that disk")
     return EXIT_OK
