@@ -12,14 +12,22 @@ from pathlib import Path
 import pytest
 
 from extforge.doctor.diagnosis import run_doctor
-from extforge.paths import cache_root
 
 from .conftest import FakeMachine
 
 NO_PROC = Path("/nonexistent/proc/driver/nvidia/version")
-# A venv with the torch==2.14.1+cu130 wheel (it installs from this project's local disk); created
-# once by hand (`python -m venv DIR && DIR/bin/pip install torch==2.14.1`), too big to make per run.
-TORCH_VENV_PYTHON = cache_root() / "venvs" / "torch-2.14.1-py311" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def torch_2_14_python(mirror_channel: Path) -> Path:
+    """The python of an env holding the mirror's torch 2.14.1+cu130 for our python, nvidia libs
+    included: the audit's cached target env for that build (hard links into the package cache)."""
+    from extforge.audit.channel_target import pinned_torch_prefix
+
+    py = "py%d%d" % sys.version_info[:2]
+    records = json.loads((mirror_channel / "linux-64" / "repodata.json").read_text())["packages.conda"].values()
+    torch = next(r for r in records if r["name"] == "pytorch" and f"_{py}_" in r["build"])
+    return pinned_torch_prefix([f"pytorch =={torch['version']} {torch['build']}"], str(mirror_channel)) / "bin" / "python"
 
 
 def make_env(tmp_path: Path) -> tuple[Path, Path]:
@@ -86,9 +94,8 @@ def test_conda_installed_flash_attn_with_its_extension(tmp_path: Path, shadowed_
     assert not [x for x in report.findings if "flash_attn_2_cuda" in x.title]
 
 
-@pytest.mark.skipif(not TORCH_VENV_PYTHON.exists(), reason=f"no torch venv at {TORCH_VENV_PYTHON}")
-def test_real_torch_2_14_on_the_shadowed_machine(shadowed_machine: FakeMachine) -> None:
-    report = run_doctor(str(TORCH_VENV_PYTHON), shadowed_machine.env, toolkit_globs=shadowed_machine.globs, proc_driver=NO_PROC)
+def test_real_torch_2_14_on_the_shadowed_machine(shadowed_machine: FakeMachine, torch_2_14_python: Path) -> None:
+    report = run_doctor(str(torch_2_14_python), shadowed_machine.env, toolkit_globs=shadowed_machine.globs, proc_driver=NO_PROC)
     t = report.facts.torch
     assert t is not None and t.version.startswith("2.14.1") and t.cuda == "13.0" and t.cxx11_abi is True
     assert "sm_90" in t.arch_list
