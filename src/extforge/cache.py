@@ -85,15 +85,30 @@ def _disk_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
     return total
 
 
-def freeable(entries: Iterable[Entry]) -> int:
-    """Disk bytes that removing all of `entries` gives back: a file also linked from elsewhere
-    (another area, an installed environment) stays on disk, so it does not count."""
-    links: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, nlink, blocks]
+@dataclass(frozen=True)
+class Freeable:
+    total: int
+    by_area: dict[str, int]  # what removing only that area's entries would give back
+
+
+def freeable(entries: Iterable[Entry]) -> Freeable:
+    """Disk bytes that removing `entries` gives back, in one walk: a file also linked from
+    elsewhere (another area, an installed environment) stays on disk, so it does not count."""
+    links: dict[tuple[int, int], tuple[list[int], set[str]]] = {}  # inode -> ([links seen, nlink, blocks], areas)
     for entry in entries:
         for st in _walk(entry.path):
-            seen = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_blocks * 512])
-            seen[0] += 1
-    return sum(blocks for here, nlink, blocks in links.values() if here >= nlink)
+            counts, areas = links.setdefault((st.st_dev, st.st_ino), ([0, st.st_nlink, st.st_blocks * 512], set()))
+            counts[0] += 1
+            areas.add(entry.area)
+    total = 0
+    by_area: dict[str, int] = {}
+    for (here, nlink, blocks), areas in links.values():
+        if here >= nlink:
+            total += blocks
+            if len(areas) == 1:
+                (area,) = areas
+                by_area[area] = by_area.get(area, 0) + blocks
+    return Freeable(total, by_area)
 
 
 def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:

@@ -20,14 +20,11 @@ NO_PROC = Path("/nonexistent/proc/driver/nvidia/version")
 
 @pytest.fixture(scope="module")
 def torch_2_14_python(mirror_channel: Path) -> Path:
-    """The python of an env holding the mirror's torch 2.14.1+cu130 for our python, nvidia libs
-    included: the audit's cached target env for that build (hard links into the package cache)."""
+    """The python of an env holding the mirror's torch 2.14.1+cu130 (its one build, for our
+    python), nvidia libs included: an audit target env (hard links into the package cache)."""
     from extforge.audit.channel_target import pinned_torch_prefix
 
-    py = "py%d%d" % sys.version_info[:2]
-    records = json.loads((mirror_channel / "linux-64" / "repodata.json").read_text())["packages.conda"].values()
-    torch = next(r for r in records if r["name"] == "pytorch" and f"_{py}_" in r["build"])
-    return pinned_torch_prefix([f"pytorch =={torch['version']} {torch['build']}"], str(mirror_channel)) / "bin" / "python"
+    return pinned_torch_prefix(["pytorch ==2.14.1"], str(mirror_channel)) / "bin" / "python"
 
 
 def make_env(tmp_path: Path) -> tuple[Path, Path]:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         mine = [e for e in entries if e.area == area.name]
         gone = [e for e in doomed if e.area == area.name]
         summary.append(AreaSummary(area.name, str(root / area.rel), area.what, len(mine), sum(e.bytes for e in mine),
-                                   len(gone), cache.freeable(gone)))
+                                   len(gone), frees.by_area.get(area.name, 0)))
     free_before = shutil.disk_usage(root).free if root.exists() else 0
     for entry in doomed:
         log.info("%s %s (%s)", "would remove" if args.dry_run else "removing", entry.path, _gib(entry.bytes))
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"root": str(root), "areas": [asdict(row) for row in summary], "dry_run": args.dry_run, "prune_days": args.prune,
                    "removed": [{"area": e.area, "path": str(e.path), "bytes": e.bytes} for e in doomed],
-                   "frees_bytes": frees, "freed_bytes": freed})
+                   "frees_bytes": frees.total, "freed_bytes": freed})
         return EXIT_OK
     console.print(f"cache root: {root}")
     for row in summary:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prune is not None:
         # pruned_bytes leaves out files still linked from elsewhere, so a prune never promises space it cannot give.
         if args.dry_run:
-            console.print(f"would remove {len(doomed)} entries unused for {args.prune:g} days, freeing {_gib(frees)}")
+            console.print(f"would remove {len(doomed)} entries unused for {args.prune:g} days, freeing {_gib(frees.total)}")
         else:
             console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: "
                           f"{_gib(max(freed, 0))} freed on that disk")
