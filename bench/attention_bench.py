@@ -1,4 +1,5 @@
-"""Speed of flash-attn's flash_attn_func against torch SDPA on one GPU, in TFLOP/s.
+"""Speed of flash-attn's flash_attn_func (and FlashAttention-3's, where installed) against torch
+SDPA on one GPU, in TFLOP/s.
 
 Run with the python of the environment under test (an installed prefix), on a GPU node:
 
@@ -20,6 +21,10 @@ Prints a table on stdout; writes JSON to --out (default: $EXTFORGE_BENCH_OUT, if
 --write-docs appends a dated section to docs/benchmarks.md. A head-dim subset build is timed on
 its own head dims only. Exit code: 0 ratio within 3%, 3 outside it, 2 could not run (no CUDA
 device, no flash_attn, or no kernels for the reference head dim); 1 is a crash, never a verdict.
+Where the flash-attn-3 package is installed (`flash_attn_interface`), FlashAttention-3 is timed in
+the same run, and its goal on the reference case is judged too: FA3/SDPA >= 1.15 forward and
+>= 1.10 forward+backward (what a hand build of upstream's hopper/setup.py reached on an H100:
+665/572 forward, 502/445 forward+backward); a miss is exit code 3 as well.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ REFERENCE_FLASH_TFLOPS, REFERENCE_SDPA_TFLOPS = 312.0, 531.0
 REFERENCE_RATIO = REFERENCE_FLASH_TFLOPS / REFERENCE_SDPA_TFLOPS
 RATIO_TOLERANCE = 0.03
 IMPLS = ("flash_attn", "sdpa")
+FA3 = "fa3"
+# FlashAttention-3 over SDPA on the reference case, per mode, that the package must reach.
+FA3_GOALS = {"fwd": 1.15, "fwd_bwd": 1.10}
 MODES = ("fwd", "fwd_bwd")
 
 
@@ -109,11 +117,18 @@ def find(timings: list[Timing], case: Case, impl: str, mode: str) -> Timing:
 
 
 def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
-    """flash-attn/SDPA forward ratio of the reference case, against the plain build's."""
+    """flash-attn/SDPA forward ratio of the reference case, against the plain build's; with FA3
+    timed, its ratios to SDPA per mode against FA3_GOALS."""
     flash = find(timings, REFERENCE_CASE, "flash_attn", "fwd").tflops
     sdpa = find(timings, REFERENCE_CASE, "sdpa", "fwd").tflops
     ratio = flash / sdpa
+    fa3 = {}
+    if any(t.impl == FA3 for t in timings):
+        for mode, goal in FA3_GOALS.items():
+            got = find(timings, REFERENCE_CASE, FA3, mode).tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
+            fa3[mode] = {"ratio": got, "goal": goal, "met": got >= goal}
     return {
+        "fa3": fa3,
         "case": REFERENCE_CASE.label,
         "flash_attn_tflops": flash,
         "sdpa_tflops": sdpa,
@@ -126,24 +141,33 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
 
 
 def table_rows(timings: list[Timing]) -> list[list[str]]:
-    """One row per case and mode: both speeds and their ratio."""
+    """One row per case and mode: the speeds, flash-attn's ratio to SDPA (and FA3's, where timed)."""
     rows = []
+    with_fa3 = any(t.impl == FA3 for t in timings)
     for case in dict.fromkeys(t.case for t in timings):
         for mode in MODES:
             flash, sdpa = (find(timings, case, impl, mode) for impl in IMPLS)
-            rows.append(
-                [case.label, mode, f"{flash.tflops:.0f}", f"{sdpa.tflops:.0f}",
-                 f"{flash.tflops / sdpa.tflops:.3f}", f"{flash.median_ms:.3f}", f"{sdpa.median_ms:.3f}"]
-            )
+            row = [case.label, mode, f"{flash.tflops:.0f}", f"{sdpa.tflops:.0f}",
+                   f"{flash.tflops / sdpa.tflops:.3f}", f"{flash.median_ms:.3f}", f"{sdpa.median_ms:.3f}"]
+            if with_fa3:
+                fa3 = find(timings, case, FA3, mode)
+                row += [f"{fa3.tflops:.0f}", f"{fa3.tflops / sdpa.tflops:.3f}"]
+            rows.append(row)
     return rows
 
 
 HEADER = ["case", "mode", "flash-attn TFLOP/s", "SDPA TFLOP/s", "ratio", "flash-attn ms", "SDPA ms"]
+FA3_HEADER = ["FA3 TFLOP/s", "FA3/SDPA"]
+
+
+def header(rows: list[list[str]]) -> list[str]:
+    return HEADER + (FA3_HEADER if rows and len(rows[0]) > len(HEADER) else [])
 
 
 def render_text(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [HEADER, *rows])
+    head = header(rows)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
 
 
 def render_docs(report: dict[str, Any]) -> list[str]:
@@ -159,8 +183,8 @@ def render_docs(report: dict[str, Any]) -> list[str]:
         "benchmarks do (4·b·s²·h·d forward, /2 causal, backward 2.5x forward). "
         f"SDPA kernels: {', '.join(env['sdpa_kernels']) or 'unknown'}.",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "---|" * len(HEADER),
+        "| " + " | ".join(header(report["table"])) + " |",
+        "|" + "---|" * len(header(report["table"])),
         *("| " + " | ".join(row) + " |" for row in report["table"]),
         "",
         f"Reference case ({verdict['case']}, forward): flash-attn {verdict['flash_attn_tflops']:.0f} / "
@@ -169,6 +193,17 @@ def render_docs(report: dict[str, Any]) -> list[str]:
         + ("within" if verdict["within_tolerance"] else "NOT within")
         + f" {verdict['tolerance']:.0%}.",
     ]
+    if verdict.get("fa3"):
+        fa3 = verdict["fa3"]
+        lines += [
+            "",
+            f"FlashAttention-3 ({', '.join(env.get('fa3_package') or ['not a conda package'])}), reference case:",
+            "",
+            f"- fa3/sdpa ratio: {fa3['fwd']['ratio']:.3f} (forward; goal >= {fa3['fwd']['goal']:.2f}: "
+            f"{'met' if fa3['fwd']['met'] else 'NOT met'})",
+            f"- fa3/sdpa fwd+bwd ratio: {fa3['fwd_bwd']['ratio']:.3f} (goal >= {fa3['fwd_bwd']['goal']:.2f}: "
+            f"{'met' if fa3['fwd_bwd']['met'] else 'NOT met'})",
+        ]
     return lines
 
 
@@ -209,7 +244,10 @@ def measure(case: Case, *, reps: int = 100, warmup: int = 20) -> list[Timing]:
         "flash_attn": lambda: flash_attn_func(*bshd, causal=case.causal),
         "sdpa": lambda: F.scaled_dot_product_attention(*bhsd, is_causal=case.causal),
     }
-    leaves = {"flash_attn": bshd, "sdpa": bhsd}
+    leaves = {"flash_attn": bshd, "sdpa": bhsd, FA3: bshd}
+    fa3 = fa3_func()
+    if fa3 is not None:
+        calls[FA3] = lambda: fa3(*bshd, causal=case.causal)
     timings = []
     for impl, call in calls.items():
         grad = torch.randn_like(call())
@@ -222,6 +260,17 @@ def measure(case: Case, *, reps: int = 100, warmup: int = 20) -> list[Timing]:
         timings.append(Timing(case, impl, "fwd", fwd_ms, tflops(case, "fwd", fwd_ms)))
         timings.append(Timing(case, impl, "fwd_bwd", fwd_bwd_ms, tflops(case, "fwd_bwd", fwd_bwd_ms)))
     return timings
+
+
+def fa3_func():
+    """FlashAttention-3's flash_attn_func where the flash-attn-3 package is installed, else None."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn_interface") is None:
+        return None
+    from flash_attn_interface import flash_attn_func
+
+    return flash_attn_func
 
 
 def _sdpa_kernels(case: Case) -> list[str]:
@@ -253,7 +302,8 @@ def _environment() -> dict[str, Any]:
         "flash_attn": flash_attn.__version__,
         "flash_attn_path": str(Path(flash_attn.__file__).parent),
         # name-version-build of the conda package, when this python is a conda prefix's
-        "flash_attn_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-*.json")],
+        "flash_attn_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-2*.json")],
+        "fa3_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-3-*.json")],
         "python": sys.executable,
     }
 
@@ -304,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    for mode, fa3 in verdict["fa3"].items():
+        print(f"FlashAttention-3 / SDPA, {mode}: {fa3['ratio']:.3f} (goal >= {fa3['goal']:.2f}: "
+              + ("met)" if fa3["met"] else "NOT met)"))
     if args.write_docs:
         append_section(render_docs(report))
-    return 0 if verdict["within_tolerance"] else 3
+    return 0 if verdict["within_tolerance"] and all(f["met"] for f in verdict["fa3"].values()) else 3
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Source cache for offline build nodes: sdists fetched once, stored by sha256.
+"""Source cache for offline build nodes: a recipe's source archives fetched once, stored by sha256.
 
-A networked machine runs `extforge sources fetch`; the file lands at
+A networked machine runs `extforge sources fetch`; each file lands at
 `<root>/sha256/<hex>/<filename>` (root: `--dest`, e.g. shared storage, or
 `cache_root()/sources`). Recipes list `file://${EXTFORGE_SOURCES}/sha256/<hex>/<filename>` as
 their first source URL, so a build node with EXTFORGE_SOURCES=<root> never needs the network.
+Archives no index serves (git archives of upstream trees, e.g. FlashAttention-3's hopper/) come
+from a folder the site already holds (`--from DIR`), checked against the same sha256.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +41,12 @@ class SourceSpec:
     def pip_requirement(self) -> str:
         return f"{self.name}=={self.version}"
 
+    @property
+    def is_sdist(self) -> bool:
+        """The package's own sdist (pip can fetch it), not another archive the recipe unpacks."""
+        stem = self.filename.removesuffix(".tar.gz").removesuffix(".zip")
+        return stem.replace("-", "_").lower() == f"{self.name}_{self.version}".replace("-", "_").lower()
+
 
 def default_root() -> Path:
     return paths.cache_root() / "sources"
@@ -52,24 +61,41 @@ def _recipe_file(recipe: Path) -> Path:
     return recipe / "recipe.yaml" if recipe.is_dir() else recipe
 
 
-def read_spec(recipe: Path) -> SourceSpec:
-    """The url source of a v1 recipe, rendered (jinja in URLs) with its own variant file."""
+def read_specs(recipe: Path) -> list[SourceSpec]:
+    """Every url source of a v1 recipe, rendered (jinja in URLs) with its own variant file."""
     path = _recipe_file(recipe)
     if not path.is_file():
         raise ExtforgeError(f"no recipe at {path}", fix="pass a recipe directory or recipe.yaml")
     variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
     rendered = engine.render(path, engine.load_variant_files(variant_files[:1]), target_platform="linux-64")
     d = rendered[0].recipe.to_dict()
-    sources = [s for s in d.get("source", []) if "url" in s]
-    if not sources or not sources[0].get("sha256"):
+    found = [s for s in d.get("source", []) if "url" in s]
+    unverified = [s for s in found if not s.get("sha256")]
+    if not found or unverified:
         raise ExtforgeError(
-            f"{path} has no url source with a sha256",
+            f"{path} has {'a url source without' if unverified else 'no url source with'} a sha256",
             "the source cache stores files by their sha256 and refuses unverified downloads",
-            "add `source: {url: ..., sha256: ...}` to the recipe",
+            "give every url source of the recipe a sha256: `source: {url: ..., sha256: ...}`",
         )
-    url = sources[0]["url"]
-    urls = tuple(url) if isinstance(url, list) else (url,)
-    return SourceSpec(d["package"]["name"], str(d["package"]["version"]), urls, sources[0]["sha256"].lower())
+    name, version = d["package"]["name"], str(d["package"]["version"])
+    return [SourceSpec(name, version, tuple(s["url"]) if isinstance(s["url"], list) else (s["url"],),
+                       s["sha256"].lower()) for s in found]
+
+
+def read_spec(recipe: Path) -> SourceSpec:
+    """The recipe's first url source (its sdist, for recipes built from one)."""
+    return read_specs(recipe)[0]
+
+
+def _from_folders(spec: SourceSpec, folders: Sequence[Path], into: Path) -> Path | None:
+    """A copy of the file named like the source in one of `folders` (checked by the caller)."""
+    for folder in folders:
+        candidate = Path(folder) / spec.filename
+        if candidate.is_file():
+            into.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(candidate, into / spec.filename)
+            return into / spec.filename
+    return None
 
 
 def _pip_download(spec: SourceSpec, into: Path) -> Path | None:
@@ -100,31 +126,35 @@ def _url_download(spec: SourceSpec, into: Path) -> Path | None:
     return None
 
 
-def fetch(spec: SourceSpec, root: Path | None = None) -> tuple[Path, str]:
-    """Store the verified sdist; returns (path, how) with how in {"cached", "pip", "url"}."""
+def fetch(spec: SourceSpec, root: Path | None = None, from_dirs: Sequence[Path] = ()) -> tuple[Path, str]:
+    """Store the verified archive; returns (path, how) with how in {"cached", "folder", "pip", "url"}."""
     target = stored_path(spec, root)
     if target.is_file() and sha256_file(target) == spec.sha256:
         paths.mark_used(target.parent)
         return target, "cached"
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent, prefix=".fetch-") as tmp:
-        downloaded, how = _pip_download(spec, Path(tmp) / "pip"), "pip"
+        downloaded, how = _from_folders(spec, from_dirs, Path(tmp) / "folder"), "folder"
+        if downloaded is None and spec.is_sdist:
+            downloaded, how = _pip_download(spec, Path(tmp) / "pip"), "pip"
         if downloaded is None:
             (Path(tmp) / "url").mkdir()
             downloaded, how = _url_download(spec, Path(tmp) / "url"), "url"
         if downloaded is None:
+            tried = [*(f"{Path(d) / spec.filename}" for d in from_dirs), *(["pip download"] if spec.is_sdist else []),
+                     *spec.urls]
             raise ExtforgeError(
-                f"could not download {spec.pip_requirement}",
-                f"pip download failed and none of {', '.join(spec.urls)} could be read",
-                "run this on a machine with network (PyPI reachable), then copy "
-                f"{(root or default_root())} to the build node",
+                f"could not get {spec.filename} for {spec.pip_requirement}",
+                f"none of these had it: {', '.join(tried)}",
+                "run this on a machine with network (PyPI reachable), or pass --from DIR with a folder that "
+                f"holds {spec.filename}; then copy {(root or default_root())} to the build node",
             )
         actual = sha256_file(downloaded)
         if actual != spec.sha256:
             raise ExtforgeError(
                 f"sha256 mismatch for {downloaded.name}: got {actual}, the recipe pins {spec.sha256}",
                 f"the file {how} delivered is not the source the recipe was written for; nothing was stored",
-                "check the recipe's source.sha256 and your package index/mirror",
+                "check the recipe's source sha256 and where the file came from (index, mirror or --from folder)",
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         # Same filesystem as the store, so readers never see a partial file.

@@ -29,10 +29,11 @@ def _tar_zst(files: dict[str, bytes]) -> bytes:
     return zstandard.ZstdCompressor().compress(raw.getvalue())
 
 
-def make_conda(dest: Path, name: str, payload: dict[str, bytes], depends: list[str]) -> Path:
+def make_conda(dest: Path, name: str, payload: dict[str, bytes], depends: list[str], version: str = "1.0",
+               build: str = "0") -> Path:
     """A .conda file laid out like rattler-build writes one (metadata, pkg and info members)."""
-    stem = f"{name}-1.0-0"
-    index = {"name": name, "version": "1.0", "build": "0", "build_number": 0, "depends": depends,
+    stem = f"{name}-{version}-{build}"
+    index = {"name": name, "version": version, "build": build, "build_number": 0, "depends": depends,
              "subdir": "linux-64"}
     paths = {"paths_version": 1, "paths": [{"_path": p, "path_type": "hardlink", "size_in_bytes": len(d)}
                                            for p, d in payload.items()]}
@@ -198,3 +199,46 @@ def test_member_escaping_the_extraction_folder_is_refused(filters, tmp_path, mon
     with pytest.raises(ExtforgeError, match=r"member '../../escaped.so' is unsafe"):
         audit_target(pkg)
     assert not (tmp_path / "escaped.so").exists() and not (scratch / "escaped.so").exists()
+
+
+def _torches_channel(elfs, tmp_path: Path, monkeypatch) -> Path:
+    """Three stand-in torch builds: 2.9.1 for CUDA 12 with the v1 library, 2.11.0 and 2.14.1 for
+    CUDA 13 with v2 (which adds a symbol)."""
+    from rattler.index import index_fs
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    channel = tmp_path / "torches"
+    (channel / "linux-64").mkdir(parents=True)
+    (channel / "noarch").mkdir()
+    for version, build, lib in (("2.9.1", "cuda128_0", "v1"), ("2.11.0", "cuda130_0", "v2"), ("2.14.1", "cuda130_0", "v2")):
+        make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs[lib] / "libtarget.so").read_bytes()}, [],
+                   version=version, build=build)
+    asyncio.run(index_fs(channel))
+    return channel
+
+
+def test_every_torch_admitted_must_pass(elfs, tmp_path, monkeypatch, capsys):
+    """One build for many torches (a stable-ABI extension): the audit runs against each torch of the
+    channel, and the run requirements must exclude every torch it fails against."""
+    channel = _torches_channel(elfs, tmp_path, monkeypatch)
+    payload = {"lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["skew"].read_bytes()}
+    narrow = make_conda(tmp_path, "greeter", payload, ["pytorch >=2.9 cuda13*"])
+    assert main(["audit", str(narrow), "--channel", channel.as_uri(), "--every-torch", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_torch = {t["torch"].split()[1]: t for t in doc["torches"]}
+    assert doc["ok"] and set(by_torch) == {"2.9.1", "2.11.0", "2.14.1"}
+    assert by_torch["2.11.0"]["admitted"] and by_torch["2.11.0"]["audit_ok"] and by_torch["2.14.1"]["audit_ok"]
+    # 2.9.1 is excluded by the CUDA build pattern, and rightly: the module fails there.
+    assert not by_torch["2.9.1"]["admitted"] and not by_torch["2.9.1"]["audit_ok"]
+
+    (tmp_path / "wide").mkdir()
+    wide = make_conda(tmp_path / "wide", "greeter", payload, ["pytorch >=2.9"])
+    assert main(["audit", str(wide), "--channel", channel.as_uri(), "--every-torch"]) == 1
+    out = capsys.readouterr().err
+    assert "ERR pytorch 2.9.1 cuda128_0: admitted; audit FAILS" in out and "added_in_v2" in out
+    assert "narrow the package's run requirement on pytorch" in out
+
+
+def test_every_torch_needs_a_channel_and_a_package(elfs, tmp_path, capsys):
+    assert main(["audit", str(elfs["good"]), "--every-torch"]) == 2
+    assert "--every-torch needs --channel" in capsys.readouterr().err

@@ -102,3 +102,17 @@ def _check(name: str, got: torch.Tensor, exact: torch.Tensor, baseline: torch.Te
         f"{context}: relative error {err:.2e} vs float64; PyTorch in {dtype} has {base:.2e}; "
         f"allowed 2x that + {SLACK:g} and at most {cap:g}"
     )
+
+
+# Logits of a whole model (transformers): twice the bf16 baseline's error (same weights, another
+# attention kernel), plus slack, and never worse than the cap.
+LOGITS_SLACK, LOGITS_CAP = 1e-3, 5e-2
+
+
+def check_logits_close(got: torch.Tensor, baseline: torch.Tensor, exact: torch.Tensor, *, what: str, seed: int) -> None:
+    assert torch.isfinite(got).all(), f"{what}: non-finite logits (seed={seed})"
+    err, base = rel_error(got, exact), rel_error(baseline, exact)
+    assert err <= 2 * base + LOGITS_SLACK and err <= LOGITS_CAP, (
+        f"{what}: relative error {err:.2e} vs the float64 model; sdpa in bf16 has {base:.2e}; "
+        f"allowed 2x that + {LOGITS_SLACK:g} and at most {LOGITS_CAP:g} (seed={seed})"
+    )

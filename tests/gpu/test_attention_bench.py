@@ -87,3 +87,29 @@ def test_a_head_dim_subset_build_is_timed_on_its_own_head_dims(tmp_path, monkeyp
     assert {c.headdim for c in bench.built_cases()} == {128} and bench.REFERENCE_CASE in bench.built_cases()
     record.write_text('{"head_dims": "64"}')
     assert bench.REFERENCE_CASE not in bench.built_cases()
+
+
+@pytest.mark.parametrize(("fwd", "fwd_bwd", "met"), [(1.16, 1.13, (True, True)), (1.14, 1.13, (False, True)),
+                                                     (1.20, 1.05, (True, False))])
+def test_fa3_goals_are_judged_per_mode(fwd, fwd_bwd, met):
+    timings = _timings(2.0, 1.0) + [
+        bench.Timing(case, bench.FA3, mode, 1.0 / r, bench.tflops(case, mode, 1.0 / r))
+        for case in bench.CASES for mode, r in (("fwd", fwd), ("fwd_bwd", fwd_bwd))]
+    verdict = bench.ratio_verdict(timings)
+    assert math.isclose(verdict["fa3"]["fwd"]["ratio"], fwd) and math.isclose(verdict["fa3"]["fwd_bwd"]["ratio"], fwd_bwd)
+    assert (verdict["fa3"]["fwd"]["met"], verdict["fa3"]["fwd_bwd"]["met"]) == met
+    rows = bench.table_rows(timings)
+    assert bench.header(rows)[-2:] == bench.FA3_HEADER and rows[0][-1] == f"{fwd:.3f}"
+    text = "\n".join(bench.render_docs({"date": "2026-11-25", "reps": 100, "table": rows, "verdict": verdict,
+                                        "environment": {"gpu": "H100", "cpu_count": 16, "torch": "2.11.0",
+                                                        "cuda": "13.0", "flash_attn": "2.8.3", "flash_attn_path": "/p",
+                                                        "flash_attn_package": [], "sdpa_kernels": [],
+                                                        "fa3_package": ["flash-attn-3-3.0.0-x_0"]}}))
+    assert f"fa3/sdpa ratio: {fwd:.3f}" in text and f"fa3/sdpa fwd+bwd ratio: {fwd_bwd:.3f}" in text
+    assert "| FA3 TFLOP/s | FA3/SDPA |" in text
+
+
+def test_without_fa3_the_report_is_unchanged():
+    timings = _timings(2.0, 1.0)
+    assert bench.ratio_verdict(timings)["fa3"] == {}
+    assert bench.header(bench.table_rows(timings)) == bench.HEADER

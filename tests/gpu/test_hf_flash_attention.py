@@ -18,16 +18,13 @@ torch = import_or_skip("torch")
 import_or_skip("flash_attn")
 transformers = import_or_skip("transformers")
 
-from attention_ref import rel_error  # noqa: E402
+from attention_ref import check_logits_close as _check_close  # noqa: E402
 
 BATCH, PROMPT_LEN, NEW_TOKENS = 3, 77, 12
 VOCAB = 1000
 # Operators flash-attn >= 2.7 registers with torch; seeing one in a profile proves that our
 # flash_attn ran, not a fallback transformers picked (it can fetch a hub kernel instead).
 FLASH_OP_PREFIX = "flash_attn::"
-# Logits relative error bound: twice sdpa's (same bf16 weights, different attention kernel),
-# plus slack, and never worse than this cap.
-LOGITS_SLACK, LOGITS_CAP = 1e-3, 5e-2
 
 
 # 64 where every head dim is built; a head-dim subset build gets a model of one of its own.
@@ -96,15 +93,6 @@ def models(device) -> Models:
     chosen = flash.config._attn_implementation
     assert chosen == "flash_attention_2", f"transformers chose {chosen!r}: " + _detection_report()
     return Models(seed, flash, sdpa, exact)
-
-
-def _check_close(got, baseline, exact, *, what: str, seed: int) -> None:
-    assert torch.isfinite(got).all(), f"{what}: non-finite logits (seed={seed})"
-    err, base = rel_error(got, exact), rel_error(baseline, exact)
-    assert err <= 2 * base + LOGITS_SLACK and err <= LOGITS_CAP, (
-        f"{what}: relative error {err:.2e} vs the float64 model; sdpa in bf16 has {base:.2e}; "
-        f"allowed 2x that + {LOGITS_SLACK:g} and at most {LOGITS_CAP:g} (seed={seed})"
-    )
 
 
 def _random_prompt(device):

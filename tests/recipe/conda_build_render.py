@@ -177,3 +177,15 @@ def render(recipe_dir: Path, row: dict[str, str]) -> dict:
                                            dependency_hash(inputs))
     meta["extra"] = (meta.get("extra") or {}) | {"hash_inputs": inputs}
     return meta
+
+
+def v1_pin(dep: object) -> str:
+    """A rattler-build requirement (a string, or a pin_compatible mapping) as conda-build writes it."""
+    if isinstance(dep, dict):
+        (kind, args), = dep.items()
+        args = dict(args)
+        name = args.pop("name")
+        # rattler-build spells conda-build's min_pin/max_pin as lower_bound/upper_bound.
+        renamed = {{"lower_bound": "min_pin", "upper_bound": "max_pin"}.get(k, k): v for k, v in args.items()}
+        return f"{kind} {name} " + " ".join(f"{k}={v}" for k, v in sorted(renamed.items()))
+    return str(dep)

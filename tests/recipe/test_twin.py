@@ -16,6 +16,7 @@ from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantCon
 from ruamel.yaml import YAML
 
 from .conda_build_render import RENDER_PKG_HASH, dependency_hash, render
+from .conda_build_render import v1_pin as _v1_pin
 
 VARIANT_FILES = ("variants.yaml", "variants-offline.yaml")
 
@@ -27,17 +28,6 @@ def _render_v1(recipe_dir: Path, variants: str = "variants.yaml") -> list[tuple[
         RenderConfig(platform=PlatformConfig(target_platform="linux-64")),
     )
     return [(v.variant, v.recipe.to_dict()) for v in rendered]
-
-
-def _v1_pin(dep: object) -> str:
-    if isinstance(dep, dict):
-        (kind, args), = dep.items()
-        args = dict(args)
-        name = args.pop("name")
-        # rattler-build spells conda-build's min_pin/max_pin as lower_bound/upper_bound.
-        renamed = {{"lower_bound": "min_pin", "upper_bound": "max_pin"}.get(k, k): v for k, v in args.items()}
-        return f"{kind} {name} " + " ".join(f"{k}={v}" for k, v in sorted(renamed.items()))
-    return str(dep)
 
 
 @pytest.fixture(scope="module", params=VARIANT_FILES)

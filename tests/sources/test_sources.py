@@ -62,7 +62,7 @@ def test_fetch_with_pip_stores_by_sha256_and_path_finds_it(tmp_path: Path, sdist
     recipe = _recipe(tmp_path / "recipe", _sha(sdist), "https://example.invalid/tinypkg-1.0.tar.gz")
     dest = tmp_path / "shared" / "sources"
     assert main(["sources", "fetch", str(recipe), "--dest", str(dest), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    (out,) = json.loads(capsys.readouterr().out)["sources"]
     stored = dest / "sha256" / _sha(sdist) / "tinypkg-1.0.tar.gz"
     assert out["how"] == "pip" and Path(out["path"]) == stored
     assert stored.read_bytes() == sdist.read_bytes()
@@ -99,3 +99,48 @@ def test_flash_attn_recipe_spec() -> None:
     assert spec.filename == "flash_attn-2.8.3.tar.gz"
     assert spec.sha256 == "1e71dd64a9e0280e0447b8a0c2541bad4bf6ac65bdeaa2f90e51a9e57de0370d"
     assert spec.urls[-1].startswith("https://")
+
+
+FA3 = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn-3"
+SHARED_SOURCES = Path(__file__).resolve().parents[3] / "shared" / "sources"
+
+
+def test_flash_attn_3_recipe_pins_both_archives_and_pip_is_not_asked() -> None:
+    specs = sources.read_specs(FA3)
+    assert [s.filename for s in specs] == ["flash-attention-0251105a-hopper.tar.gz", "cutlass-7127592-include.tar.gz"]
+    assert all(len(s.sha256) == 64 and not s.is_sdist for s in specs)
+    assert sources.read_spec(Path(__file__).resolve().parents[2] / "recipe" / "flash-attn").is_sdist
+
+
+@pytest.mark.skipif(not SHARED_SOURCES.is_dir(), reason="the project's ../shared/sources folder is not beside the checkout")
+def test_flash_attn_3_sources_from_a_folder_then_cached(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "store"
+    assert main(["sources", "fetch", str(FA3), "--from", str(SHARED_SOURCES), "--dest", str(dest), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["sources"]
+    assert [g["how"] for g in got] == ["folder", "folder"]
+    for g in got:
+        assert _sha(Path(g["path"])) == g["sha256"] and Path(g["path"]).stat().st_mode & 0o777 == 0o644
+    assert main(["sources", "path", str(FA3), "--dest", str(dest)]) == 0
+    assert capsys.readouterr().out.split() == [g["path"] for g in got]
+    # Nothing to fetch the second time, the folder is not needed.
+    assert main(["sources", "fetch", str(FA3), "--dest", str(dest), "--json"]) == 0
+    assert [g["how"] for g in json.loads(capsys.readouterr().out)["sources"]] == ["cached", "cached"]
+
+
+def test_a_tampered_archive_in_the_folder_is_refused(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "site-sources"
+    folder.mkdir()
+    for spec in sources.read_specs(FA3):
+        (folder / spec.filename).write_bytes(b"not the pinned archive")
+    dest = tmp_path / "store"
+    assert main(["sources", "fetch", str(FA3), "--from", str(folder), "--dest", str(dest)]) == 2
+    err = capsys.readouterr().err
+    assert "sha256 mismatch for flash-attention-0251105a-hopper.tar.gz" in err and "nothing was stored" in err
+    assert [p for p in dest.rglob("*") if p.is_file()] == []
+
+
+def test_missing_archive_names_where_it_looked(tmp_path: Path, capsys) -> None:
+    assert main(["sources", "fetch", str(FA3), "--from", str(tmp_path), "--dest", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "could not get flash-attention-0251105a-hopper.tar.gz" in err and "--from DIR" in err
+    assert "pip download" not in err

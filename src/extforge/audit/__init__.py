@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExtforgeError
-from .channel_target import build_env_mismatch, pinned_torch_prefix, torch_specs
+from .channel_target import admits, build_env_mismatch, channel_torches, exact_spec, pinned_torch_prefix, torch_specs
 from .checks import Context, audit_module
 from .packaging import (
     Payload,
@@ -26,7 +27,7 @@ from .report import AuditReport, Finding, ModuleFacts
 from .resolve import Resolver, TargetEnv, target_env
 from .search_paths import placement
 
-__all__ = ["AuditReport", "Finding", "ModuleFacts", "audit_package", "audit_target"]
+__all__ = ["AuditReport", "Finding", "ModuleFacts", "TorchVerdict", "audit_every_torch", "audit_package", "audit_target"]
 
 
 def audit_target(
@@ -146,3 +147,43 @@ def audit_package(
     """The gate `extforge build` and `extforge publish` run on a built package; `channel`: the
     channel(s), in priority order, its pinned pytorch comes from."""
     return audit_target(path, against=against, archs=archs, glibc=glibc, channel=channel, build_env=build_env)
+
+
+@dataclass(frozen=True)
+class TorchVerdict:
+    """One torch build of a channel: may a user get the package beside it, and does it work there."""
+
+    torch: str  # "pytorch 2.11.0 cuda130_py312_h..._0"
+    refused: str | None  # why the package's run requirements exclude this torch; None: admitted
+    report: AuditReport
+
+    @property
+    def ok(self) -> bool:
+        """An admitted torch must pass; an excluded one may fail (that is why it is excluded)."""
+        return self.refused is not None or self.report.ok
+
+
+def audit_every_torch(
+    package: Path, channels: Sequence[str], *, archs: list[str] | None = None, glibc: str | None = None,
+) -> list[TorchVerdict]:
+    """The package audited against every torch build the channels hold, each beside whether its
+    run requirements admit that torch: the proof that one build (a stable-ABI extension) serves
+    exactly the torches it says it serves."""
+    with open_target(package) as payload:
+        if payload.kind != "conda":
+            raise ExtforgeError(f"--every-torch needs a conda package, not {package.name}",
+                                "only a package has run requirements that admit or exclude a torch",
+                                "pass the built .conda file")
+        depends = list(payload.depends)
+    torches = channel_torches(channels)
+    if not torches:
+        raise ExtforgeError(f"no pytorch package in {', '.join(channels)}",
+                            "there is no torch build to audit the package against",
+                            "pass the channel(s) your users install torch from (e.g. the mirror channel)")
+    verdicts = []
+    for torch in torches:
+        prefix = pinned_torch_prefix([exact_spec(torch)], channels)
+        verdicts.append(TorchVerdict(
+            f"{torch['name']} {torch['version']} {torch['build']}", admits(depends, torch, channels),
+            audit_target(package, against=prefix, archs=archs, glibc=glibc)))
+    return verdicts

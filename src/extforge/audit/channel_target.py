@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..channel_ref import channel_url, virtual_packages
+from ..channel_ref import channel_url, records, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, mark_used, rattler_pkgs_dir
@@ -39,6 +39,40 @@ def build_env_mismatch(prefix: Path, depends: list[str]) -> str | None:
         if not any(MatchSpec(spec).matches(r) for r in torches):
             built = ", ".join(f"{r.name.normalized} {r.version} {r.build}" for r in torches) or "no pytorch"
             return f"the package pins `{spec}`, but its build compiled against {built}"
+    return None
+
+
+def channel_torches(channels: Sequence[str]) -> list[dict]:
+    """Every torch build the channels' linux-64 indexes hold, newest first (one entry per build)."""
+    found: dict[tuple[str, str, str], dict] = {}
+    for channel in channels:
+        for record in records(channel, "linux-64").values():
+            if record.get("name") in TORCH_NAMES:
+                found.setdefault((record["name"], record["version"], record["build"]), record)
+    from rattler import Version
+
+    return sorted(found.values(), key=lambda r: (Version(r["version"]), r["build"]), reverse=True)
+
+
+def exact_spec(record: dict) -> str:
+    return f"{record['name']} =={record['version']} {record['build']}"
+
+
+def admits(depends: list[str], torch: dict, channels: Sequence[str]) -> str | None:
+    """Why the run requirements `depends` cannot be installed beside this torch build; None if they can.
+
+    A real solve (the package's requirements plus that exact torch) against the channels, as a
+    user's install would do it: a version bound, a CUDA build pattern or a python pin may each exclude it."""
+    from rattler import solve
+
+    specs = [d for d in depends if not d.startswith("__")] + [exact_spec(torch)]
+    virtual = virtual_packages("linux-64", linux="5.0", glibc="2.28",
+                               extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
+    try:
+        asyncio.run(solve([channel_url(c) for c in channels], specs, platforms=["linux-64", "noarch"],
+                          virtual_packages=virtual))
+    except Exception as exc:  # rattler's SolverError: the message names the conflict
+        return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     return None
 
 

@@ -8,38 +8,47 @@ from pathlib import Path
 from ..errors import EXIT_OK, ExtforgeError
 from ..ui import console, emit_json, step
 
-HELP = "fetch a recipe's source (sdist) into the offline source cache, verified by sha256"
+HELP = "fetch a recipe's source archives into the offline source cache, verified by sha256"
 DEFAULT_RECIPE = Path("recipe/flash-attn")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("fetch", "path"),
-                        help="fetch: download (pip, else the recipe's URLs), check sha256, store; "
-                        "path: print where the source is cached")
+                        help="fetch: take each source from --from folders, pip (a package's sdist) or the recipe's "
+                        "URLs, check its sha256, store it; path: print where each source is cached")
     parser.add_argument("recipe", nargs="?", type=Path, default=DEFAULT_RECIPE, help="recipe dir or recipe.yaml")
     parser.add_argument("--dest", type=Path, default=None,
                         help="cache root (e.g. on shared storage); default <cache root>/sources")
+    parser.add_argument("--from", dest="from_dirs", type=Path, action="append", default=[], metavar="DIR",
+                        help="a folder holding source archives by file name (e.g. git archives no index serves); "
+                        "looked at first, repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import sources
 
-    spec = sources.read_spec(args.recipe)
+    specs = sources.read_specs(args.recipe)
     root = args.dest.resolve() if args.dest else sources.default_root()
     if args.action == "path":
-        target = sources.stored_path(spec, root)
+        targets = [sources.stored_path(spec, root) for spec in specs]
         if args.json:
-            emit_json({"path": str(target), "exists": target.is_file(), "sources_root": str(root)})
+            emit_json({"sources": [{"path": str(t), "exists": t.is_file()} for t in targets], "sources_root": str(root)})
         else:
-            print(target)
-        if not target.is_file():
-            raise ExtforgeError(f"{spec.filename} is not in the source cache yet",
-                                fix=f"run `extforge sources fetch {args.recipe}` on a machine with network")
+            print("\n".join(map(str, targets)))
+        missing = [t.name for t in targets if not t.is_file()]
+        if missing:
+            raise ExtforgeError(f"not in the source cache yet: {', '.join(missing)}",
+                                fix=f"run `extforge sources fetch {args.recipe}` on a machine with network "
+                                "(or with --from DIR where the archives are)")
         return EXIT_OK
-    with step(f"fetch {spec.pip_requirement}", quiet=args.json):
-        target, how = sources.fetch(spec, root)
+    fetched = []
+    for spec in specs:
+        with step(f"fetch {spec.filename}", quiet=args.json):
+            fetched.append((spec, *sources.fetch(spec, root, args.from_dirs)))
     if args.json:
-        emit_json({"path": str(target), "sha256": spec.sha256, "how": how, "sources_root": str(root)})
+        emit_json({"sources": [{"path": str(t), "sha256": s.sha256, "how": how} for s, t, how in fetched],
+                   "sources_root": str(root)})
     else:
-        console.print(f"{target} ({how})\nbuild nodes: export EXTFORGE_SOURCES={root}", markup=False)
+        console.print("\n".join(f"{t} ({how})" for _, t, how in fetched)
+                      + f"\nbuild nodes: export EXTFORGE_SOURCES={root}", markup=False, soft_wrap=True)
     return EXIT_OK

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds FlashAttention-3 (upstream's hopper/) against the host environment's PyTorch through
+# its stable C ABI. Shared by recipe.yaml (rattler-build) and meta.yaml (conda-build).
+set -euo pipefail
+
+# --- What the host torch needs: stable ABI (torch >= 2.9) and a C++ standard ------------------
+# One python run: importing torch takes seconds. The C++ standard is the one torch's own headers
+# demand (ATen.h and torch/all.h #error below it in newer torch), never a version list.
+read -r torch_version stable_ok cxx_std < <("${PYTHON}" - <<'PY'
+import pathlib, re, torch
+from torch.utils import cpp_extension as ce
+names = {201703: "c++17", 202002: "c++20", 202302: "c++23"}
+need = 201703
+for inc in ce.include_paths():
+    for header in ("ATen/ATen.h", "torch/all.h"):
+        p = pathlib.Path(inc) / header
+        if p.is_file():
+            for floor in re.findall(r"__cplusplus\s*<\s*(\d+)L\s*\n\s*#\s*error", p.read_text(errors="replace")):
+                need = max(need, int(floor))
+v = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+print(torch.__version__, int(v >= (2, 9)), names.get(need, f"c++{str(need)[2:4]}"))
+PY
+)
+if [[ -z "${torch_version:-}" ]]; then
+    echo "error: the host env's python cannot import torch (see above)" >&2
+    exit 1
+fi
+if [[ "${stable_ok}" != "1" ]]; then
+    echo "error: FlashAttention-3 is built against torch's stable C ABI, which needs torch >= 2.9;" \
+         "this variant's host torch is ${torch_version}. Build it for a channel row with torch >= 2.9." >&2
+    exit 1
+fi
+export EXTFORGE_CXX_STD="${cxx_std}"
+
+# --- C++ runtime: the shared libstdc++ torch loads, never a private static copy ---------------
+if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
+    echo "error: ${CXX} finds no libstdc++.so and would link libstdc++.a into the module; build with" \
+         "conda's gxx or a g++ that has libstdc++.so" >&2
+    exit 1
+fi
+
+# --- Sources: pinned trees, no network, no git, the subset's switches --------------------------
+"${PYTHON}" "${RECIPE_DIR}/prepare_sources.py" "${SRC_DIR}" \
+    --env-out "${SRC_DIR}/fa3-env.sh" --record-out "${SRC_DIR}/fa3-subset.json"
+# shellcheck disable=SC1091
+source "${SRC_DIR}/fa3-env.sh"
+export FLASH_ATTENTION_OFFLINE_BUILD=1 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=FALSE
+# torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
+export TORCH_NO_COMPILER_WRAPPER=1
+
+echo "flash-attn-3 build: torch ${torch_version}, ${cxx_std}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "disabled: ${FA3_DISABLED:-none}" >&2
+
+cd "${SRC_DIR}/hopper"
+"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+
+ext=$("${PYTHON}" -c 'import importlib.util as u; print(u.find_spec("flash_attn_3._C").origin)')
+mkdir -p "${PREFIX}/share/extforge/build"
+ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
+if [[ -n "${ninja_log}" ]]; then
+    cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn-3.ninja_log"
+fi
+"${PYTHON}" - "${ext}" "${SRC_DIR}/fa3-subset.json" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn-3.json"
+import json, os, sys
+import torch
+ext, subset = sys.argv[1:]
+print(json.dumps({
+    "schema": 1,
+    "name": "flash-attn-3",
+    "extension": os.path.basename(ext),
+    "torch": torch.__version__,
+    "torch_cuda": torch.version.cuda,
+    "stable_abi_floor": "2.9",
+    "cuda_archs": ["90a"] + (["80"] if "sm80" in json.load(open(subset))["features"] else []),
+    "subset": json.load(open(subset)),
+    "max_jobs": int(os.environ["MAX_JOBS"]),
+    "nvcc_threads": int(os.environ["NVCC_THREADS"]),
+}, indent=2, sort_keys=True))
+PY

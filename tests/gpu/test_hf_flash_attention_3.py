@@ -1,0 +1,61 @@
+"""Hugging Face transformers with attn_implementation="flash_attention_3" on a tiny random
+Qwen3-shaped model (head dim 128, grouped-query attention): FlashAttention-3 from our package must
+be as close to a float64 eager model as sdpa is, on a full batch and on a padded one (which
+transformers runs through the varlen kernels)."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_env import draw_seed, import_or_skip, unavailable
+
+torch = import_or_skip("torch")
+import_or_skip("flash_attn_interface")
+transformers = import_or_skip("transformers")
+
+from attention_ref import check_logits_close  # noqa: E402
+
+VOCAB, BATCH, LEN = 1000, 3, 93
+FA3_OP_PREFIX = "flash_attn_3::"
+
+
+def _build(attn_implementation: str, dtype, device, state=None):
+    config = transformers.Qwen3Config(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                      num_hidden_layers=2, intermediate_size=512, vocab_size=VOCAB)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def models(device):
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        unavailable("FlashAttention-3 kernels are sm_90a")
+    if not transformers.utils.is_flash_attn_3_available():
+        pytest.fail(f"transformers {transformers.__version__} does not detect flash_attn_3", pytrace=False)
+    seed = draw_seed()
+    sdpa = _build("sdpa", torch.bfloat16, device)
+    state = sdpa.state_dict()
+    fa3 = _build("flash_attention_3", torch.bfloat16, device, state)
+    assert fa3.config._attn_implementation == "flash_attention_3"
+    return seed, fa3, sdpa, _build("eager", torch.float64, device, state)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_flash_attention_3_logits_match_sdpa(models, device, padded: bool) -> None:
+    seed, fa3, sdpa, exact = models
+    ids = torch.randint(1, VOCAB, (BATCH, LEN), device=device)
+    mask = torch.ones_like(ids)
+    if padded:
+        for row, pad in enumerate((0, 17, 40)):
+            mask[row, :pad] = 0  # left padding, as for generation
+    with torch.no_grad():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = fa3(input_ids=ids, attention_mask=mask).logits
+        baseline = sdpa(input_ids=ids, attention_mask=mask).logits
+        truth = exact(input_ids=ids, attention_mask=mask).logits
+    ops = sorted({e.name for e in prof.events()})
+    assert any(op.startswith(FA3_OP_PREFIX) for op in ops), f"no {FA3_OP_PREFIX}* operator ran; operators: {ops}"
+    keep = mask.bool()  # padded positions' logits are meaningless in every implementation
+    check_logits_close(got[keep], baseline[keep], truth[keep], what=f"flash_attention_3 logits ({'padded' if padded else 'full'})",
+                       seed=seed)
