@@ -179,7 +179,10 @@ class Sandbox:
         return manifest.with_name("pixi.lock")
 
     def listing(self, *allowed: Path) -> Listing:
-        return listing(self.base, skip=[self.cache, self.tmp, *allowed])
+        from extforge.channel.receipt import receipt_path
+
+        # An allowed prefix comes with its install record beside it.
+        return listing(self.base, skip=[self.cache, self.tmp, *allowed, *(receipt_path(a) for a in allowed)])
 
     @contextmanager
     def unchanged_outside(self, *allowed: Path) -> Iterator[None]:
@@ -202,3 +205,16 @@ def assert_no_crash(res: Result) -> None:
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox(tmp_path)
+
+
+@pytest.fixture
+def pyish_env(sandbox: Sandbox) -> tuple[Path, Path]:
+    """(pixi.lock, prefix) of the pyish environment (pyish.py), installed by `extforge install`."""
+    from .pyish import pyish_package
+
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    prefix = sandbox.root / "envs" / "p"
+    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    return lock, prefix

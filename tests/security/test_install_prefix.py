@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from extforge.channel.install import install_lock_path
+from extforge.channel.receipt import receipt_path
 from extforge.locking import exclusive_or_busy
 
 from .pyish import pyish_package
@@ -44,7 +45,8 @@ def test_concurrent_installs_into_one_prefix_never_crash(sandbox):
             assert "Traceback" not in err, err
             assert code == 0 or f"another install is running into {prefix} (pid " in err, err
         sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), expect=0)
-        assert [p.name for p in prefix.parent.iterdir()] == [prefix.name]  # no lock file, no staging left
+        # No lock file, no staging left: the prefix and its install record.
+        assert sorted(p.name for p in prefix.parent.iterdir()) == sorted([prefix.name, receipt_path(prefix).name])
 
 
 def test_precreated_prefix_keeps_mode_and_group_and_gets_no_cachedir_tag(sandbox):

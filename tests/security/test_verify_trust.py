@@ -11,24 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from .pyish import MODULE, PLACEHOLDER, SITE, forge_record, pyish_package
+from .pyish import MODULE, PLACEHOLDER, SITE, forge_record
 
 EVIL = b"import os; os.system('touch /tmp/owned')\n"
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def env(sandbox) -> tuple[Path, Path]:
-    """(pixi.lock, prefix) of the pyish environment, installed by `extforge install`."""
-    channel = sandbox.path("ch")
-    pyish_package(channel)
-    lock = sandbox.lock(channel, "pyish")
-    prefix = sandbox.root / "envs" / "p"
-    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
-    return lock, prefix
 
 
 def _verify(sandbox, prefix: Path, *args: str, expect: int):
@@ -40,8 +29,8 @@ def _findings(res) -> dict[str, list[str]]:
     return {c["name"]: c["findings"] for c in json.loads(res.stdout)["checks"]}
 
 
-def test_clean_install_passes_with_placeholders_rewritten(sandbox, env):
-    lock, prefix = env
+def test_clean_install_passes_with_placeholders_rewritten(sandbox, pyish_env):
+    lock, prefix = pyish_env
     assert f"#!{prefix}/bin/python3.11\n" in (prefix / "bin/pyish").read_text()
     assert str(prefix).encode() + b"/lib:" in (prefix / "lib/libpyish.so").read_bytes()
     assert PLACEHOLDER not in (prefix / "bin/pyish").read_text()
@@ -50,15 +39,15 @@ def test_clean_install_passes_with_placeholders_rewritten(sandbox, env):
 
 @pytest.mark.parametrize("mode", [["--env", "default", "--lock", "LOCK", "--rehash"], ["--env", "default", "--lock", "LOCK"], []],
                          ids=["lock-rehash", "lock", "no-lock"])
-def test_file_edited_with_its_conda_meta_record_is_caught(sandbox, env, mode):
-    lock, prefix = env
+def test_file_edited_with_its_conda_meta_record_is_caught(sandbox, pyish_env, mode):
+    lock, prefix = pyish_env
     forge_record(prefix, "pyish", MODULE, EVIL)
     res = _verify(sandbox, prefix, *[str(lock) if a == "LOCK" else a for a in mode], expect=1)
     assert any(f.startswith(f"modified: {MODULE} (pyish)") for f in _findings(res)["files"]), res.output
 
 
-def test_forged_unchanged_record_is_not_believed(sandbox, env):
-    lock, prefix = env
+def test_forged_unchanged_record_is_not_believed(sandbox, pyish_env):
+    lock, prefix = pyish_env
     time.sleep(3.2)  # past the window in which a file's ctime may share the record's tick
     _verify(sandbox, prefix, expect=0)
     quick = _verify(sandbox, prefix, expect=0)
@@ -73,7 +62,7 @@ def test_forged_unchanged_record_is_not_believed(sandbox, env):
     mac, _, body = record.read_bytes().partition(b"\n")
     data = json.loads(body)
     st = path.stat()
-    data["files"][MODULE][1:] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    data["entries"][MODULE][2:] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
     data["taken_ns"] = time.time_ns() + 10 * 10**9
     record.write_bytes(mac + b"\n" + json.dumps(data, separators=(",", ":")).encode())
     # The old record location inside the prefix is not read at all any more.
@@ -83,8 +72,8 @@ def test_forged_unchanged_record_is_not_believed(sandbox, env):
     assert any(f.startswith(f"modified: {MODULE} (pyish)") for f in _findings(res)["files"]), res.output
 
 
-def test_forged_manifest_in_the_trust_folder_is_rebuilt_from_the_package(sandbox, env):
-    lock, prefix = env
+def test_forged_manifest_in_the_trust_folder_is_rebuilt_from_the_package(sandbox, pyish_env):
+    lock, prefix = pyish_env
     forge_record(prefix, "pyish", MODULE, EVIL)
     sha = json.loads(next((prefix / "conda-meta").glob("pyish-*.json")).read_text())["sha256"]
     manifest = sandbox.cache / f"trust-{os.getuid()}" / "manifests" / f"{sha}.json"
@@ -96,16 +85,16 @@ def test_forged_manifest_in_the_trust_folder_is_rebuilt_from_the_package(sandbox
     assert any(f.startswith(f"modified: {MODULE} (pyish)") for f in _findings(res)["files"]), res.output
 
 
-def test_trust_folder_others_can_write_is_refused(sandbox, env):
-    lock, prefix = env
+def test_trust_folder_others_can_write_is_refused(sandbox, pyish_env):
+    lock, prefix = pyish_env
     trust = sandbox.cache / f"trust-{os.getuid()}"
     os.chmod(trust, 0o770)
     res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=2)
     res.refused(f"{trust} is not private to this user", code=2)
 
 
-def test_files_no_package_owns_on_the_import_path_are_reported(sandbox, env):
-    lock, prefix = env
+def test_files_no_package_owns_on_the_import_path_are_reported(sandbox, pyish_env):
+    lock, prefix = pyish_env
     planted = {
         f"{SITE}/zz-evil.pth": b"import os; os.system('id')\n",
         f"{SITE}/sitecustomize.py": EVIL,
@@ -116,14 +105,14 @@ def test_files_no_package_owns_on_the_import_path_are_reported(sandbox, env):
     for rel, data in planted.items():
         (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
         (prefix / rel).write_bytes(data)
-    (prefix / SITE / "__pycache__").mkdir()  # Python writes these itself
     res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=1)
-    found = _findings(res)["import-path"]
+    found = _findings(res)["unowned"]
     assert sorted(found) == sorted([
         f"not from any package: {SITE}/zz-evil.pth (runs code at every python start)",
         f"not from any package: {SITE}/sitecustomize.py (runs code at every python start)",
         "not from any package: lib/python3.11/usercustomize.py (runs code at every python start)",
         f"not from any package: {SITE}/requests (importable module)",
+        f"not from any package: {SITE}/requests/__init__.py (importable module)",
         f"not from any package: {SITE}/six.py (importable module)",
     ]), res.output
     assert _findings(res)["files"] == []

@@ -25,8 +25,9 @@ from ..paths import rattler_pkgs_dir
 from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
+from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
 from .trust import PackageRef, expected_paths, manifests_for, owned_paths
-from .verify import VerifyReport, check_files
+from .verify import VerifyReport, check_files, verify_prefix
 
 
 @dataclass
@@ -102,6 +103,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
     if prefix.exists() and any(prefix.iterdir()):
         if installed_identity(prefix) == _identity(records):
+            _check_existing(lock_path, env, prefix, mirrors)
             result.status = "already-installed"
             result.seconds = time.monotonic() - start
             return result
@@ -126,6 +128,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     manifests, _ = manifests_for(refs, prefix, local)
     result.timings["fetch_verify"] = time.monotonic() - t
 
+    pinned = [Pinned.from_record(r) for r in records]
     originals = {}
     for r in records:
         originals[r.file_name] = (r.url, r.channel)
@@ -149,15 +152,35 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                     exit_code=EXIT_FINDINGS,
                 )
         _restore_urls(staging / "conda-meta", originals)
+        written = compile_bytecode(staging, prefix, owned_paths(manifests))
         if prefix.exists():
             prefix.rmdir()  # empty, checked above
         os.rename(staging, prefix)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written))
     result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
     return result
+
+
+def _check_existing(lock_path: Path, env: str, prefix: Path, mirrors: Mirrors) -> None:
+    """An install over a prefix that already holds the locked packages: verified, not assumed."""
+    from ..machine import detect
+    from .node import NodeFacts
+
+    report = verify_prefix(prefix, lock_path=lock_path, env=env, mirrors=mirrors, node=NodeFacts(glibc=detect().glibc))
+    findings = [f for c in report.checks if c.name in ("packages", "files", "unowned") for f in c.findings]
+    if findings:
+        raise ExtforgeError(
+            f"prefix {prefix} holds {env!r} of {lock_path.name} but its files differ: " + "; ".join(findings[:5])
+            + (f"; and {len(findings) - 5} more" if len(findings) > 5 else ""),
+            "its files were changed after it was installed; installing over them would keep the changes",
+            f"nothing was changed; see `extforge verify {prefix} --env {env} --lock {lock_path}`, then install into a "
+            "new prefix or delete this one and install again",
+            exit_code=EXIT_FINDINGS,
+        )
 
 
 def _new_staging(staging: Path, prefix: Path) -> None:
@@ -195,7 +218,7 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
         # rattler marks every prefix as a cache; backup tools would then skip the environment.
         (staging / CACHEDIR_TAG).unlink(missing_ok=True)
     report = VerifyReport(prefix=prefix)
-    check_files(staging, manifests, None, report, rehash=True, prefix=prefix)
+    check_files(staging, manifests, None, report, prefix=prefix)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
     unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
     return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered))
@@ -265,3 +288,4 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
         if d.get("fn") in originals:
             d["url"], d["channel"] = originals[d["fn"]]
             f.write_text(json.dumps(d, indent=2) + "\n")
+            f.chmod(0o644)  # rattler writes them 0600: every job's user reads them to verify

@@ -33,7 +33,8 @@ from ..paths import cache_root
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 
-SCHEMA = 1
+# 2: each path also carries the payload's mode bits and, for a symbolic link, its target.
+SCHEMA = 2
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
 
@@ -179,22 +180,49 @@ def in_prefix_bytes(data: bytes, placeholder: str, prefix: str, file_mode: str) 
 
 # --- manifests ------------------------------------------------------------------------------
 
+def _payload_facts(archive: Path, placeholders: set[str]) -> tuple[dict[str, int], dict[str, str], dict[str, bytes]]:
+    """One pass over a package's payload: each member's mode bits, each symbolic link's target,
+    and the bytes of the files named in placeholders (paths.json records neither mode nor target)."""
+    modes: dict[str, int] = {}
+    targets: dict[str, str] = {}
+    data: dict[str, bytes] = {}
+    for tar in _tars(archive, "pkg"):
+        for m in tar:
+            modes[m.name] = m.mode & 0o7777
+            if m.issym():
+                targets[m.name] = m.linkname
+            elif m.name in placeholders and m.isfile():
+                data[m.name] = tar.extractfile(m).read()  # type: ignore[union-attr]
+    return modes, targets, data
+
+
+def _in_prefix_hashes(originals: dict[str, bytes], placeholders: dict[str, list], prefix: Path) -> dict[str, str]:
+    return {
+        path: hashlib.sha256(in_prefix_bytes(data, placeholders[path][3], str(prefix), placeholders[path][4])).hexdigest()
+        for path, data in originals.items()
+    }
+
+
 def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | None = None) -> dict:
-    """A package's manifest from its (already sha256-checked) archive, with the in-prefix sha256
-    of its placeholder files for this prefix added."""
+    """A package's manifest from its (already sha256-checked) archive: each path with its kind,
+    sha256, placeholder, mode bits and link target, plus the in-prefix sha256 of its
+    placeholder files for this prefix."""
     body = previous or {"schema": SCHEMA, "sha256": sha256, "file": archive.name, "in_prefix": {}}
     if "paths" not in body:
+        entries = read_paths_json(archive)
+        placeholders = {e["_path"] for e in entries if e.get("prefix_placeholder") and e.get("path_type", "hardlink") == "hardlink"}
+        modes, targets, originals = _payload_facts(archive, placeholders)
         body["paths"] = [
-            [e["_path"], e.get("path_type", "hardlink"), e.get("sha256"), e.get("prefix_placeholder"), e.get("file_mode", "text")]
-            for e in read_paths_json(archive)
+            [e["_path"], e.get("path_type", "hardlink"), e.get("sha256"), e.get("prefix_placeholder"), e.get("file_mode", "text"),
+             modes.get(e["_path"]), targets.get(e["_path"])]
+            for e in entries
         ]
-    placeholders = {p[0]: p for p in body["paths"] if p[3] and p[1] == "hardlink"}
-    if placeholders and str(prefix) not in body["in_prefix"]:
-        originals = _read_members(archive, "pkg", set(placeholders))
-        body["in_prefix"][str(prefix)] = {
-            path: hashlib.sha256(in_prefix_bytes(data, placeholders[path][3], str(prefix), placeholders[path][4])).hexdigest()
-            for path, data in originals.items()
-        }
+    else:
+        originals = {}
+    placeholder_rows = {p[0]: p for p in body["paths"] if p[3] and p[1] == "hardlink"}
+    if placeholder_rows and str(prefix) not in body["in_prefix"]:
+        originals = originals or _read_members(archive, "pkg", set(placeholder_rows))
+        body["in_prefix"][str(prefix)] = _in_prefix_hashes(originals, placeholder_rows, prefix)
     return body
 
 
@@ -227,11 +255,35 @@ def expected_paths(body: dict, prefix: Path) -> Iterator[tuple[str, str | None]]
     """(relative path, expected sha256) of a package in a prefix; None: check presence only
     (symbolic links, and files the package lists without a hash)."""
     in_prefix = body["in_prefix"].get(str(prefix), {})
-    for path, kind, sha, placeholder, _mode in body["paths"]:
+    for path, kind, sha, placeholder, *_ in body["paths"]:
         if kind != "hardlink" or not sha:
             yield path, None
         else:
             yield path, in_prefix.get(path, sha) if placeholder else sha
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a package puts at one path of a prefix: kind "file" (sha256 None: presence only),
+    "link" (target None: unknown) or "dir"; the mode bits its payload gives (None: unknown)."""
+
+    kind: str
+    package: str
+    sha256: str | None = None
+    mode: int | None = None
+    target: str | None = None
+
+
+_KINDS = {"hardlink": "file", "softlink": "link", "directory": "dir"}
+
+
+def expected_entries(name: str, body: dict, prefix: Path) -> Iterator[tuple[str, Expected]]:
+    """(relative path, Expected) of every path a package's manifest lists."""
+    in_prefix = body["in_prefix"].get(str(prefix), {})
+    for path, kind, sha, placeholder, _file_mode, mode, target in body["paths"]:
+        if kind == "hardlink" and sha and placeholder:
+            sha = in_prefix.get(path, sha)
+        yield path, Expected(_KINDS.get(kind, "file"), name, sha if kind == "hardlink" else None, mode, target)
 
 
 def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] | None = None,

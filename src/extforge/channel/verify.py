@@ -1,21 +1,23 @@
 """`extforge verify PREFIX`: the check each node runs before jobs use an environment.
 
-(a) packages: conda-meta records vs the lock (name, version, build, sha256);
-(b) files: every installed file's sha256 vs its package's own paths.json, read from the
-    package archive whose sha256 the lock names (trust.py) — never from conda-meta, which
-    whoever can write the prefix can rewrite along with the files; drift or tampering is
-    reported per file;
-(c) import path: files on Python's import path that no package owns (.pth, sitecustomize,
-    extra modules) are reported;
+(a) packages: conda-meta records vs the lock (name, version, build, sha256). The lock is the
+    one given (--lock, --env) or the one the prefix's install record names (receipt.py, a
+    record its writers cannot forge); with neither, verify cannot vouch and says so (exit 1);
+(b) files: every entry of the prefix accounted for (accounting.py): each installed file's
+    sha256, kind, link target and mode vs its package's own paths.json and payload, read from
+    the package archive whose sha256 the lock names (trust.py) — never from conda-meta, which
+    whoever can write the prefix can rewrite along with the files;
+(c) unowned: every entry no package, install record or tool accounts for (a planted .pyc, a
+    library deep in site-packages, an activate.d script);
 (d) admission: driver CUDA, GPU architectures, glibc (see admission.py).
 
-A Slurm prolog cannot re-hash 5 GB on every job (10 s on an H100 node), so a run whose files all
-hashed correctly records each file's (size, mtime, ctime, inode) in the user's private trust
-folder, HMAC-keyed; the next run re-hashes only files whose record differs. mtime alone would
-not do (it can be set back after an edit); ctime cannot be set by any user and changes with
-every write, chmod or rename, so a same-size edit with a restored mtime is still re-hashed.
-Files changed within a few seconds before a snapshot are never trusted from it (timestamps may
-be coarse). --rehash ignores it.
+A Slurm prolog cannot re-hash 5 GB on every job (10 s on an H100 node), so a run that found
+nothing records each entry's (size, mtime, ctime, inode, mode) in the user's private trust
+folder, HMAC-keyed; the next run re-hashes only files whose record differs, and re-lists only
+folders whose record differs. mtime alone would not do (it can be set back after an edit);
+ctime cannot be set by any user and changes with every write, chmod or rename, so a same-size
+edit with a restored mtime is still re-hashed. Entries changed within a few seconds before a
+snapshot are never trusted from it (timestamps may be coarse). --rehash ignores it.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from pathlib import Path
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..machine import detect
 from ..stamp import read_stamps
+from .accounting import expectations, walk
 from .admission import Check, admission_checks
 from .hashing import hash_many
 from .mirrors import Mirrors
 from .node import NodeFacts, probe
-from .packages import locked_records, read_prefix_records, record_sha256
-from .trust import PackageRef, expected_paths, manifests_for, owned_paths, read_signed, trust_dir, write_signed
+from .packages import locked_records, read_prefix_records
+from .receipt import Pinned, find_receipt, receipt_path
+from .trust import PackageRef, expected_entries, expected_paths, manifests_for, read_signed, trust_dir, write_signed
 
 # Findings are listed up to this many per check; the summary always has the full count.
 MAX_FINDINGS = 200
@@ -53,6 +57,7 @@ class VerifyReport:
     bad_files: list[str] = field(default_factory=list)  # relative paths missing, unreadable or modified
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step, in order (-v prints them)
+    install_record: str = "none"  # "trusted", or why the prefix's install record is not believed
 
     @property
     def ok(self) -> bool:
@@ -75,6 +80,7 @@ class VerifyReport:
             "bytes_hashed": self.bytes_hashed,
             "files_unchanged_since_snapshot": self.files_unchanged,
             "snapshot": self.snapshot,
+            "install_record": self.install_record,
             "seconds": round(self.seconds, 3),
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
@@ -88,39 +94,22 @@ class VerifyReport:
 
 
 
-def check_packages(records: list[dict], locked: list | None, env: str | None, mirrors: Mirrors | None = None) -> Check:
-    if locked is None:
-        return Check("packages", "skip", "no lock given (--lock, --env)")
-
+def check_packages(records: list[dict], locked: list[Pinned], source: str, mirrors: Mirrors | None = None) -> Check:
     mirrors = mirrors or Mirrors()
     have = {r["name"]: r for r in records}
-    want = {r.name.normalized: r for r in locked}
+    want = {p.name: p for p in locked}
     findings = [f"missing: {n} {w.version} {w.build}" for n, w in sorted(want.items()) if n not in have]
     findings += [f"not in the lock: {n} {have[n]['version']} {have[n]['build']}" for n in sorted(have) if n not in want]
     for n in sorted(set(have) & set(want)):
         h, w = have[n], want[n]
-        expected = (str(w.version), str(w.build), record_sha256(w))
+        expected = (w.version, w.build, w.sha256)
         got = (h["version"], h["build"], h.get("sha256", ""))
         if got != expected:
             findings.append(f"differs: {n} installed {got[0]} {got[1]} sha256 {got[2][:12]}…, locked {expected[0]} {expected[1]} sha256 {expected[2][:12]}…")
         elif h.get("url") and h["url"] not in (w.url, mirrors.redirect(w.url)):
             findings.append(f"origin: {n} came from {h['url']}, the lock names {w.url} (and no mirror of this site maps one to the other)")
-    summary = f"{len(have)} installed vs {len(want)} locked in {env!r}"
+    summary = f"{len(have)} installed vs {len(want)} locked in {source}"
     return Check("packages", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
-
-
-def package_refs(records: list[dict], locked: list | None) -> tuple[list[PackageRef], list[str]]:
-    """The packages whose own paths.json the files are checked against: the lock's when given;
-    otherwise those the prefix's records name (by sha256, so still only genuine packages)."""
-    if locked is not None:
-        return [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in locked], []
-    refs, problems = [], []
-    for r in records:
-        if not (r.get("sha256") and r.get("url") and r.get("fn")):
-            problems.append(f"unverifiable: {r.get('name')} (its record names no package sha256 and URL)")
-        else:
-            refs.append(PackageRef(r["name"], r["fn"], r["url"], r["sha256"]))
-    return refs, problems
 
 
 def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, tuple[str, str]], list[str]]:
@@ -144,7 +133,9 @@ def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tupl
 # are made in its last second) trust nothing, and the one after it re-hash everything again.
 RACY_NS = 3 * 10**9
 RACY_FINE_NS = 100 * 10**6
-RECORD_SCHEMA = 2
+# 3: every entry of the prefix (folders and links too) with its kind, sha256 and lstat key.
+RECORD_SCHEMA = 3
+_CTIME = 4  # index of ctime in a record entry [kind, sha256 or link target, size, mtime, ctime, inode, mode]
 
 
 def record_path(prefix: Path) -> Path:
@@ -153,137 +144,94 @@ def record_path(prefix: Path) -> Path:
     return trust_dir() / "verified" / f"{hashlib.sha256(str(prefix).encode()).hexdigest()[:32]}.json"
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-
-
-def _load_snapshot(prefix: Path) -> dict[str, list]:
+def _load_snapshot(prefix: Path) -> tuple[dict[str, list], set[str]]:
+    """The last clean run's entries, and those of them old enough to be believed."""
     data = read_signed(record_path(prefix))
     if not data or data.get("schema") != RECORD_SCHEMA or data.get("prefix") != str(prefix):
-        return {}
+        return {}, set()
     taken = int(data.get("taken_ns", 0))
-    files: dict[str, list] = data.get("files", {})
+    entries: dict[str, list] = data.get("entries", {})
     # The record's own ctimes tell the filesystem's resolution: any sub-second part means fine.
-    window = RACY_FINE_NS if any(e[3] % 10**9 for e in files.values()) else RACY_NS
-    # Entries changed too close to the snapshot are left out: they must be hashed again.
-    return {rel: e for rel, e in files.items() if e[3] < taken - window}
+    window = RACY_FINE_NS if any(e[_CTIME] % 10**9 for e in entries.values()) else RACY_NS
+    # Entries changed too close to the snapshot are not believed: they are hashed (folders listed) again.
+    return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}
 
 
 def _write_snapshot(prefix: Path, entries: dict[str, list], taken_ns: int) -> str:
     try:
-        write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "taken_ns": taken_ns, "files": entries})
+        write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "taken_ns": taken_ns, "entries": entries})
     except OSError:
         return "unwritable"
     return "written"
 
 
-def _unchanged(path: str, want: str, rel: str, snapshot: dict[str, list]) -> list[int] | None:
-    """The file's stat key when it matches the snapshot (same sha256 expected, same stat)."""
-    entry = snapshot.get(rel)
-    if entry is None or entry[0] != want:
-        return None
-    try:
-        key = _stat_key(os.stat(path))
-    except OSError:
-        return None
-    return key if key == entry[1:] else None
-
-
-def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
-                *, rehash: bool = False, prefix: Path | None = None, problems: Sequence[str] = ()) -> Check:
-    """Files under root vs the packages' manifests; root is the prefix itself, or install's
-    staging folder that becomes `prefix`."""
-    prefix = prefix or root
-    expect, findings = expected_files(root, manifests, prefix)
-    findings = [*problems, *findings]
-    snapshot = {} if rehash else _load_snapshot(prefix)
-    taken_ns = time.time_ns()
-    entries: dict[str, list] = {}
-    to_hash: dict[Path, list[int] | None] = {}
+def _hash_and_compare(root: Path, want: dict[str, tuple[str, str]], keys: dict[str, list[int] | None],
+                      threads: int | None, report: VerifyReport) -> tuple[list[str], dict[str, list[int]]]:
+    """Hash the files `keys` names (relative to root) against `want`; findings, and the key of
+    each file that hashed right."""
     base = str(root)
-    # Plain strings here: pathlib costs more than the stat calls on a 20,000-file prefix.
-    for rel, (want, _pkg) in expect.items():
-        path = f"{base}/{rel}"
-        key = _unchanged(path, want, rel, snapshot)
-        if key is not None:
-            entries[rel] = [want, *key]
-            continue
-        try:
-            # Taken before hashing: a write during the hash changes ctime, so the next run re-hashes.
-            to_hash[Path(path)] = _stat_key(os.stat(path))
-        except OSError:
-            to_hash[Path(path)] = None
-    hashes = hash_many(to_hash, threads=threads)
+    paths = {Path(f"{base}/{rel}"): rel for rel in keys}
+    hashes = hash_many(paths, threads=threads)
+    findings: list[str] = []
+    good: dict[str, list[int]] = {}
     for hashed, got in sorted(hashes.items()):
-        rel = str(hashed.relative_to(root))
-        want, pkg = expect[rel]
-        if not isinstance(got, str) or got != want:
+        rel = paths[hashed]
+        sha, pkg = want[rel]
+        if not isinstance(got, str) or got != sha:
             report.bad_files.append(rel)
         if isinstance(got, FileNotFoundError):
             findings.append(f"missing: {rel} ({pkg})")
         elif isinstance(got, OSError):
             findings.append(f"unreadable: {rel} ({pkg}): {got.strerror}")
-        elif got != want:
-            findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {want[:12]}…")
-        elif (stat_key := to_hash[hashed]) is not None:
-            entries[rel] = [want, *stat_key]
+        elif got != sha:
+            findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {sha[:12]}…")
+        elif (k := keys[rel]) is not None:
+            good[rel] = k
     report.files_hashed = len(hashes)
-    report.files_unchanged = len(expect) - len(hashes)
-    report.bytes_hashed = sum(k[0] for p, k in to_hash.items() if k is not None and isinstance(hashes[p], str))
-    if not findings and hashes:
-        report.snapshot = _write_snapshot(prefix, entries, taken_ns)
-    summary = (f"{len(expect)} files from {len(manifests)} packages: {len(hashes)} hashed, "
-               f"{report.files_unchanged} unchanged since verified; {len(findings)} problem(s)")
+    report.bytes_hashed = sum(k[0] for rel, k in keys.items() if k is not None and rel in good)
+    return findings, good
+
+
+def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
+                *, prefix: Path | None = None) -> Check:
+    """Every file the packages list, hashed under root: install's staging folder that becomes `prefix`."""
+    expect, findings = expected_files(root, manifests, prefix or root)
+    hashed, _ = _hash_and_compare(root, expect, dict.fromkeys(expect), threads, report)
+    findings += hashed
+    summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
     return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
 
-# Python runs these at every start, from any folder on sys.path (.pth only from site folders).
-_STARTUP = {"sitecustomize", "usercustomize"}
-
-
-def import_path_dirs(root: Path) -> list[Path]:
-    """The prefix's folders on Python's default import path."""
-    out = []
-    for lib in sorted(root.glob("lib/python3*")):
-        out += [d for d in (lib, lib / "lib-dynload", lib / "site-packages") if d.is_dir()]
-    return out
-
-
-def unowned_import_files(root: Path, owned: set[str]) -> list[str]:
-    """Entries on Python's import path that no package installed: a .pth or sitecustomize runs
-    code at every interpreter start, any other module can shadow a real one."""
-    findings = []
-    dirs = {str(d.relative_to(root)): d for d in import_path_dirs(root)}
-    # What packages put directly in each folder: their files, and the folders they fill.
-    top: dict[str, set[str]] = {d: set() for d in dirs}
-    for o in owned:
-        if o.startswith("lib/python3"):
-            parts = o.split("/")
-            for i in (2, 3):
-                where = "/".join(parts[:i])
-                if where in top and len(parts) > i:
-                    top[where].add(parts[i])
-    for where, d in dirs.items():
-        for entry in sorted(os.scandir(d), key=lambda e: e.name):
-            rel = f"{where}/{entry.name}"
-            if entry.name == "__pycache__" or entry.name in ("lib-dynload", "site-packages"):
-                continue  # written by Python itself for owned modules; the two folders are scanned themselves
-            if entry.name in top[where]:
-                continue
-            stem = entry.name.split(".", 1)[0]
-            why = ("runs code at every python start" if entry.name.endswith(".pth") or stem in _STARTUP
-                   else "importable module")
-            findings.append(f"not from any package: {rel} ({why})")
-    return findings
-
-
-def check_import_path(root: Path, manifests: dict[str, dict]) -> Check:
-    owned = owned_paths(manifests)
-    findings = unowned_import_files(root, owned)
-    dirs = import_path_dirs(root)
-    summary = (f"{len(dirs)} import folder(s): {len(findings)} entr{'y' if len(findings) == 1 else 'ies'} no package owns"
-               if dirs else "no python in the prefix")
-    return Check("import-path", "fail" if findings else ("pass" if dirs else "skip"), summary, tuple(findings[:MAX_FINDINGS]))
+def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport, *, threads: int | None = None,
+                 rehash: bool = False, problems: Sequence[str] = (), written: dict[str, list] | None = None,
+                 record_names: Sequence[str] = ()) -> tuple[Check, Check]:
+    """Every entry of the prefix accounted for (accounting.py), every owned file's sha256: the
+    "files" check (what packages or install put there) and the "unowned" one (everything else)."""
+    entries = {name: list(expected_entries(name, body, prefix)) for name, body in manifests.items()}
+    expect, absent_ok = expectations(entries, written or {}, list(record_names))
+    previous, trusted = ({}, set()) if rehash else _load_snapshot(prefix)
+    taken_ns = time.time_ns()
+    found = walk(str(prefix), expect, absent_ok, previous, trusted)
+    want = {rel: (expect[rel].sha256 or "", expect[rel].package) for rel in found.to_hash}
+    hashed, good = _hash_and_compare(prefix, want, dict(found.to_hash), threads, report)
+    for rel, k in good.items():
+        found.record[rel] = ["f", want[rel][0], *k]
+    findings = [*problems, *found.owned, *hashed]
+    report.files_unchanged = found.unchanged
+    # Unknown packages leave their files unaccounted for: those are not planted, just unknown.
+    unowned = [] if problems else found.unowned
+    if not findings and not unowned and (found.to_hash or found.listed):
+        report.snapshot = _write_snapshot(prefix, found.record, taken_ns)
+    n_files = sum(e.kind == "file" for e in expect.values())
+    files = Check("files", "fail" if findings else "pass",
+                  f"{n_files} files from {len(manifests)} packages and install: {report.files_hashed} hashed, "
+                  f"{found.unchanged} unchanged since verified; {len(findings)} problem(s)",
+                  tuple(findings[:MAX_FINDINGS]))
+    summary = (f"{len(found.record)} entries walked ({found.listed} folder(s) read): "
+               f"{len(unowned)} entr{'y' if len(unowned) == 1 else 'ies'} no package or install record accounts for"
+               if not problems else "not checked: the files of some packages are unknown (see files)")
+    other = Check("unowned", "fail" if unowned or problems else "pass", summary, tuple(unowned[:MAX_FINDINGS]))
+    return files, other
 
 
 def verify_prefix(
@@ -301,22 +249,37 @@ def verify_prefix(
     report = VerifyReport(prefix=prefix)
     records = read_prefix_records(prefix)
     t = report.lap("conda-meta records", start)
-    locked = None
+    receipt, why_not = find_receipt(prefix)
     if lock_path is not None:
         if not env:
             raise ExtforgeError("--lock needs --env", "a lock holds several environments", "pass --env NAME")
-
-        locked = locked_records(lock_path, env)
-        t = report.lap("lock", t)
-    report.checks.append(check_packages(records, locked, env, mirrors))
+        locked = [Pinned.from_record(r) for r in locked_records(lock_path, env)]
+        source = repr(env)
+    elif receipt is not None:
+        locked, source = receipt.packages, f"{receipt.environment!r} of {receipt.lock} (install record)"
+    else:
+        raise ExtforgeError(
+            f"cannot vouch for {prefix}: {why_not}",
+            "without the lock it was installed from, only the prefix's own conda-meta names its packages, "
+            "and whoever can write the prefix can rewrite that",
+            f"run `extforge verify {prefix} --env NAME --lock PATH/pixi.lock` with the lock it was installed from "
+            f"(`extforge install` leaves a record at {receipt_path(prefix)} that verify trusts when only its owner can write it)",
+            exit_code=EXIT_FINDINGS,
+        )
+    report.install_record = "trusted" if receipt is not None else why_not
+    t = report.lap("lock", t)
+    report.checks.append(check_packages(records, locked, source, mirrors))
     t = report.lap("packages vs lock", t)
-    refs, problems = package_refs(records, locked)
+    refs = [PackageRef(p.name, p.file_name, p.url, p.sha256) for p in locked]
     manifests, fetch_problems = manifests_for(refs, prefix, mirrors=mirrors)
     t = report.lap("package manifests", t)
-    report.checks.append(check_files(prefix, manifests, threads, report, rehash=rehash, problems=problems + fetch_problems))
-    t = report.lap("file hashes", t)
-    report.checks.append(check_import_path(prefix, manifests))
-    t = report.lap("import path", t)
+    # What install wrote (byte code) is vouched for by its record only when that record is of this lock.
+    same_lock = receipt is not None and {p.sha256 for p in receipt.packages} == {p.sha256 for p in locked}
+    record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
+    report.checks += check_prefix(prefix, manifests, report, threads=threads, rehash=rehash, problems=fetch_problems,
+                                  written=receipt.written if receipt is not None and same_lock else {},
+                                  record_names=record_names)
+    t = report.lap("every entry and file hash", t)
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
     audit_records = read_stamps(prefix)
     # The driver is asked only when a check needs it (NVML's init can take a second per GPU).

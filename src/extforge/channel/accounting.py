@@ -1,0 +1,248 @@
+"""Every entry of a prefix accounted for, in one walk.
+
+An entry is accounted for when a locked package puts it there (same kind, same link target,
+mode bits no wider than the package's payload gives: no setuid, setgid or write bit added),
+when `extforge install` wrote it and recorded it (byte-compiled .pyc, see receipt.py), or when
+it is one of the few files tools write (TOOL_FILES, with the reason). Everything else is a
+finding naming the path: a planted .pyc, a library deep in site-packages, an activate.d script,
+a file swapped for a symbolic link.
+
+The walk is made cheap on a second run by the record of the last clean run (verify.py): a
+folder whose (mtime, ctime, inode, mode) are those recorded has the same entries (creating,
+removing or renaming an entry changes its folder's mtime and ctime, and ctime cannot be set
+back), so it is not listed again; each recorded entry is still lstat'ed, since a write into a
+file or a chmod shows only in the entry's own ctime.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+from .trust import Expected
+
+# Files tools write into a prefix besides the packages' own, and why each is expected.
+TOOL_FILES = {
+    "conda-meta/history": "rattler's install log (read by conda, never run)",
+}
+# conda-meta/<package>.json: the install's record of each package, compared with the lock by the packages check.
+RECORD_PACKAGE = "conda-meta record (checked against the lock)"
+INSTALL = "extforge install"
+CLOBBERS = "__clobbers__"
+
+# The mode bits a folder may have that no package gives (folders are implicit in packages):
+# group write and the setgid bit of a prefix that has it (inherited by every folder made in it).
+_DIR_DANGER = stat.S_ISUID | stat.S_ISGID | 0o002
+_FILE_DANGER = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o002
+
+
+def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], written: dict[str, list],
+                 record_names: list[str]) -> tuple[dict[str, Expected], set[str]]:
+    """What the prefix should hold: {relative path: Expected}, and the paths that may be absent
+    (rattler's set-aside copies of a path two packages ship, and the folders above them)."""
+    expect: dict[str, Expected] = {}
+    owners: dict[str, list[str]] = {}
+    for name, entries in manifest_entries.items():
+        for rel, e in entries:
+            expect[rel] = e
+            owners.setdefault(rel, []).append(name)
+    optional: dict[str, Expected] = {}
+    for rel, names in owners.items():
+        if len(names) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
+            for name in names:
+                entry = next(e for r, e in manifest_entries[name] if r == rel)
+                optional[f"{CLOBBERS}/{name}/{rel}"] = entry
+    for rel, (sha, mode) in written.items():
+        expect[rel] = Expected("file", INSTALL, sha, mode)
+    expect["conda-meta/history"] = Expected("file", INSTALL)
+    for fn in record_names:
+        expect[f"conda-meta/{fn}.json"] = Expected("file", RECORD_PACKAGE)
+    _add_folders(expect, list(expect))
+    absent_ok = {rel for rel in optional if rel not in expect}
+    for rel, e in optional.items():
+        expect.setdefault(rel, e)
+    before = set(expect)
+    _add_folders(expect, sorted(absent_ok))
+    absent_ok |= set(expect) - before
+    return expect, absent_ok
+
+
+def _add_folders(expect: dict[str, Expected], rels: list[str]) -> None:
+    for rel in rels:
+        while "/" in rel:
+            rel = rel.rsplit("/", 1)[0]
+            if rel in expect:
+                break
+            expect[rel] = Expected("dir", "")
+
+
+def key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
+
+
+@dataclass
+class Walk:
+    owned: list[str] = field(default_factory=list)  # findings about what packages (or install) put there
+    unowned: list[str] = field(default_factory=list)  # findings about entries nothing accounts for
+    to_hash: dict[str, list[int]] = field(default_factory=dict)  # files whose content must be hashed, with their key
+    record: dict[str, list] = field(default_factory=dict)  # the entries for the next record (hashed files are added after hashing)
+    unchanged: int = 0
+    listed: int = 0  # folders read (changed since the record, or no record)
+
+
+def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: dict[str, list], trusted: set[str]) -> Walk:
+    """Account for every entry under root. previous: the last clean record ({rel: [kind, sha256,
+    *key]}); trusted: those of its entries old enough to be believed (see verify.py)."""
+    out = Walk()
+    children: dict[str, list[str]] = {}
+    for rel in previous:
+        parent, _, name = rel.rpartition("/")
+        children.setdefault(parent, []).append(name)
+    try:
+        root_st = os.lstat(root)
+    except OSError as exc:
+        out.owned.append(f"unreadable: the prefix itself ({exc.strerror})")
+        return out
+    inherit = root_st.st_mode & stat.S_ISGID
+    if finding := _dir_mode("the prefix folder", root_st, inherit):
+        out.owned.append(finding)
+    seen: set[str] = set()
+    blocked: list[str] = []  # folders whose contents could not be compared: nothing below them is called missing
+    stack = [("", root_st)]
+    while stack:
+        d, st = stack.pop()
+        path = f"{root}/{d}" if d else root
+        rec = previous.get(d) if d else previous.get(".")
+        out.record[d or "."] = ["d", "", *key(st)]
+        if rec is not None and (d or ".") in trusted and rec[2:] == key(st):
+            names = children.get(d, [])
+        else:
+            out.listed += 1
+            try:
+                names = os.listdir(path)
+            except OSError as exc:
+                out.owned.append(f"unreadable: {d or '.'}/ ({exc.strerror})")
+                blocked.append(d)
+                continue
+        for name in names:
+            rel = f"{d}/{name}" if d else name
+            if rel == ".":
+                continue
+            try:
+                cst = os.lstat(f"{path}/{name}")
+            except FileNotFoundError:
+                continue  # reported as missing below when something should be there
+            except OSError as exc:
+                out.owned.append(f"unreadable: {rel} ({exc.strerror})")
+                blocked.append(rel)
+                continue
+            seen.add(rel)
+            e = expect.get(rel)
+            if e is None:
+                out.unowned += unowned_findings(rel, cst, f"{path}/{name}")
+                continue
+            if (bad := _check_entry(rel, cst, e, f"{path}/{name}", inherit)) is not None:
+                out.owned.append(bad)
+                blocked.append(rel)
+                continue
+            if e.kind == "dir":
+                stack.append((rel, cst))
+            elif e.kind == "file" and e.sha256 is not None:
+                k = key(cst)
+                r = previous.get(rel)
+                if r is not None and rel in trusted and r[1] == e.sha256 and r[2:] == k:
+                    out.record[rel] = r
+                    out.unchanged += 1
+                else:
+                    out.to_hash[rel] = k
+            else:
+                out.record[rel] = [e.kind[0], e.target or "", *key(cst)]
+    missing = sorted(r for r in expect.keys() - seen if r not in absent_ok)
+    for rel in missing:
+        if not any(rel.startswith(f"{b}/") for b in blocked):
+            out.owned.append(f"missing: {rel} ({expect[rel].package or 'folder'})")
+    out.unowned.sort()
+    return out
+
+
+def _kind(st: os.stat_result) -> str:
+    m = st.st_mode
+    return ("file" if stat.S_ISREG(m) else "link" if stat.S_ISLNK(m) else "dir" if stat.S_ISDIR(m)
+            else "special file")
+
+
+_NOUN = {"file": "a file", "link": "a symbolic link", "dir": "a folder", "special file": "a special file (device, fifo or socket)"}
+
+
+def _check_entry(rel: str, st: os.stat_result, e: Expected, path: str, inherit: int) -> str | None:
+    kind = _kind(st)
+    owner = e.package or "the folders of the packages"
+    if kind != e.kind:
+        got = f"{_NOUN[kind]} to {os.readlink(path)}" if kind == "link" else _NOUN[kind]
+        return f"replaced: {rel} is {got}, {owner} has {_NOUN[e.kind]} there"
+    if kind == "link":
+        target = os.readlink(path)
+        if e.target is not None and target != e.target:
+            return f"link changed: {rel} -> {target}, {owner} has -> {e.target}"
+        return None
+    if kind == "dir":
+        return _dir_mode(rel, st, inherit)
+    mode = stat.S_IMODE(st.st_mode)
+    wider = mode & ~e.mode if e.mode is not None else mode & _FILE_DANGER
+    if wider:
+        gives = f"{owner} gives {e.mode:04o}" if e.mode is not None else "no package gives setuid, setgid or world write"
+        return f"mode widened: {rel} is {mode:04o}, {gives}"
+    return None
+
+
+def _dir_mode(rel: str, st: os.stat_result, inherit: int) -> str | None:
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & _DIR_DANGER & ~inherit:
+        return f"mode widened: {rel} is a folder with mode {mode:04o} (setuid, setgid or writable by anyone)"
+    return None
+
+
+# Python runs these at every start, from any folder on sys.path (.pth only from site folders).
+_STARTUP = {"sitecustomize", "usercustomize"}
+
+
+def unowned_findings(rel: str, st: os.stat_result, path: str) -> list[str]:
+    """An entry nothing accounts for and, for a folder, every file below it (links not followed)."""
+    out = [unowned_finding(rel, st, path)]
+    if stat.S_ISDIR(st.st_mode):
+        for dirpath, dirs, files in os.walk(path):
+            sub = rel + dirpath[len(path):]
+            for name in sorted(files + [d for d in dirs if os.path.islink(f"{dirpath}/{d}")]):
+                try:
+                    out.append(unowned_finding(f"{sub}/{name}", os.lstat(f"{dirpath}/{name}"), f"{dirpath}/{name}"))
+                except OSError as exc:
+                    out.append(f"not from any package: {sub}/{name} (unreadable: {exc.strerror})")
+    return out
+
+
+def unowned_finding(rel: str, st: os.stat_result, path: str) -> str:
+    """`not from any package: REL (why it matters)`."""
+    parts = rel.split("/")
+    name = parts[-1]
+    stem = name.split(".", 1)[0]
+    on_import_path = (len(parts) == 3 and parts[0] == "lib" and parts[1].startswith("python3")) or \
+        (len(parts) == 4 and parts[0] == "lib" and parts[1].startswith("python3") and parts[2] in ("site-packages", "lib-dynload"))
+    kind = _kind(st)
+    if name.endswith(".pyc"):
+        why = "byte code Python runs instead of its source"
+    elif on_import_path and (name.endswith(".pth") or stem in _STARTUP):
+        why = "runs code at every python start"
+    elif on_import_path or (parts[0] == "lib" and len(parts) > 2 and parts[1].startswith("python3") and name.endswith(".py")):
+        why = "importable module"
+    elif parts[:3] in (["etc", "conda", "activate.d"], ["etc", "conda", "deactivate.d"]):
+        why = "runs at every activation"
+    elif parts[0] == "bin":
+        why = "on the PATH of every job"
+    elif ".so" in name:
+        why = "a shared library the loader may pick up"
+    else:
+        why = _NOUN[kind]
+    if kind == "link":
+        why += f", a symbolic link to {os.readlink(path)}"
+    return f"not from any package: {rel} ({why})"

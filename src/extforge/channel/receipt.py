@@ -1,0 +1,162 @@
+"""The install record: which locked packages `extforge install` put in a prefix, and the files it
+wrote there itself (byte-compiled .pyc), kept where the prefix's writers cannot forge it.
+
+A prefix's own conda-meta is no evidence: whoever can write the prefix rewrites it with the
+files. The record lives beside the prefix (`.<name>.extforge-install.json` in its parent
+folder) and is believed only when nobody but its owner and root could have written it: the
+file and every folder above it are owned by root or that owner and writable by no one else
+(sticky folders such as /tmp excepted), and that owner is root, the verifying user or the owner
+of the prefix folder. The Slurm case: an admin installs into /nfs/envs/x (parent folder the
+admin's, mode 755), each job's user verifies; a co-tenant who can write the prefix (a group
+with write access) can neither write the parent folder nor make a file owned by the admin.
+
+Byte code: install compiles every owned .py of the prefix with the prefix's own Python and
+records each .pyc's sha256 and mode here. Checking a .pyc against its source instead would
+need the same compiler (the prefix's Python, whose marshal output is not byte-stable) on every
+verify; a planted .pyc can carry its source's header (mtime and size), so the header proves
+nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .hashing import hash_many
+
+SCHEMA = 1
+COMPILE_TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One package as the lock pins it."""
+
+    name: str
+    version: str
+    build: str
+    sha256: str
+    md5: str
+    size: int
+    url: str
+    file_name: str
+
+    @classmethod
+    def from_record(cls, r: Any) -> Pinned:
+        from .packages import record_sha256
+
+        md5 = r.md5.hex() if isinstance(r.md5, bytes) else (r.md5 or "")
+        return cls(r.name.normalized, str(r.version), str(r.build), record_sha256(r), str(md5), int(r.size or 0),
+                   r.url, r.file_name)
+
+
+@dataclass
+class Receipt:
+    prefix: str
+    lock: str
+    environment: str
+    packages: list[Pinned]
+    written: dict[str, list] = field(default_factory=dict)  # relative path: [sha256, mode] of files install wrote
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "prefix": self.prefix, "lock": self.lock, "environment": self.environment,
+                "packages": [asdict(p) for p in self.packages], "written": self.written}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Receipt:
+        return cls(data["prefix"], data["lock"], data["environment"], [Pinned(**p) for p in data["packages"]],
+                   {k: list(v) for k, v in data["written"].items()})
+
+    def verify_command(self) -> str:
+        return f"extforge verify {self.prefix} --env {self.environment} --lock {self.lock}"
+
+
+def receipt_path(prefix: Path) -> Path:
+    return prefix.parent / f".{prefix.name}.extforge-install.json"
+
+
+def write_receipt(receipt: Receipt) -> Path:
+    path = receipt_path(Path(receipt.prefix))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(receipt.to_json(), fh, separators=(",", ":"))
+    os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
+    os.replace(tmp, path)
+    return path
+
+
+def _untrusted_why(path: Path, prefix: Path) -> str | None:
+    """Why the record at path could have been written by someone the verifier does not trust; None if it could not."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return f"there is no install record at {path}"
+    except OSError as exc:
+        return f"the install record {path} cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    owner = st.st_uid
+    try:
+        prefix_owner = prefix.lstat().st_uid
+    except OSError:
+        prefix_owner = -1
+    if owner not in (0, os.getuid(), prefix_owner):
+        return f"{path} is owned by uid {owner}, neither root, you, nor the prefix's owner"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {stat.filemode(st.st_mode)})"
+    for folder in path.parents:
+        fst = folder.lstat()
+        if fst.st_uid not in (0, owner):
+            return f"the folder {folder} above it is owned by uid {fst.st_uid}, who could replace it"
+        if fst.st_mode & 0o022 and not fst.st_mode & stat.S_ISVTX:
+            return f"the folder {folder} above it is writable by others (mode {stat.filemode(fst.st_mode)})"
+    return None
+
+
+def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
+    """The prefix's install record when it can be trusted, else None and why not."""
+    path = receipt_path(prefix)
+    why = _untrusted_why(path, prefix)
+    if why is not None:
+        return None, why
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read())
+        receipt = Receipt.from_json(data) if data.get("schema") == SCHEMA else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"the install record {path} is not readable ({exc})"
+    if receipt is None:
+        return None, f"the install record {path} has another schema (written by another extforge version)"
+    if receipt.prefix != str(prefix):
+        return None, f"the install record {path} names another prefix ({receipt.prefix})"
+    return receipt, ""
+
+
+def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
+    """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
+    (code objects name their final path); {relative path: [sha256, mode]} of the .pyc written."""
+    python = staging / "bin" / "python"
+    sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
+    if not sources or not python.exists():
+        return {}
+    # -I: no PYTHON* variables or user site; -B: Python itself writes nothing besides what compileall does.
+    subprocess.run(
+        [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
+        input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
+    )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+    written = []
+    for dirpath, _dirs, files in os.walk(staging / "lib"):
+        if os.path.basename(dirpath) == "__pycache__":
+            written += [Path(dirpath, f) for f in files if f.endswith(".pyc")]
+    written = [p for p in written if p.relative_to(staging).as_posix() not in owned]
+    hashes = hash_many(written)
+    return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
+            for p, h in sorted(hashes.items()) if isinstance(h, str)}

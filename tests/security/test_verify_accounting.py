@@ -1,0 +1,194 @@
+"""verify accounts for every entry of the prefix: what a co-tenant who can write the env folder
+plants (byte code, deep libraries, activation scripts, programs on PATH, mode bits, symlink
+swaps, forged conda-meta) is a finding naming the path, with or without --lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from extforge.channel.receipt import receipt_path
+
+from .pyish import MODULE, SITE, conda_meta
+
+EVIL = b"import os; os.system('touch /tmp/owned')\n"
+
+
+def _verify(sandbox, prefix: Path, *args: str, expect: int) -> dict:
+    with sandbox.unchanged_outside():
+        res = sandbox.run("verify", str(prefix), *args, "--json", expect=expect)
+    return json.loads(res.stdout)
+
+
+def _findings(report: dict) -> dict[str, list[str]]:
+    return {c["name"]: c["findings"] for c in report["checks"]}
+
+
+def _says(res, *needles: str) -> None:
+    """The output names each needle (lines may be wrapped to the terminal)."""
+    text = " ".join(res.output.split())
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in:\n{res.output}"
+
+
+def _plant(prefix: Path, rel: str, data: bytes = EVIL, mode: int = 0o644) -> None:
+    path = prefix / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+PLANTED = {
+    f"{SITE}/pyish/__pycache__/__init__.cpython-311.pyc": "byte code Python runs instead of its source",
+    f"{SITE}/pyish/cudnn/lib/libcudart.so.13": "a shared library the loader may pick up",
+    "etc/conda/activate.d/zz.sh": "runs at every activation",
+    "bin/nvcc": "on the PATH of every job",
+}
+
+
+@pytest.mark.parametrize("lock_args", [True, False], ids=["lock", "install-record"])
+def test_planted_files_anywhere_are_reported(sandbox, pyish_env, lock_args):
+    lock, prefix = pyish_env
+    args = ["--env", "default", "--lock", str(lock)] if lock_args else []
+    _verify(sandbox, prefix, *args, expect=0)
+    for rel in PLANTED:
+        _plant(prefix, rel, mode=0o755 if rel.startswith("bin/") else 0o644)
+    report = _verify(sandbox, prefix, *args, expect=1)
+    # A folder the packages do not have is named, and each file below it with why it matters.
+    want = {f"not from any package: {rel} ({why})" for rel, why in PLANTED.items()} | {
+        f"not from any package: {SITE}/pyish/__pycache__ (a folder)",
+        f"not from any package: {SITE}/pyish/cudnn (a folder)",
+        "not from any package: etc (a folder)",
+    }
+    assert set(_findings(report)["unowned"]) == want, report
+    assert _findings(report)["files"] == []
+    # In folders the packages do have, each file is named with why it matters.
+    for folder in (f"{SITE}/pyish/__pycache__", f"{SITE}/pyish/cudnn", "etc/conda/activate.d/zz.sh"):
+        shutil.rmtree(prefix / folder) if (prefix / folder).is_dir() else (prefix / folder).unlink()
+    (prefix / "bin/nvcc").unlink()
+    deep = {f"{SITE}/pyish/libcudart.so.13": PLANTED[f"{SITE}/pyish/cudnn/lib/libcudart.so.13"],
+            "bin/ls": "on the PATH of every job"}
+    for rel in deep:
+        _plant(prefix, rel)
+    report = _verify(sandbox, prefix, *args, expect=1)
+    assert set(_findings(report)["unowned"]) == {f"not from any package: {r} ({why})" for r, why in deep.items()} | {
+        "not from any package: etc (a folder)"}, report
+
+
+def test_byte_code_is_compiled_at_install_or_reported(sandbox, pyish_env):
+    """This prefix has no Python: nothing is compiled, so any .pyc is foreign. (The demo-ext
+    case below covers a prefix whose Python compiles its modules at install.)"""
+    lock, prefix = pyish_env
+    record = json.loads(receipt_path(prefix).read_text())
+    assert record["written"] == {} and record["environment"] == "default"
+    cache = prefix / SITE / "pyish" / "__pycache__"
+    cache.mkdir()
+    (cache / "__init__.cpython-311.pyc").write_bytes(b"\xa7\r\r\n" + b"\0" * 12 + EVIL)
+    report = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), "--rehash", expect=1)
+    assert _findings(report)["unowned"] == [
+        f"not from any package: {SITE}/pyish/__pycache__ (a folder)",
+        f"not from any package: {SITE}/pyish/__pycache__/__init__.cpython-311.pyc (byte code Python runs instead of its source)",
+    ]
+
+
+def test_mode_changes_are_reported(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    os.chmod(prefix / "bin/pyish", 0o6755)
+    os.chmod(prefix / "lib/libpyish.so", 0o4777)
+    os.chmod(prefix / SITE, 0o777)
+    report = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=1)
+    assert sorted(_findings(report)["files"]) == sorted([
+        "mode widened: bin/pyish is 6755, pyish gives 0755",
+        "mode widened: lib/libpyish.so is 4777, pyish gives 0644",
+        f"mode widened: {SITE} is a folder with mode 0777 (setuid, setgid or writable by anyone)",
+    ]), report
+
+
+def test_owned_file_swapped_for_a_symlink_to_an_identical_copy_is_reported(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=0)
+    outside = sandbox.path("elsewhere") / "__init__.py"
+    shutil.copy2(prefix / MODULE, outside)
+    (prefix / MODULE).unlink()
+    (prefix / MODULE).symlink_to(outside)
+    for args in ([], ["--rehash"]):
+        report = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), *args, expect=1)
+        assert _findings(report)["files"] == [f"replaced: {MODULE} is a symbolic link to {outside}, pyish has a file there"], report
+    # A folder swapped for a link to a copy of it.
+    (prefix / MODULE).unlink()
+    shutil.copy2(outside, prefix / MODULE)
+    copy = sandbox.root / "elsewhere" / "pyish"
+    shutil.copytree(prefix / SITE / "pyish", copy)
+    shutil.rmtree(prefix / SITE / "pyish")
+    (prefix / SITE / "pyish").symlink_to(copy)
+    report = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=1)
+    assert _findings(report)["files"] == [f"replaced: {SITE}/pyish is a symbolic link to {copy}, the folders of the packages has a folder there"], report
+
+
+def test_second_run_reads_no_folder_and_still_sees_a_new_file(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    time.sleep(0.3)  # past the window in which an entry's ctime may share the record's tick
+    first = _verify(sandbox, prefix, expect=0)
+    assert first["snapshot"] == "written"
+    quick = _verify(sandbox, prefix, expect=0)
+    assert quick["files_hashed"] == 0 and quick["snapshot"] == "none"
+    assert "(0 folder(s) read)" in next(c["summary"] for c in quick["checks"] if c["name"] == "unowned")
+    _plant(prefix, f"{SITE}/pyish/libcudart.so.13")
+    caught = _verify(sandbox, prefix, expect=1)
+    assert _findings(caught)["unowned"] == [f"not from any package: {SITE}/pyish/libcudart.so.13 (a shared library the loader may pick up)"]
+    (prefix / SITE / "pyish/libcudart.so.13").unlink()
+    os.chmod(prefix / "bin/pyish", 0o4755)  # a chmod changes only the file's own ctime
+    caught = _verify(sandbox, prefix, expect=1)
+    assert _findings(caught)["files"] == ["mode widened: bin/pyish is 4755, pyish gives 0755"]
+
+
+def _forge_package_record(prefix: Path) -> None:
+    """conda-meta rewritten to name another build of pyish (its sha256 and url), as a co-tenant would."""
+    record = conda_meta(prefix, "pyish")
+    meta = json.loads(record.read_text())
+    meta.update(sha256="ab" * 32, url="https://evil.example/noarch/pyish-1.0-0.conda", build="1")
+    record.write_text(json.dumps(meta))
+
+
+def test_without_lock_a_forged_conda_meta_is_caught_by_the_install_record(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    _forge_package_record(prefix)
+    for args in ([], ["--rehash"]):
+        report = _verify(sandbox, prefix, *args, expect=1)
+        (finding,) = _findings(report)["packages"]
+        assert finding.startswith("differs: pyish installed 1.0 1 sha256 abababababab…"), report
+        assert report["install_record"] == "trusted"
+
+
+def test_without_a_trusted_install_record_verify_cannot_vouch(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    record = receipt_path(prefix)
+    # Writable by a group that can write the prefix too: not evidence.
+    os.chmod(record, 0o664)
+    res = sandbox.run("verify", str(prefix), expect=1)
+    _says(res, f"cannot vouch for {prefix}: {record} is writable by others", f"extforge verify {prefix} --env NAME --lock")
+    os.chmod(record, 0o644)
+    os.chmod(prefix.parent, 0o777)
+    res = sandbox.run("verify", str(prefix), expect=1)
+    _says(res, f"the folder {prefix.parent} above it is writable by others")
+    os.chmod(prefix.parent, 0o755)
+    record.unlink()
+    res = sandbox.run("verify", str(prefix), expect=1)
+    _says(res, f"cannot vouch for {prefix}: there is no install record at {record}")
+    # With the lock it is verified as before.
+    _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=0)
+
+
+def test_install_over_a_tampered_prefix_refuses_and_names_verify(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    _plant(prefix, "bin/nvcc")
+    with sandbox.unchanged_outside():
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=1)
+    _says(res, "but its files differ: not from any package: bin/nvcc", f"extforge verify {prefix} --env default --lock")
+    (prefix / "bin/nvcc").unlink()
+    res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
