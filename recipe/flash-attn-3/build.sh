@@ -53,10 +53,12 @@ echo "flash-attn-3 build: torch ${torch_version}, ${cxx_std}, MAX_JOBS=${MAX_JOB
 
 cd "${SRC_DIR}/hopper"
 "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+# Out of hopper/: its source folder flash_attn_3/ (no _C) would shadow the installed package.
+cd "${SRC_DIR}"
 
 ext=$("${PYTHON}" -c 'import importlib.util as u; print(u.find_spec("flash_attn_3._C").origin)')
 mkdir -p "${PREFIX}/share/extforge/build"
-ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
+ninja_log=$(find hopper/build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn-3.ninja_log"
 fi

@@ -31,7 +31,10 @@ def _build(attn_implementation: str, dtype, device, state=None):
 def models(device):
     if torch.cuda.get_device_capability(device)[0] != 9:
         unavailable("FlashAttention-3 kernels are sm_90a")
-    if not transformers.utils.is_flash_attn_3_available():
+    detect = getattr(transformers.utils, "is_flash_attn_3_available", None)
+    if detect is None:
+        pytest.skip(f"transformers {transformers.__version__} has no flash_attention_3 implementation")
+    if not detect():
         pytest.fail(f"transformers {transformers.__version__} does not detect flash_attn_3", pytrace=False)
     seed = draw_seed()
     sdpa = _build("sdpa", torch.bfloat16, device)
