@@ -53,7 +53,7 @@ def test_full_build_per_row_is_the_default(variant_file: str) -> None:
 def test_subset_names_itself_and_is_down_prioritized() -> None:
     (variant, r), *_ = _render("variants-offline.yaml", SLIM)
     assert r["build"]["string"].startswith(f"cuda130_torch{''.join(variant['pytorch'].split('.')[:2])}_py")
-    assert "_hd128_bf16-fp16_bwd-varlen_h" in r["build"]["string"]
+    assert "_hd128_bf16_fp16_bwd_varlen_h" in r["build"]["string"]
     assert r["build"]["variant"]["down_prioritize_variant"] == 1
     env = r["build"]["script"]["env"]
     assert (env["FA3_HEAD_DIMS"], env["FA3_DTYPES"], env["FA3_FEATURES"]) == ("128", "bf16;fp16", "bwd;varlen")
@@ -126,3 +126,23 @@ def test_prepare_edits_setup_and_writes_the_switches(tmp_path: Path) -> None:
 def test_prepare_refuses_an_upstream_change_it_does_not_know() -> None:
     with pytest.raises(prep.PrepareError, match="expected one match"):
         prep.edit_setup('nvcc_flags = ["-O3", "-std=c++20"]\n', "c++20")
+
+
+def test_subset_build_strings_are_valid_and_the_envs_spec_selects_them() -> None:
+    """Build strings hold only [A-Za-z0-9_] (conda splits file names on "-"; rattler's build globs
+    take no "."), and the spec envs/gpu-node/pixi.toml writes for the subset matches it."""
+    import tomllib
+
+    from rattler import BuildString, MatchSpec, PackageRecord
+
+    (_, slim), *_ = _render("variants-offline.yaml", SLIM)
+    (_, multi), *_ = _render("variants-offline.yaml", {"fa3_head_dims": ["64;128"], "fa3_dtypes": ["all"],
+                                                       "fa3_features": ["none"]})
+    for r in (slim, multi):
+        assert re.fullmatch(r"[A-Za-z0-9_]+", r["build"]["string"]), r["build"]["string"]
+    assert "_hd64_128_none_h" in multi["build"]["string"]
+    manifest = tomllib.loads((RECIPE.parents[1] / "envs" / "gpu-node" / "pixi.toml").read_text())
+    wanted = manifest["feature"]["fa3"]["dependencies"]["flash-attn-3"]
+    spec = MatchSpec(f"flash-attn-3 {wanted['version']} {wanted['build']}")
+    assert spec.matches(PackageRecord(name="flash-attn-3", version="3.0.0", build=BuildString(slim["build"]["string"]),
+                                      build_number=0, subdir="linux-64"))
