@@ -2,6 +2,8 @@
 
 fcntl.lockf takes POSIX record locks, which NFS forwards to the server: two build nodes
 publishing to one NFS channel, or filling one shared cache, serialise on the same lock.
+Lock files are opened by safe_files.open_lock: never through a planted symlink, and
+group-writable, so every member of a shared folder's group can take the same lock.
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .safe_files import open_lock, same_file
+
 
 @contextmanager
 def exclusive(lock_file: Path) -> Iterator[None]:
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a+") as fh:
-        fcntl.lockf(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(fh, fcntl.LOCK_UN)
+    fd = open_lock(lock_file)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 class Busy(Exception):
@@ -41,18 +45,14 @@ def exclusive_or_busy(lock_file: Path) -> Iterator[None]:
     elsewhere (or nowhere) and tries again on the new file.
     """
     while True:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(lock_file)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise Busy(holder) from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if same_file(fd, lock_file):
             break
         os.close(fd)
     try:
