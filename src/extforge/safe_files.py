@@ -20,6 +20,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import ExtforgeError
 
@@ -88,8 +89,9 @@ def _open_regular(path: Path, dir_fd: int, flags: int, mode: int) -> tuple[int, 
     return fd, created
 
 
-def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE) -> None:
-    """Append data to path (created with `mode` if missing) and fsync it.
+def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE) -> int:
+    """Append data to path (created with `mode` if missing) and fsync it; return the size path
+    had before, for truncate() to undo the append.
 
     A previous writer killed inside its write leaves a last line without its newline: one is
     added before data, so line-oriented readers lose only that torn line.
@@ -103,29 +105,40 @@ def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+    return size
 
 
-def temp_name(name: str) -> str:
-    """A name no other process picks: pid plus random bits (two runs of one pid namespace, or
-    two nodes sharing an NFS folder, may share a pid)."""
-    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-
-
-def write_atomic(path: Path, data: bytes, *, mode: int = READABLE) -> None:
-    """Replace path with data: readers see the old file or the new one, never a part, and a
-    symlink planted at path (or at any temporary name) is replaced, not followed."""
+def truncate(path: Path, size: int) -> None:
+    """Cut path back to size (undo an append), never through a symlink."""
     with folder(path.parent) as dfd:
-        tmp = temp_name(path.name)
+        fd, _ = _open_regular(path, dfd, os.O_RDWR, GROUP_WRITABLE)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def temp_name(name: str, prefix: str = "") -> str:
+    """A name no other process picks: pid plus random bits (two runs of one pid namespace, or
+    two nodes sharing an NFS folder, may share a pid). `prefix` lets a cleaner find them."""
+    return f".{prefix}{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+@contextmanager
+def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "") -> Iterator[BinaryIO]:
+    """A binary file that becomes path when the block ends without an exception: written under
+    an exclusively created temporary name, fsynced, then renamed over path (a symlink planted at
+    path is replaced, not followed). On an exception the temporary is removed, path untouched."""
+    with folder(path.parent) as dfd:
+        tmp = temp_name(path.name, tmp_prefix)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
         try:
-            try:
+            with os.fdopen(fd, "wb") as out:
                 os.fchmod(fd, mode)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                yield out
+                out.flush()
                 os.fsync(fd)
-            finally:
-                os.close(fd)
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -136,13 +149,10 @@ def write_atomic(path: Path, data: bytes, *, mode: int = READABLE) -> None:
         os.fsync(dfd)
 
 
-def replace_with(tmp: Path, path: Path) -> None:
-    """Rename a finished temporary (written by a library that takes a path) over path, after
-    checking that the temporary is a regular file this process made, not something planted."""
-    st = os.lstat(tmp)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-        raise _refusal(tmp, "the temporary file was replaced while it was being written")
-    os.replace(tmp, path)
+def write_atomic(path: Path, data: bytes, *, mode: int = READABLE) -> None:
+    """Replace path with data: readers see the old file or the new one, never a part."""
+    with atomic_writer(path, mode=mode) as out:
+        out.write(data)
 
 
 def open_lock(path: Path, *, mode: int = GROUP_WRITABLE) -> int:
