@@ -99,7 +99,8 @@ def test_environment_names_are_names(tiny_packages, tmp_path):
         ws = _workspace(tmp_path, tiny_packages, a=f'"{bad}"')
         proc = _lock_cli(ws)
         assert proc.returncode == 2, proc.stderr
-        assert f"environment name {bad!r}" in proc.stderr and "unexpectedly" not in proc.stderr
+        said = " ".join(proc.stderr.split())  # the console wraps long lines
+        assert f"environment name {bad!r}" in said and "unexpectedly" not in said
         assert not (ws / "envs").exists() and not (ws / "pixi.lock").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ch", "ws"]
 
@@ -119,3 +120,14 @@ def test_lock_never_writes_through_planted_symlinks(tiny_packages, tmp_path):
     for name in ("pixi.lock", "envs/a.explicit.txt", "envs/lock-inputs.json"):
         assert not (ws / name).is_symlink() and (ws / name).is_file(), name
     assert _lock_cli(ws, "--check").returncode == 0
+
+
+def test_an_envs_folder_that_is_a_symlink_is_refused(tiny_packages, tmp_path):
+    ws = _workspace(tmp_path, tiny_packages)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ws / "envs").symlink_to(elsewhere)
+    proc = _lock_cli(ws)
+    said = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert proc.returncode == 2 and "envs: it is not a folder" in said, proc.stderr
+    assert list(elsewhere.iterdir()) == [] and not (ws / "pixi.lock").exists()

@@ -179,7 +179,8 @@ def reindex(channel: Path) -> list[str]:
         for sd in names:
             live = channel / sd
             make_dir(live, like=channel)
-            (shadow / sd).mkdir()
+            # group bits too: another member removes what a killed publisher left here
+            make_dir(shadow / sd, like=channel)
             for entry in os.scandir(live):
                 if is_package_file(entry.name) and entry.is_file(follow_symlinks=False):
                     _shadow_entry(entry, shadow / sd / entry.name)
