@@ -103,3 +103,15 @@ def test_the_publish_lock_is_never_created_through_a_symlink(tiny_packages, tmp_
         publish(tiny_packages.distinct[11:12], channel, audit=False)
     assert list(outside.iterdir()) == []
     assert not (channel / "noarch").exists()
+
+
+def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path):
+    channel = tmp_path / "ch"
+    publish(tiny_packages.distinct[12:13], channel, audit=False)
+    # A file with a package's name but no package inside, copied in by hand: the indexer fails on it.
+    (channel / "linux-64" / "junk-1.0-0.conda").write_bytes(b"not a zip archive")
+    before = _listing(channel)
+    with pytest.raises(ExtforgeError, match="could not index the channel folder"):
+        publish(tiny_packages.distinct[13:14], channel, audit=False)
+    # Neither the package nor the log entries (its own, and the repair entry for junk) stay behind.
+    assert _listing(channel) == before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -123,10 +124,10 @@ def logged_files(channel: Path) -> set[str]:
     return files
 
 
-def _repair_log(root: Path) -> list[str]:
-    """Log the package files the log lacks, before the re-index serves them: those a killed
-    publisher copied in but did not log ("recovered"), or, in a channel without a log yet,
-    those another tool put there ("adopted")."""
+def _repair_entries(root: Path) -> list[dict]:
+    """Log entries for the package files the log lacks, to write before the re-index serves
+    them: those a killed publisher copied in but did not log ("recovered"), or, in a channel
+    without a log yet, those another tool put there ("adopted")."""
     status = "recovered" if (root / LOG_NAME).exists() else "adopted"
     logged = logged_files(root)
     entries = []
@@ -142,9 +143,7 @@ def _repair_log(root: Path) -> list[str]:
             if is_package_file(name) and f"{sd}/{name}" not in logged:
                 digest = (indexed.get(name) or {}).get("sha256") or sha256_file(root / sd / name)
                 entries.append(_log_entry(f"{sd}/{name}", digest, status, "unknown", None))
-    if entries:
-        _append_log(root, entries)
-    return [e["file"] for e in entries]
+    return entries
 
 
 def parse_channel(channel: Path | str) -> tuple[str, str]:
@@ -242,32 +241,45 @@ def publish(
         # Check the whole batch before writing anything: a refusal leaves the channel as it was.
         require_readable(root)
         present = _refuse_identity_clashes(root, planned)
-        result.log_repaired = _repair_log(root)
-        log, copied = [], []
-        for p, subdir, digest in planned:
-            dest = root / subdir / p.name
-            status = "already-present" if (subdir, p.name) in present else "published"
-            if status == "published":
-                make_dir(dest.parent, like=root)
-                _copy_in(p, dest)
-                copied.append(dest)
-            override = _override(gates[p], allow_audit_failure)
-            result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
-            log.append(_log_entry(f"{subdir}/{p.name}", digest, status, gates[p].verdict, override))
+        log = _repair_entries(root)
+        result.log_repaired = [e["file"] for e in log]
+        copied: list[Path] = []
+        made = [root / sd for sd in sorted({sd for _, sd, _ in planned}) if not (root / sd).exists()]
+        had_log = os.path.lexists(root / LOG_NAME)
+        log_size: int | None = None  # the log's size before this run's append, once appended
         try:
+            for p, subdir, digest in planned:
+                dest = root / subdir / p.name
+                status = "already-present" if (subdir, p.name) in present else "published"
+                if status == "published":
+                    make_dir(dest.parent, like=root)
+                    copied.append(dest)
+                    _copy_in(p, dest)
+                override = _override(gates[p], allow_audit_failure)
+                result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
+                log.append(_log_entry(f"{subdir}/{p.name}", digest, status, gates[p].verdict, override))
             # Logged before the re-index serves them: the log never lacks a served package.
+            # One append, so a failed re-index undoes the repair entries with ours.
             log_size = _append_log(root, log)
-            try:
-                result.repodata_rebuilt = reindex(root)
-            except BaseException:
-                truncate(root / LOG_NAME, log_size)
-                raise
+            result.repodata_rebuilt = reindex(root)
         except BaseException:
-            for dest in copied:
-                dest.unlink(missing_ok=True)
+            _undo(root, copied, made, log_size, had_log)
             raise
     result.seconds = time.monotonic() - start
     return result
+
+
+def _undo(root: Path, copied: list[Path], made: list[Path], log_size: int | None, had_log: bool) -> None:
+    """Put the channel back as it was after a failed copy or re-index: the packages this run
+    copied in, the subdirs it made, and its log append (log_size: the size before it)."""
+    for dest in copied:
+        dest.unlink(missing_ok=True)
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+    if log_size is not None and had_log:
+        truncate(root / LOG_NAME, log_size)
+    elif log_size is not None:
+        (root / LOG_NAME).unlink(missing_ok=True)
 
 
 def _checked_subdir(path: Path) -> str:
