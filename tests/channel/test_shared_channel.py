@@ -88,3 +88,19 @@ def test_a_build_string_or_name_a_channel_cannot_serve_is_refused_before_copying
     assert proc.returncode == 1, proc.stderr
     assert "build string 'h0;0'" in " ".join(proc.stderr.split())
     assert not (channel / "noarch").exists()
+
+
+def test_a_lock_file_the_group_cannot_write_is_a_clear_error(peer_site, tiny_packages):
+    site = peer_site
+    first, second = site.peers
+    pkgs = site.readable_copy(tiny_packages.distinct[6:8], "pkgs-lock")
+    channel = site.shared_folder("channel-old-lock")
+    assert site.run(first, "publish", str(pkgs[0]), "--channel", str(channel), "--no-audit").returncode == 0
+    # As an extforge before the shared-channel work left it: 0644, owned by the first publisher.
+    os.chmod(channel / ".extforge-publish.lock", 0o644)
+    before = _listing(channel)
+    proc = site.run(second, "publish", str(pkgs[1]), "--channel", str(channel), "--no-audit")
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "chmod g+w" in said and ".extforge-publish.lock" in said, proc.stderr
+    assert "unexpectedly" not in said
+    assert _listing(channel) == before
