@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,10 +56,13 @@ def test_write_atomic_replaces_a_symlink_instead_of_its_target(tmp_path: Path, v
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pixi.lock", "victim"]
 
 
-def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+def test_a_fifo_or_folder_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "log")
+    (tmp_path / "lock").mkdir()
     with pytest.raises(ExtforgeError, match="not a regular file"):
         append(tmp_path / "log", b"x\n")
+    with pytest.raises(ExtforgeError, match="not a regular file"):
+        open_lock(tmp_path / "lock")
 
 
 def test_locks_refuse_symlinks_and_create_nothing_outside(tmp_path: Path) -> None:
@@ -92,3 +97,15 @@ def test_make_dir_takes_the_group_bits_of_its_parent(tmp_path: Path) -> None:
     (tmp_path / "noarch").symlink_to(tmp_path / "linux-64")
     with pytest.raises(ExtforgeError, match="not a folder"):
         make_dir(tmp_path / "noarch")
+
+
+def test_transient_locks_leave_nothing_and_say_who_holds_them(tmp_path: Path) -> None:
+    with exclusive(tmp_path / ".ws.lock", transient=True):
+        assert (tmp_path / ".ws.lock").exists()
+    with exclusive_or_busy(tmp_path / ".prefix.lock"):
+        # lockf locks belong to the process: the other holder is a child
+        code = ("import sys; from pathlib import Path; from extforge.locking import Busy, exclusive_or_busy\n"
+                "try:\n    exclusive_or_busy(Path(sys.argv[1])).__enter__()\nexcept Busy as b:\n    print(b.holder)")
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / ".prefix.lock")], capture_output=True, text=True)
+        assert out.stdout.strip() == str(os.getpid()), out.stderr
+    assert list(tmp_path.iterdir()) == []

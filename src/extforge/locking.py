@@ -8,6 +8,7 @@ group-writable, so every member of a shared folder's group can take the same loc
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -15,17 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .safe_files import open_lock, same_file
-
-
-@contextmanager
-def exclusive(lock_file: Path) -> Iterator[None]:
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_lock(lock_file)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 class Busy(Exception):
@@ -37,24 +27,50 @@ class Busy(Exception):
 
 
 @contextmanager
-def exclusive_or_busy(lock_file: Path) -> Iterator[None]:
-    """Hold lock_file without waiting (raise Busy naming the holder's pid), and remove it after.
+def exclusive(lock_file: Path, *, transient: bool = False) -> Iterator[None]:
+    """Hold lock_file, waiting for other holders. transient: remove it on release, so nothing is
+    left beside what it guards (a workspace under version control)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    if not transient:
+        fd = open_lock(lock_file)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+        return
+    fd = _take_transient(lock_file, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.unlink(lock_file)
+        os.close(fd)
 
-    The file is removed on release so nothing is left beside what it guards; a process that
-    opened it just before the removal finds, once it holds the lock, that the name now points
-    elsewhere (or nowhere) and tries again on the new file.
-    """
+
+def _take_transient(lock_file: Path, how: int) -> int:
+    """Lock a lock file that its holder removes on release: a process that opened it just before
+    the removal finds, once it holds the lock, that the name now points elsewhere (or nowhere)
+    and tries again on the new file. Busy when `how` does not wait and another process holds it."""
     while True:
         fd = open_lock(lock_file)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+            fcntl.lockf(fd, how)
+        except OSError as exc:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise Busy(holder) from None
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise Busy(holder) from None
+            raise
         if same_file(fd, lock_file):
-            break
+            return fd
         os.close(fd)
+
+
+@contextmanager
+def exclusive_or_busy(lock_file: Path) -> Iterator[None]:
+    """Hold lock_file without waiting (raise Busy naming the holder's pid), and remove it after,
+    so nothing is left beside what it guards."""
+    fd = _take_transient(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

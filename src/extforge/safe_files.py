@@ -72,12 +72,14 @@ def _open_regular(path: Path, dir_fd: int, flags: int, mode: int) -> tuple[int, 
                 f"cannot write {path}",
                 "you may not write it or its folder (another user created it with a mode that leaves out your group, "
                 "or the folder is not group-writable)",
-                f"ask its owner to run `chmod g+w {path}` (docs/site-admin.md: a shared channel), "
+                f"ask its owner to run `chmod g+w {path}` (docs/site-admin.md: a channel shared by a Unix group), "
                 "or remove it while no extforge runs there",
             ) from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise _refusal(path, "it is a symbolic link") from None
+            if exc.errno == errno.EISDIR:
+                raise _refusal(path, "it is not a regular file") from None
             raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

@@ -85,7 +85,7 @@ def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     assert _lock_cli(ws, "--check").returncode == 0
     assert [p.name for p in ws.rglob("*.tmp")] == []
     # A run waits while another holds the workspace's lock, then goes on.
-    with exclusive(run_lock_path(ws / "pixi.lock")):
+    with exclusive(run_lock_path(ws / "pixi.lock"), transient=True):
         waiting = subprocess.Popen([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml")],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(3)

@@ -170,7 +170,7 @@ def _check_folder_channel(url: str, env: str) -> None:
 
 def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, envs: list[str] | None = None) -> LockResult:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(run_lock_path(lock_path)):
+    with exclusive(run_lock_path(lock_path), transient=True):
         return _lock(manifest, lock_path, mirrors or Mirrors(), envs)
 
 
