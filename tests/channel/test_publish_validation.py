@@ -115,3 +115,16 @@ def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path):
         publish(tiny_packages.distinct[13:14], channel, audit=False)
     # Neither the package nor the log entries (its own, and the repair entry for junk) stay behind.
     assert _listing(channel) == before
+
+
+def test_a_package_symlinked_into_the_channel_stays_indexed(tiny_packages, tmp_path):
+    """An admin may assemble a channel from symlinks into a package store: the re-index indexes
+    the package's bytes, as before the shadow index stopped hard-linking what it does not own."""
+    channel = tmp_path / "ch"
+    store = tmp_path / "store"
+    stored = craft_package(store, "stored")
+    publish(tiny_packages.distinct[14:15], channel, audit=False)
+    (channel / "noarch" / stored.name).symlink_to(stored)
+    publish(tiny_packages.distinct[15:16], channel, audit=False)
+    assert _indexed(channel) == {tiny_packages.distinct[14].name, tiny_packages.distinct[15].name, stored.name}
+    assert (channel / "noarch" / stored.name).is_symlink()

@@ -159,10 +159,10 @@ def _clone_or_copy(src: str, dest: Path) -> None:
 
 
 def _shadow_entry(entry: os.DirEntry, dest: Path) -> None:
-    if entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+    if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
         os.link(entry.path, dest)
     else:
-        _clone_or_copy(entry.path, dest)
+        _clone_or_copy(entry.path, dest)  # another user's file, or a symlink to a package: its bytes
 
 
 def reindex(channel: Path) -> list[str]:
@@ -182,7 +182,7 @@ def reindex(channel: Path) -> list[str]:
             # group bits too: another member removes what a killed publisher left here
             make_dir(shadow / sd, like=channel)
             for entry in os.scandir(live):
-                if is_package_file(entry.name) and entry.is_file(follow_symlinks=False):
+                if is_package_file(entry.name) and entry.is_file():
                     _shadow_entry(entry, shadow / sd / entry.name)
             if (live / "repodata.json").exists() and not carry_fresh_entries(live, shadow / sd / "repodata.json"):
                 rebuilt.append(sd)
