@@ -103,3 +103,6 @@ def extforge_cmd() -> list[str]:
 def copy_packages(pkgs: list[Path], dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copy2(p, dest / p.name)) for p in pkgs]
+
+
+from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)

@@ -17,7 +17,7 @@ def test_same_name_different_bytes_is_refused(tiny_packages, tmp_path):
     channel = tmp_path / "ch"
     publish(tiny_packages.distinct[:2], channel, audit=False)
     before = (channel / "noarch" / "repodata.json").read_bytes()
-    with pytest.raises(ExtforgeError, match="already exists .* with different content") as err:
+    with pytest.raises(ExtforgeError, match="is already in .* with different content") as err:
         publish([tiny_packages.distinct[2], tiny_packages.clash], channel, audit=False)
     assert err.value.exit_code == 1
     # The whole batch is refused: tiny-02 was not published either.

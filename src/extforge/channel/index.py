@@ -1,13 +1,18 @@
 """Re-index a channel folder with rattler so readers only ever see complete repodata.
 
 rattler's indexer writes repodata.json in place. Readers on other nodes (solvers, installers)
-may read while we write, so we index a shadow copy of the channel (hard links to the
-package files, plus the current repodata.json so indexing stays incremental) and rename
-each finished repodata.json over the live one: a reader sees the old file or the new one.
+may read while we write, so we index a shadow copy of the channel (the package files, plus
+the current repodata.json so indexing stays incremental) and rename each finished
+repodata.json over the live one: a reader sees the old file or the new one.
+
+A channel is shared by a Unix group: the shadow hard-links only the files this user owns
+(Linux's fs.protected_hardlinks refuses links to another user's file) and clones or copies
+the others; a package nobody in the group can read is named before anything changes.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ExtforgeError
+from ..safe_files import make_dir
 from .hashing import fsync_dir
 
 # Every channel needs these two even when empty; conda clients ask for both.
@@ -81,43 +87,105 @@ def index_fs(folder: Path) -> None:
         )
 
 
-def carry_fresh_entries(live: Path, dest: Path) -> None:
-    """The subdir's repodata.json without the entries of files rewritten since it was written.
+def carry_fresh_entries(live: Path, dest: Path) -> bool:
+    """The subdir's repodata.json without the entries of files rewritten since it was written;
+    False (nothing carried, so the indexer rebuilds every entry) when it is damaged.
 
     rattler's indexer keeps every entry it finds and indexes only new file names, so a package
     rewritten in place under the same name (the audit stamps built packages after rattler-build
     indexed them) would keep its old sha256, and a lock taken from the channel would then refuse
     the file."""
     repodata = live / "repodata.json"
-    written = repodata.stat().st_mtime_ns
-    data = json.loads(repodata.read_text())
-    for key in ("packages", "packages.conda"):
-        entries = data.get(key) or {}
-        for name in list(entries):
-            try:
-                st = (live / name).stat()
-            except OSError:
-                continue  # gone: the indexer drops it
-            if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
-                del entries[name]
+    try:
+        written = repodata.stat().st_mtime_ns
+        data = json.loads(repodata.read_bytes())
+        for key in ("packages", "packages.conda"):
+            entries = data.get(key) or {}
+            for name in list(entries):
+                if not is_package_file(name) or "/" in name:
+                    raise ValueError(f"entry {name!r} is no package file of this folder")
+                try:
+                    st = (live / name).stat()
+                except OSError:
+                    continue  # gone: the indexer drops it
+                if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
+                    del entries[name]
+    except (OSError, ValueError, AttributeError, TypeError):
+        # Empty, truncated, a JSON list, entries that are no objects: nothing in it is trusted.
+        return False
     dest.write_text(json.dumps(data))
+    return True
 
 
-def reindex(channel: Path) -> None:
-    """Index every subdir of a channel folder and atomically replace its repodata.json files."""
+def unreadable_packages(channel: Path) -> list[str]:
+    """`subdir/file` of every package this user cannot read (the re-index must copy them)."""
+    found = []
+    for sd in subdirs(channel):
+        if not (channel / sd).is_dir():
+            continue
+        for entry in os.scandir(channel / sd):
+            if is_package_file(entry.name) and not os.access(entry.path, os.R_OK):
+                found.append(f"{sd}/{entry.name}")
+    return sorted(found)
+
+
+def require_readable(channel: Path) -> None:
+    unreadable = unreadable_packages(channel)
+    if unreadable:
+        raise ExtforgeError(
+            f"cannot read {len(unreadable)} package(s) in {channel}: {', '.join(unreadable)}",
+            "re-indexing reads every package of the channel, and these are not readable by you or your group "
+            "(another publisher's umask, or a file put there by hand)",
+            f"ask their owner to run `chmod a+r` on them, or `chgrp -R GROUP {channel} && chmod -R g+rX {channel}` "
+            "(docs/site-admin.md: a shared channel)",
+        )
+
+
+def _clone_or_copy(src: str, dest: Path) -> None:
+    """copy_file_range: the kernel clones where the filesystem can (btrfs, XFS) and NFS 4.2
+    copies on the server; a plain copy where neither works. The shadow must not alias a file
+    another user owns."""
+    with open(src, "rb") as fin, open(dest, "xb") as fout:
+        try:
+            while os.copy_file_range(fin.fileno(), fout.fileno(), 1 << 30):
+                pass
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            fin.seek(0)
+            fout.seek(0)
+            fout.truncate()
+            shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
+
+
+def _shadow_entry(entry: os.DirEntry, dest: Path) -> None:
+    if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+        os.link(entry.path, dest)
+    else:
+        _clone_or_copy(entry.path, dest)  # another user's file, or a symlink to a package: its bytes
+
+
+def reindex(channel: Path) -> list[str]:
+    """Index every subdir of a channel folder and atomically replace its repodata.json files.
+
+    Returns the subdirs whose repodata.json was damaged (empty, truncated, not an object) and
+    was rebuilt from the package files."""
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
     shutil.rmtree(shadow, ignore_errors=True)
+    rebuilt = []
     try:
         names = subdirs(channel)
+        make_dir(shadow, like=channel)
         for sd in names:
             live = channel / sd
-            live.mkdir(exist_ok=True)
-            (shadow / sd).mkdir(parents=True)
+            make_dir(live, like=channel)
+            # group bits too: another member removes what a killed publisher left here
+            make_dir(shadow / sd, like=channel)
             for entry in os.scandir(live):
-                if is_package_file(entry.name):
-                    os.link(entry.path, shadow / sd / entry.name)
-            if (live / "repodata.json").exists():
-                carry_fresh_entries(live, shadow / sd / "repodata.json")
+                if is_package_file(entry.name) and entry.is_file():
+                    _shadow_entry(entry, shadow / sd / entry.name)
+            if (live / "repodata.json").exists() and not carry_fresh_entries(live, shadow / sd / "repodata.json"):
+                rebuilt.append(sd)
         index_fs(shadow)
         for sd in names:
             new = shadow / sd / "repodata.json"
@@ -132,14 +200,17 @@ def reindex(channel: Path) -> None:
             fsync_dir(channel / sd)
     finally:
         shutil.rmtree(shadow, ignore_errors=True)
+    return rebuilt
 
 
 def index_channel(channel: Path) -> None:
     """Write repodata.json for every subdir, readable by everyone (a shared channel is served as is)."""
+    channel.mkdir(parents=True, exist_ok=True)
     for sub in REQUIRED_SUBDIRS:
-        (channel / sub).mkdir(parents=True, exist_ok=True)
+        make_dir(channel / sub, like=channel)
     reindex(channel)
     for sub in REQUIRED_SUBDIRS:
         for f in (channel / sub).iterdir():
-            if f.is_file():
+            # Another member's files keep the mode they were published with (we may not chmod them).
+            if f.is_file() and f.stat().st_uid == os.geteuid():
                 f.chmod(0o644)

@@ -10,22 +10,36 @@ hash of each environment's inputs (specs, channels, platforms) and the sha256 of
 pixi.lock go to envs/lock-inputs.json; `--check` recomputes and compares them. Mirrors are not
 an input: the same manifest locked through a mirror or at the real conda-forge is the same
 request.
+
+As pixi does, `--env a` re-solves a and keeps every other environment of the existing
+pixi.lock (and its entry in lock-inputs.json). Lock runs on one workspace serialize on a lock
+file beside pixi.lock, and every file is written through safe_files: unique temporaries
+renamed over the final name, so a symlink planted in the workspace or envs/ is replaced,
+never written through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..locking import exclusive
+from ..safe_files import make_dir, write_atomic
 from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
 from .hashing import sha256_file
 from .manifest import EnvSpec, Manifest, Platform
 from .mirrors import Mirrors, canonical_channel
+
+if TYPE_CHECKING:
+    from rattler import LockFile
+    from rattler.lock import Environment
 
 INPUTS_NAME = "lock-inputs.json"
 
@@ -106,9 +120,39 @@ def environment_yml(name: str, channels: list[str], records: list) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomic(path, text.encode())
+
+
+def run_lock_path(lock_path: Path) -> Path:
+    """The lock file that serializes `extforge lock` runs on one workspace."""
+    return lock_path.with_name(f".{lock_path.name}.extforge-lock")
+
+
+def _kept_environments(lock_path: Path, manifest: Manifest, relocked: list[str]) -> list[tuple[str, Environment]]:
+    """(name, rattler Environment) of the existing lock's environments that this run keeps:
+    those the manifest still defines and this run does not re-solve."""
+    from rattler import LockFile
+
+    if not lock_path.is_file():
+        return []
+    try:
+        old = LockFile.from_path(lock_path)
+    except Exception as exc:  # rattler's parse errors
+        raise ExtforgeError(
+            f"cannot keep the other environments of {lock_path}: it is not a readable lock file",
+            str(exc),
+            "run `extforge lock` without --env to lock every environment again",
+        ) from exc
+    defined = set(manifest.env_names())
+    return [(name, env) for name, env in old.environments() if name in defined and name not in relocked]
+
+
+def _write_lock_file(lock_file: LockFile, lock_path: Path) -> None:
+    """rattler writes only to a path: it writes into a private folder, we rename the bytes in."""
+    with tempfile.TemporaryDirectory(prefix="extforge-lock-") as private:
+        staged = Path(private) / lock_path.name
+        lock_file.to_path(staged)
+        write_atomic(lock_path, staged.read_bytes())
 
 
 def _check_folder_channel(url: str, env: str) -> None:
@@ -125,18 +169,30 @@ def _check_folder_channel(url: str, env: str) -> None:
 
 
 def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, envs: list[str] | None = None) -> LockResult:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(run_lock_path(lock_path), transient=True):
+        return _lock(manifest, lock_path, mirrors or Mirrors(), envs)
+
+
+def _lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors, envs: list[str] | None) -> LockResult:
     from rattler import LockChannel, LockFile, LockPlatform
 
     start = time.monotonic()
-    mirrors = mirrors or Mirrors()
     names = envs or manifest.env_names()
     specs = [manifest.env(n) for n in names]
-    subdirs = sorted({p.subdir for e in specs for p in e.platforms})
+    kept = _kept_environments(lock_path, manifest, names) if envs else []
+    kept_records = {name: old_env.conda_repodata_records() for name, old_env in kept}
+    subdirs = sorted({p.subdir for e in specs for p in e.platforms} | {p for recs in kept_records.values() for p in recs})
     lock_file = LockFile([LockPlatform(p) for p in subdirs])
     result = LockResult(lock_path=lock_path)
     out_dir = envs_dir_for(lock_path)
     exports: dict[Path, str] = {}
     base = manifest.path.parent
+    for name, old_env in kept:
+        lock_file.set_channels(name, old_env.channels())
+        for subdir, records in kept_records[name].items():
+            for r in records:
+                lock_file.add_conda_package(name, LockPlatform(subdir), r)
     for env in specs:
         channels = [canonical_channel(c, base) for c in env.channels]
         served = [mirrors.redirect(c) for c in channels]
@@ -160,15 +216,19 @@ def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, en
         document = conda_lock_document(channels, per_platform, env.specs, manifest.path.name)
         exports[out_dir / f"{env.name}.conda-lock.yml"] = conda_lock_text(document)
         result.environments[env.name] = count
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = lock_path.with_name(lock_path.name + ".tmp")
-    lock_file.to_path(tmp)
-    tmp.replace(lock_path)
+    make_dir(out_dir)
+    _write_lock_file(lock_file, lock_path)
     for path, text in exports.items():
         _write(path, text)
+    try:
+        recorded = json.loads((out_dir / INPUTS_NAME).read_text()).get("environments", {}) if kept else {}
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
     inputs = {
         "lock_sha256": sha256_file(lock_path),
-        "environments": {e.name: e.input_hash() for e in specs},
+        # A kept environment keeps the inputs it was locked from: if pixi.toml changed it since,
+        # it stays stale, as it was.
+        "environments": {name: recorded[name] for name, _ in kept if name in recorded} | {e.name: e.input_hash() for e in specs},
     }
     _write(out_dir / INPUTS_NAME, json.dumps(inputs, indent=2, sort_keys=True) + "\n")
     result.files = [lock_path, *exports, out_dir / INPUTS_NAME]

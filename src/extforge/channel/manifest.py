@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ExtforgeError
+from .names import SUBDIR, env_name_problem
 
 DEFAULT_FEATURE = "default"
 # pixi's defaults for linux platforms that do not say otherwise.
@@ -161,6 +162,9 @@ def _platform(entry: str | dict, path: Path) -> Platform:
         return Platform(entry, entry)
     if "platform" not in entry:
         raise ExtforgeError(f"a platform in {path} has no `platform` key", str(entry), 'write { platform = "linux-64", cuda = "13.0" }')
+    if not SUBDIR.fullmatch(str(entry["platform"])):
+        raise ExtforgeError(f"platform {entry['platform']!r} in {path} is not a conda subdir", "a subdir is noarch or OS-ARCH",
+                            'write e.g. { platform = "linux-64" }')
     virtual = {}
     for key, value in entry.items():
         if key in ("name", "platform"):
@@ -210,6 +214,11 @@ def parse_manifest(text: str, path: Path) -> Manifest:
             deprecations.append(f"[feature.{name}.system-requirements]")
     envs: dict[str, tuple[list[str], bool]] = {}
     for name, value in data.get("environments", {}).items():
+        problem = env_name_problem(name)
+        if problem:
+            # The name becomes envs/<name>.* file names: `../x` or `/x` would be written outside envs/.
+            raise ExtforgeError(f"{problem} in {path}", "environment names become file names under envs/",
+                                "rename it in [environments], e.g. `cuda-13`")
         if isinstance(value, list):
             envs[name] = (value, True)
         else:

@@ -2,10 +2,15 @@
 
 A channel folder is usually on NFS, written by several publishers and read by many solvers
 at once. Under an exclusive POSIX lock (fcntl.lockf, which NFS forwards to the server's lock
-manager) a publisher: removes leftovers of publishers that died, refuses a file name that
-exists with other bytes, copies each package to a temp name, fsyncs, renames it into place,
-re-indexes (index.reindex replaces repodata atomically) and appends to the publish log.
-A SIGKILL at any point leaves the old or the new state plus temp files the next publish removes.
+manager) a publisher: removes leftovers of publishers that died, refuses a package identity
+(name-version-build) that exists with other bytes in any subdir or format and any package the
+re-index could not read, copies each package to a temp name, fsyncs, renames it into place,
+re-indexes (index.reindex replaces repodata atomically, rebuilding a damaged one) and appends
+to the publish log. A refusal or a failed re-index leaves the channel as it was; a SIGKILL at
+any point leaves the old or the new state plus temp files the next publish removes.
+
+The channel is shared by a Unix group (docs/site-admin.md): every file extforge writes there
+goes through safe_files (never through a planted symlink, group-readable whatever the umask).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -27,8 +33,10 @@ from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from .hashing import fsync_dir, sha256_file
-from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers, subdirs
+from ..safe_files import append, atomic_writer, make_dir, truncate
+from .hashing import sha256_file
+from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers, require_readable, subdirs
+from .names import file_stem, identity_problems
 
 LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
 LOG_NAME = "publish-log.jsonl"
@@ -59,6 +67,7 @@ class PublishResult:
     packages: list[PublishedPackage] = field(default_factory=list)
     leftovers_removed: int = 0
     log_repaired: list[str] = field(default_factory=list)  # package files the log lacked (a killed run)
+    repodata_rebuilt: list[str] = field(default_factory=list)  # subdirs whose repodata.json was damaged
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -78,28 +87,14 @@ def channel_lock(channel: Path) -> AbstractContextManager[None]:
 
 def _copy_in(src: Path, dest: Path) -> str:
     """Copy to a temp name next to dest, fsync, rename; return the sha256 of what was copied."""
-    tmp = dest.parent / f"{TEMP_PREFIX}tmp-{os.getpid()}-{dest.name}.part"
-    with tmp.open("wb") as out:
-        digest = sha256_file(src, copy_to=out)
-        out.flush()
-        os.fsync(out.fileno())
     # rattler-build writes 0600; every node of the cluster must be able to read the channel.
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, dest)
-    fsync_dir(dest.parent)
-    return digest
+    with atomic_writer(dest, mode=0o644, tmp_prefix=TEMP_PREFIX.removeprefix(".") + "tmp-") as out:
+        return sha256_file(src, copy_to=out)
 
 
-def _append_log(channel: Path, entries: list[dict]) -> None:
-    path = channel / LOG_NAME
-    # A run killed inside its write leaves a line without its newline: end it first.
-    torn = path.exists() and path.stat().st_size > 0 and path.read_bytes()[-1:] != b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (b"\n" if torn else b"") + "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _append_log(channel: Path, entries: list[dict]) -> int:
+    """Append entries to the publish log; return its size before, to undo the append."""
+    return append(channel / LOG_NAME, "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries).encode())
 
 
 def _log_entry(file: str, digest: str, status: str, audit: str, override: str | None) -> dict:
@@ -129,10 +124,10 @@ def logged_files(channel: Path) -> set[str]:
     return files
 
 
-def _repair_log(root: Path) -> list[str]:
-    """Log the package files the log lacks, before the re-index serves them: those a killed
-    publisher copied in but did not log ("recovered"), or, in a channel without a log yet,
-    those another tool put there ("adopted")."""
+def _repair_entries(root: Path) -> list[dict]:
+    """Log entries for the package files the log lacks, to write before the re-index serves
+    them: those a killed publisher copied in but did not log ("recovered"), or, in a channel
+    without a log yet, those another tool put there ("adopted")."""
     status = "recovered" if (root / LOG_NAME).exists() else "adopted"
     logged = logged_files(root)
     entries = []
@@ -148,9 +143,7 @@ def _repair_log(root: Path) -> list[str]:
             if is_package_file(name) and f"{sd}/{name}" not in logged:
                 digest = (indexed.get(name) or {}).get("sha256") or sha256_file(root / sd / name)
                 entries.append(_log_entry(f"{sd}/{name}", digest, status, "unknown", None))
-    if entries:
-        _append_log(root, entries)
-    return [e["file"] for e in entries]
+    return entries
 
 
 def parse_channel(channel: Path | str) -> tuple[str, str]:
@@ -211,8 +204,8 @@ def publish(
             raise ExtforgeError(f"package {p} not found", "", "pass the paths of built packages")
         if not is_package_file(p.name):
             raise ExtforgeError(f"{p.name} is not a package file name", "a channel serves *.conda and *.tar.bz2 files whose names do not start with '.'", "pass the package files rattler-build wrote")
-    # The subdir and every path the packages name are checked before anything is written.
-    subdir_of = {p: check_package(p).subdir for p in packages}
+    # The subdir, the identity and every path the packages name are checked before anything is written.
+    subdir_of = {p: _checked_subdir(p) for p in packages}
 
     kind, where = parse_channel(channel)
     upstream = [channel_url(u) for u in upstream]
@@ -245,32 +238,102 @@ def publish(
     planned = [(p, subdir_of[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
-        result.log_repaired = _repair_log(root)
         # Check the whole batch before writing anything: a refusal leaves the channel as it was.
-        for p, subdir, digest in planned:
-            dest = root / subdir / p.name
-            if dest.exists() and sha256_file(dest) != digest:
-                raise ExtforgeError(
-                    f"{subdir}/{p.name} already exists in {root} with different content",
-                    "a published file name is immutable: nodes and lock files that saw the old bytes would break",
-                    "bump the build number (recipe build.number) and rebuild",
-                    exit_code=1,
-                )
-        log = []
-        for p, subdir, digest in planned:
-            dest = root / subdir / p.name
-            dest.parent.mkdir(exist_ok=True)
-            status = "already-present" if dest.exists() else "published"
-            if status == "published":
-                _copy_in(p, dest)
-            override = _override(gates[p], allow_audit_failure)
-            result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
-            log.append(_log_entry(f"{subdir}/{p.name}", digest, status, gates[p].verdict, override))
-        # Logged before the re-index serves them: the log never lacks a served package.
-        _append_log(root, log)
-        reindex(root)
+        require_readable(root)
+        present = _refuse_identity_clashes(root, planned)
+        log = _repair_entries(root)
+        result.log_repaired = [e["file"] for e in log]
+        copied: list[Path] = []
+        made = [root / sd for sd in sorted({sd for _, sd, _ in planned}) if not (root / sd).exists()]
+        had_log = os.path.lexists(root / LOG_NAME)
+        log_size: int | None = None  # the log's size before this run's append, once appended
+        try:
+            for p, subdir, digest in planned:
+                dest = root / subdir / p.name
+                status = "already-present" if (subdir, p.name) in present else "published"
+                if status == "published":
+                    make_dir(dest.parent, like=root)
+                    copied.append(dest)
+                    _copy_in(p, dest)
+                override = _override(gates[p], allow_audit_failure)
+                result.packages.append(PublishedPackage(p.name, subdir, digest, status, gates[p].verdict, override))
+                log.append(_log_entry(f"{subdir}/{p.name}", digest, status, gates[p].verdict, override))
+            # Logged before the re-index serves them: the log never lacks a served package.
+            # One append, so a failed re-index undoes the repair entries with ours.
+            log_size = _append_log(root, log)
+            result.repodata_rebuilt = reindex(root)
+        except BaseException:
+            _undo(root, copied, made, log_size, had_log)
+            raise
     result.seconds = time.monotonic() - start
     return result
+
+
+def _undo(root: Path, copied: list[Path], made: list[Path], log_size: int | None, had_log: bool) -> None:
+    """Put the channel back as it was after a failed copy or re-index: the packages this run
+    copied in, the subdirs it made, and its log append (log_size: the size before it)."""
+    for dest in copied:
+        dest.unlink(missing_ok=True)
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+    if log_size is not None and had_log:
+        truncate(root / LOG_NAME, log_size)
+    elif log_size is not None:
+        (root / LOG_NAME).unlink(missing_ok=True)
+
+
+def _checked_subdir(path: Path) -> str:
+    """The package's subdir, after its paths and its identity passed conda's rules."""
+    meta = check_package(path)
+    problems = identity_problems(meta.name, meta.version, meta.build)
+    expected = f"{meta.name}-{meta.version}-{meta.build}"
+    if not problems and file_stem(path.name) != expected:
+        problems.append(f"its file name says {file_stem(path.name)!r} but its index.json says {expected!r}")
+    if problems:
+        raise ExtforgeError(
+            f"package {path.name} has an identity a channel cannot serve",
+            "; ".join(problems),
+            "fix package.name, package.version or build.string in the recipe and rebuild",
+            exit_code=1,
+        )
+    return meta.subdir
+
+
+def _refuse_identity_clashes(root: Path, planned: list[tuple[Path, str, str]]) -> set[tuple[str, str]]:
+    """(subdir, file) of the planned packages already in the channel with the same bytes;
+    ExtforgeError when a planned identity (name-version-build) is in the channel, or twice in
+    the batch, as another file: another subdir, the other format, or other bytes."""
+    on_disk: dict[str, list[tuple[str, str]]] = {}
+    for sd in subdirs(root):
+        if (root / sd).is_dir():
+            for entry in os.scandir(root / sd):
+                stem = file_stem(entry.name) if is_package_file(entry.name) else None
+                if stem:
+                    on_disk.setdefault(stem, []).append((sd, entry.name))
+    present: set[tuple[str, str]] = set()
+    claimed: dict[str, tuple[str, str, str]] = {}
+    for p, subdir, digest in planned:
+        stem = file_stem(p.name) or p.name
+        if claimed.setdefault(stem, (subdir, p.name, digest)) != (subdir, p.name, digest):
+            raise ExtforgeError(
+                f"two packages of this publish are {stem}, with other bytes",
+                "a channel serves one file per package identity (name-version-build)",
+                "publish one of them; bump the build number of the other",
+                exit_code=1,
+            )
+        for sd, name in on_disk.get(stem, []):
+            if (sd, name) == (subdir, p.name) and sha256_file(root / sd / name) == digest:
+                present.add((sd, name))
+                continue
+            raise ExtforgeError(
+                f"{stem} is already in {root} as {sd}/{name}"
+                + (" with different content" if (sd, name) == (subdir, p.name) else ""),
+                "a published package identity (name-version-build) is immutable in every subdir and format: "
+                "nodes and lock files that saw the old bytes would break, and a solver could pick either file",
+                "bump the build number (recipe build.number) and rebuild",
+                exit_code=1,
+            )
+    return present
 
 
 def _override(gate: AuditGate, reason: str | None) -> str | None:

@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         for note in manifest.deprecations:
             console.print(f"warning: {note}", markup=False, soft_wrap=True, style="yellow")
-    lock_path = (args.lock or manifest.path.parent / "pixi.lock").resolve()
+    given = args.lock or manifest.path.parent / "pixi.lock"
+    # The folder is resolved, not the file: a pixi.lock that is a planted symlink is replaced, not followed.
+    lock_path = given.parent.resolve() / given.name
     if args.check:
         reasons = stale_reasons(manifest, lock_path, args.env)
         if args.json:

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  publish log repaired: {len(result.log_repaired)} package file(s) in the channel had no entry "
                           f"(a publish killed mid-way, or files put there by another tool): {', '.join(result.log_repaired)}",
                           markup=False, soft_wrap=True)
+        if result.repodata_rebuilt:
+            console.print(f"  repodata.json of {', '.join(result.repodata_rebuilt)} was damaged (empty, truncated or not an "
+                          "index) and was rebuilt from the package files", markup=False, soft_wrap=True)
         for p in result.packages:
             note = f" (audit override: {p.audit_override})" if p.audit_override else ""
             console.print(f"  {p.status:16} {p.subdir}/{p.file}  audit {p.audit}{note}", markup=False)

@@ -1,0 +1,111 @@
+"""safe_files writes into folders a co-tenant can write: planted symlinks, FIFOs and a careless
+umask must not redirect, hang or hide what extforge writes there."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from extforge.errors import ExtforgeError
+from extforge.locking import exclusive, exclusive_or_busy
+from extforge.safe_files import append, make_dir, open_lock, write_atomic
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    return target
+
+
+def test_append_refuses_a_planted_symlink(tmp_path: Path, victim: Path) -> None:
+    (tmp_path / "log.jsonl").symlink_to(victim)
+    with pytest.raises(ExtforgeError, match="symbolic link"):
+        append(tmp_path / "log.jsonl", b"line\n")
+    assert victim.read_text() == "precious\n"
+
+
+def test_append_ends_a_torn_line_and_is_group_writable_under_umask_077(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        append(tmp_path / "log", b'{"a"')
+        append(tmp_path / "log", b"{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "log").read_bytes() == b'{"a"\n{}\n'
+    assert stat.S_IMODE((tmp_path / "log").stat().st_mode) == 0o664
+
+
+def test_write_atomic_replaces_a_symlink_instead_of_its_target(tmp_path: Path, victim: Path) -> None:
+    (tmp_path / "pixi.lock").symlink_to(victim)
+    old = os.umask(0o077)
+    try:
+        write_atomic(tmp_path / "pixi.lock", b"new")
+    finally:
+        os.umask(old)
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "pixi.lock").is_symlink()
+    assert (tmp_path / "pixi.lock").read_bytes() == b"new"
+    assert stat.S_IMODE((tmp_path / "pixi.lock").stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pixi.lock", "victim"]
+
+
+def test_a_fifo_or_folder_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "log")
+    (tmp_path / "lock").mkdir()
+    with pytest.raises(ExtforgeError, match="not a regular file"):
+        append(tmp_path / "log", b"x\n")
+    with pytest.raises(ExtforgeError, match="not a regular file"):
+        open_lock(tmp_path / "lock")
+
+
+def test_locks_refuse_symlinks_and_create_nothing_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    inside = tmp_path / "channel"
+    inside.mkdir()
+    (inside / ".lock").symlink_to(outside / "created")
+    outside.mkdir()
+    for take in (exclusive, exclusive_or_busy):
+        with pytest.raises(ExtforgeError, match="symbolic link"), take(inside / ".lock"):
+            pass
+    assert list(outside.iterdir()) == []
+
+
+def test_lock_files_are_group_writable_and_lockable(tmp_path: Path) -> None:
+    fd = open_lock(tmp_path / ".lock")
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE((tmp_path / ".lock").stat().st_mode) == 0o664
+
+
+def test_make_dir_takes_the_group_bits_of_its_parent(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o2775)
+    old = os.umask(0o077)
+    try:
+        make_dir(tmp_path / "linux-64")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "linux-64").stat().st_mode) == 0o2775
+    (tmp_path / "noarch").symlink_to(tmp_path / "linux-64")
+    with pytest.raises(ExtforgeError, match="not a folder"):
+        make_dir(tmp_path / "noarch")
+
+
+def test_transient_locks_leave_nothing_and_say_who_holds_them(tmp_path: Path) -> None:
+    with exclusive(tmp_path / ".ws.lock", transient=True):
+        assert (tmp_path / ".ws.lock").exists()
+    with exclusive_or_busy(tmp_path / ".prefix.lock"):
+        # lockf locks belong to the process: the other holder is a child
+        code = ("import sys; from pathlib import Path; from extforge.locking import Busy, exclusive_or_busy\n"
+                "try:\n    exclusive_or_busy(Path(sys.argv[1])).__enter__()\nexcept Busy as b:\n    print(b.holder)")
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / ".prefix.lock")], capture_output=True, text=True)
+        assert out.stdout.strip() == str(os.getpid()), out.stderr
+    assert list(tmp_path.iterdir()) == []
