@@ -208,12 +208,16 @@ def low_disk(dirs: Sequence[Path]) -> str | None:
     return None
 
 
+def failed_solve(exc: BaseException) -> bool:
+    return "resolve dependencies" in str(exc) or "Failed to solve" in str(exc)
+
+
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
     full = low_disk([log_file.parent, paths.rattler_cache_dir()])
     if full:
         lines = [*lines, full]
-    elif "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
+    elif failed_solve(exc):
         return solve_failure(lines, urls, log_file)
     kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
     where = f"build log: {log_file}" + (kept + " (delete it when done)" if work_dirs else "")
@@ -290,6 +294,11 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 if not engine.engine_failure(exc):
                     raise
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
+                if failed_solve(exc):
+                    # Nothing ran yet: the work folder holds only a copy of the sources.
+                    for work in kept:
+                        shutil.rmtree(work, ignore_errors=True)
+                    kept = []
                 failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept)
                 # The log ends with what the console said, so `extforge explain --file LOG` sees it too.
                 fh.write(f"error: {engine.engine_message(exc)}\n{failure.render()}\n")

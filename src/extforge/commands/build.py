@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
+
+if TYPE_CHECKING:
+    from ..build import BuiltPackage
 
 HELP = "build a recipe with rattler-build against explicit channels (logs, variants, audit)"
 
@@ -56,6 +60,13 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
     )
 
 
+def built_line(pkg: BuiltPackage) -> str:
+    """The console line of one built package: its path and its audit verdict."""
+    verdict = {None: "not audited (--no-audit)", "pass": "audit pass (stamped into the package)"}.get(
+        pkg.audit_verdict, f"audit {pkg.audit_verdict}: run `extforge audit {shlex.quote(str(pkg.path))}` for details")
+    return f"built {pkg.path}; {verdict}"
+
+
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     if args.slurm:
@@ -72,7 +83,5 @@ def run(args: argparse.Namespace) -> int:
         ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built]})
     else:
         for p in built:
-            verdict = {None: "not audited (--no-audit)", "pass": "audit pass (stamped into the package)"}.get(
-                p.audit_verdict, f"audit {p.audit_verdict}: run `extforge audit {shlex.quote(str(p.path))}` for details")
-            ui.console.print(f"built {p.path}; {verdict}", markup=False)
+            ui.console.print(built_line(p), markup=False)
     return 0
