@@ -68,11 +68,13 @@ def narrow(
     wanted: Mapping[str, list[str]],
     source: str = "--variant",
     strict: bool = False,
+    some: bool = False,
 ) -> dict[str, list]:
     """Restrict keys to the wanted values; a zipped key keeps its zip partners at the matching positions.
 
     Unless `strict`, a key outside every zip group, or a zipped key narrowed to its last row, is
-    set to the wanted value; `strict` only ever keeps values the matrix has.
+    set to the wanted value; `strict` only ever keeps values the matrix has. Every wanted value
+    must be found, unless `some` (a channel offering more rows than the matrix names).
     """
     out = {k: list(v) for k, v in values.items()}
     for key, want in wanted.items():
@@ -85,9 +87,10 @@ def narrow(
             # One row left: a value it lacks overrides it (e.g. fewer archs for a quick build).
             out[key] = list(want)
             continue
-        if not keep:
+        absent = [str(w) for w in want if str(w) not in {str(v) for v in out[key]}]
+        if not keep or (absent and not some):
             raise ExtforgeError(
-                f"{source} {key}={','.join(map(str, want))} is not in the variant matrix",
+                f"{source} {key}={','.join(absent or map(str, want))} is not in the variant matrix",
                 (f"{key} is zipped with {', '.join(k for k in group if k != key)} and " if group else f"{key} ")
                 + f"takes only {', '.join(map(str, out[key]))}",
                 "pick one of those values, add a row with it (and its zip partners) to the variant file, "
@@ -190,7 +193,8 @@ def fit_to_channel(
     for k in shared:
         if not {str(v) for v in values[k]} & {r[k] for r in rows}:
             raise channel_lacks(source, {k: values[k]}, rows, folder)
-    values = narrow(values, zips, {k: sorted({r[k] for r in rows}) for k in shared}, source=source, strict=True)
+    values = narrow(values, zips, {k: sorted({r[k] for r in rows}) for k in shared}, source=source, strict=True,
+                    some=True)
     group = next((g for g in zips if any(k in g for k in shared)), [])
     n = len(values[group[0]]) if group else 1
     pairs = []
@@ -225,8 +229,11 @@ def resolve(
         # Narrowing a matrix to the channel's rows is the offline file's purpose; still said, never silent.
         log.warning("%s: %d of its rows not built (the channel has no torch build for them): %s", source,
                     len(dropped), "; ".join(describe_row(r) for r in dropped))
-    narrowed = narrow(fitted, fitted_zips, overrides)
     rows = channel_rows(channel_values, channel_zips) if channel_values else []
+    for k, want in overrides.items():
+        if rows and k in keys and not set(want) <= {r[k] for r in rows}:
+            raise channel_lacks("--variant", {k: [w for w in want if w not in {r[k] for r in rows}]}, rows, folder)
+    narrowed = narrow(fitted, fitted_zips, overrides)
     for row in expand(narrowed, fitted_zips, keys) if rows else []:
         if row not in [{k: r[k] for k in row} for r in rows]:
             asked = {k: [row[k]] for k in overrides if k in row} or {k: [v] for k, v in row.items()}

@@ -92,6 +92,18 @@ def test_a_variant_override_the_channel_lacks_is_refused(tmp_path, one_python, c
     assert f"--variant {key}=" in doc["fix"]
 
 
+def test_one_missing_value_of_several_is_refused_not_dropped(tmp_path, one_python, capsys):
+    code, err = build(capsys, tmp_path / "out", "-c", str(one_python), "--variant", "python=3.11,3.12")
+    assert code == 2 and nothing_built(tmp_path / "out")
+    assert "--variant asks for python=3.12, which the channel cannot build: it has no python 3.12" in err
+    # A key the channel does not pin: a value the recipe's matrix lacks is refused the same way.
+    from extforge.errors import ExtforgeError
+    from extforge.variants import narrow
+    with pytest.raises(ExtforgeError, match="--variant python=3.9 is not in the variant matrix"):
+        narrow({"python": ["3.11", "3.12"], "pytorch": ["2.13", "2.14"]}, [["python", "pytorch"]],
+               {"python": ["3.12", "3.9"]})
+
+
 def test_a_combination_no_torch_build_has_is_refused(tmp_path, capsys):
     """Each value exists in some row, not together: python 3.10 is only with torch 2.9.1."""
     seed = channel_of(tmp_path / "seed", [("3.10", "2.9.1", "12.4", "cxx11"), ("3.12", "2.6.0", "12.4", "cxx98")])
