@@ -17,10 +17,12 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-console = Console(stderr=True, highlight=False)
-# Piped through `tee` or into a file, rich would wrap at 80 columns inside paths and package
-# names; a line there stays whole so it can be copied (a terminal still wraps for reading).
-console.soft_wrap = not console.is_terminal
+# Lines are never broken by rich: piped through `tee` or into a file it would wrap at 80 columns
+# inside paths and package names, and a copied path would be broken; a terminal wraps long
+# lines itself and copies them whole.
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+if not console.is_terminal:
+    console.width = 4096  # tables (status, verify --slurm) keep their natural width: no cell wraps
 log = logging.getLogger("extforge")
 
 

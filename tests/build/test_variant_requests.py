@@ -225,6 +225,11 @@ def test_piped_output_is_not_wrapped(tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2
     assert any(len(line) > 200 and f"--channel {deep} --from-pip" in line for line in out.stderr.splitlines())
+    # A table (extforge status, verify --slurm) keeps its cells whole too.
+    table = ("from rich.table import Table; from extforge.ui import console; t = Table(); t.add_column('log'); "
+             f"t.add_row({str(deep)!r}); console.print(t)")
+    out = subprocess.run([sys.executable, "-c", table], capture_output=True, text=True, env=env, timeout=60)
+    assert str(deep) in out.stderr
 
 
 def test_the_demo_echoes_commands_that_paste_back(tmp_path):
