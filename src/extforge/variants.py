@@ -266,10 +266,12 @@ def render(recipe_file: Path, matrix: Matrix) -> list[Any]:
     defines is named with the file that would define it (this runs before anything is solved)."""
     try:
         return engine.render(recipe_file, matrix.config())
-    except Exception as exc:  # rattler-build raises its own exception types for every parse step
+    except BaseException as exc:  # rattler-build's own exception types for every parse step, or a panic
+        if not engine.engine_failure(exc):
+            raise
         found = UNDEFINED.search(str(exc))
         if found is None:
-            raise ExtforgeError(f"could not render {recipe_file}", str(exc).strip().splitlines()[0],
+            raise ExtforgeError(f"could not render {recipe_file}", engine.engine_message(exc).splitlines()[0],
                                 "fix the recipe or variant file") from exc
         raise undefined_variable(found.group("template"), recipe_file, matrix) from exc
 

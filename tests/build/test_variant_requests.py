@@ -160,6 +160,15 @@ def test_a_key_no_file_defines_is_named_too(tmp_path, one_python):
     assert "--variant cuda_arch_list=VALUE" in err.value.fix
 
 
+def test_a_recipe_that_does_not_render_is_one_clear_error(tmp_path, one_python, capsys):
+    recipe = tmp_path / "r" / "recipe.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text((DEMO / "recipe.yaml").read_text().replace("${{ cuda_archs }}", "${{ cuda_archs | }}"))
+    code = main(["build", str(recipe), "-c", str(one_python), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: could not render {recipe}" in err and "Traceback" not in err
+
+
 def test_build_help_says_m_replaces_the_recipe_variants(capsys):
     with pytest.raises(SystemExit):
         main(["build", "--help"])
