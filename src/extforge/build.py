@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,7 +20,7 @@ from . import compile_cache, engine, machine, paths, plan
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
-from .channel_ref import channel_url, package_names, records, repodata_mentions
+from .channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
 from .cuda_rule import missing_toolkit
 from .errors import ExtforgeError
 from .explain import explain_text
@@ -27,6 +28,7 @@ from .stamp import stamp_package
 from .ui import log
 from .variants import archs as variant_archs
 from .variants import head_dims as variant_head_dims
+from .variants import render as render_variants
 from .variants import resolve as resolve_variants
 
 
@@ -123,6 +125,37 @@ def missing_names(specs: Sequence[str], available: set[str]) -> list[str]:
     return out
 
 
+# How `extforge mirror` adds a package the build solve missed, by package name.
+MIRROR_OPTIONS = {
+    "python": "--python /path/to/pythonX.Y", "python_abi": "--python /path/to/pythonX.Y",
+    "pytorch": "--torch torch==X.Y.Z", "cuda-version": "--cuda-home DIR", "cuda-nvcc_linux-64": "--cuda-home DIR",
+    "gcc_linux-64": "CC=gcc-N CXX=g++-N before it", "gxx_linux-64": "CC=gcc-N CXX=g++-N before it",
+}
+SPEC_PARTS = re.compile(r"^(?P<name>[^\s=<>!~\[]+)\s*(?P<version>\S*)")
+
+
+def channel_versions(specs: Sequence[str], channels: Sequence[str]) -> tuple[list[str], list[str]]:
+    """For the versioned specs of a failed solve: those no package of that name in the channels
+    matches by version (`python 3.12.*` against 3.11.7), and what the channels have of each name."""
+    found: dict[str, set[str]] = {}
+    for ch in channels:
+        for sub in ("linux-64", "noarch"):
+            for rec in records(ch, sub).values():
+                found.setdefault(rec["name"], set()).add(rec["version"])
+    unmet, have = [], []
+    for spec in specs:
+        m = SPEC_PARTS.match(spec)
+        if not m or not m["version"] or m["name"] not in found:
+            continue
+        versions = sorted(found[m["name"]])
+        have.append(f"{m['name']} {', '.join(versions)}")
+        glob = m["version"]
+        if re.fullmatch(r"[\w.]+\.\*|[\w.]+", glob) and not any(
+                v == glob.removesuffix(".*") or v.startswith(glob.removesuffix("*").rstrip(".") + ".") for v in versions):
+            unmet.append(spec)
+    return unmet, have
+
+
 def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: Path) -> ExtforgeError:
     specs, platform = solve_context(log_lines)
     toolkits = {r["version"] for ch in channels for r in records(ch, "linux-64").values() if r["name"] == "cuda-nvcc"}
@@ -130,18 +163,28 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     if toolkit:
         return toolkit
     missing = missing_names(specs, package_names(channels)) if specs else []
+    unmet, have = channel_versions(specs, channels)
     if missing:
         what = f"the channels have no package for: {', '.join(missing)}"
+    elif unmet:
+        what = f"the channels have no package matching {', '.join(unmet)} (a variant the channels cannot build)"
     elif specs:
         what = f"no combination of packages in the channels satisfies: {', '.join(specs)}"
     else:
         what = "rattler-build could not resolve the build dependencies"
     why = f"solving for {platform or 'the target platform'} against {', '.join(channels)}"
+    if have:
+        why += f"; the channels have {'; '.join(have)}"
+    names = list(dict.fromkeys(m["name"] for s in (missing or unmet) if (m := SPEC_PARTS.match(s))))
+    how = "; ".join(f"{n}: {MIRROR_OPTIONS.get(n, f'--extra {n}')}" for n in names) or (
+        "a python: --python PATH; a torch: --torch torch==X.Y.Z; a CUDA toolkit: --cuda-home DIR; another package: --extra NAME")
+    folder = next(filter(None, map(local_folder, channels)), None)
     return ExtforgeError(
         what,
         why,
-        "mirror what is missing into a channel (extforge mirror --extra NAME), add the channel "
-        f"that has it with --channel, or pick a variant the channels provide (--variant); log: {log_file}",
+        f"add what is missing to the channel with `extforge mirror --channel {shlex.quote(str(folder or 'DIR'))}` "
+        f"({how}), add the channel "
+        f"that has it with --channel, or pick a variant the channels provide (--variant KEY=VALUE); log: {log_file}",
     )
 
 
@@ -165,12 +208,16 @@ def low_disk(dirs: Sequence[Path]) -> str | None:
     return None
 
 
+def failed_solve(exc: BaseException) -> bool:
+    return "resolve dependencies" in str(exc) or "Failed to solve" in str(exc)
+
+
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
     full = low_disk([log_file.parent, paths.rattler_cache_dir()])
     if full:
         lines = [*lines, full]
-    elif "resolve dependencies" in str(exc) or "Failed to solve" in str(exc):
+    elif failed_solve(exc):
         return solve_failure(lines, urls, log_file)
     kept = f"; its work folder (sources, build tree, host env) is kept at {', '.join(map(str, work_dirs))}"
     where = f"build log: {log_file}" + (kept + " (delete it when done)" if work_dirs else "")
@@ -220,7 +267,9 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     output_dir.mkdir(parents=True, exist_ok=True)
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
-    config, merged, files = matrix.config(), matrix.values, matrix.files
+    merged, files = matrix.values, matrix.files
+    # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
+    rendered = render_variants(recipe_file, matrix)
     env = build_environment(
         recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name,
         profile_explicit=bool(options.profile),
@@ -236,12 +285,6 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
         sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against
         # the host env that built them, then deleted (flash-attn's holds GBs of objects).
-        try:
-            rendered = engine.render(recipe_file, config)
-        except BaseException as exc:
-            if not engine.engine_failure(exc):
-                raise
-            raise build_failure(exc, sink.lines, urls, recipe_file, log_file, []) from exc
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             tests_before = set(rattler_test_envs(output_dir))
@@ -250,9 +293,17 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             except BaseException as exc:
                 if not engine.engine_failure(exc):
                     raise
-                fh.flush()
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
-                raise build_failure(exc, sink.lines, urls, recipe_file, log_file, kept) from exc
+                if failed_solve(exc):
+                    # Nothing ran yet: the work folder holds only a copy of the sources.
+                    for work in kept:
+                        shutil.rmtree(work, ignore_errors=True)
+                    kept = []
+                failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept)
+                # The log ends with what the console said, so `extforge explain --file LOG` sees it too.
+                fh.write(f"error: {engine.engine_message(exc)}\n{failure.render()}\n")
+                fh.flush()
+                raise failure from exc
             packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform)
                         for p in result.packages]
             for pkg in packages:

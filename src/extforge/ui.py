@@ -17,14 +17,33 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-console = Console(stderr=True, highlight=False)
+# Lines are never broken by rich: piped through `tee` or into a file it would wrap at 80 columns
+# inside paths and package names, and a copied path would be broken; a terminal wraps long
+# lines itself and copies them whole.
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+if not console.is_terminal:
+    console.width = 4096  # tables (status, verify --slurm) keep their natural width: no cell wraps
 log = logging.getLogger("extforge")
+
+
+class PlainHandler(logging.Handler):
+    """Log records as one unwrapped line each (`warning: ...`), for output that is not a terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # a bad format argument must not take the command down
+            self.handleError(record)
+            return
+        prefix = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        console.print(prefix + line, markup=False, highlight=False, soft_wrap=True)
 
 
 def setup_logging(verbosity: int) -> None:
     """0 = warnings and step lines only, 1 = info (-v), 2+ = debug (-vv)."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+    handler = (RichHandler(console=console, show_time=False, show_path=False, markup=False)
+               if console.is_terminal else PlainHandler())
     logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
     log.setLevel(level)
 

@@ -2,19 +2,26 @@
 
 Precedence follows rattler-build and conda-forge, plus one rule of ours:
 - the recipe's own variants.yaml is read only when no variant file is given (rattler-build's
-  rule), so `-m variants-offline.yaml` replaces the production matrix instead of adding to it;
+  rule), so `-m variants-offline.yaml` replaces the production matrix instead of adding to it
+  (a key only the recipe's own file defines is then undefined: `render` names that file);
 - a channel written by `extforge mirror` carries variants.yaml with the values its packages
   satisfy: one zipped row per torch build it holds (python, pytorch, CUDA, C++ ABI, compilers).
   Those NARROW the matrix to the rows the channel can build, and fill keys the recipe leaves
-  open; they never add rows the recipe file does not have (`fit_to_channel`);
-- `--variant KEY=VALUE` narrows last.
+  open; they never add rows the recipe file does not have (`fit_to_channel`), and never
+  replace a value: a file that asks only for values the channel lacks is refused, naming what
+  the channel has and the `extforge mirror` command that adds the missing one;
+- `--variant KEY=VALUE` narrows last, and may not leave the channel's rows either.
+Everything here runs before rattler-build solves or compiles anything.
 `extforge build` and `extforge build --slurm` both go through `resolve()`, so a Slurm job
 builds exactly the variant that was expanded for it.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +30,7 @@ from typing import Any
 from . import engine
 from .channel_ref import local_folder
 from .errors import ExtforgeError
+from .ui import log
 
 CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
 
@@ -32,6 +40,7 @@ class Matrix:
     values: dict[str, list]
     zip_keys: list[list[str]]
     files: list[Path]  # the recipe-side files read, lowest precedence first
+    replaced: Path | None = None  # the recipe's own variants.yaml, when -m files replace it
 
     def config(self) -> Any:
         """The matrix as a rattler_build.VariantConfig."""
@@ -59,16 +68,18 @@ def narrow(
     wanted: Mapping[str, list[str]],
     source: str = "--variant",
     strict: bool = False,
+    some: bool = False,
 ) -> dict[str, list]:
     """Restrict keys to the wanted values; a zipped key keeps its zip partners at the matching positions.
 
-    A key outside every zip group, or (unless `strict`) a zipped key narrowed to its last row,
-    is set to the wanted value.
+    Unless `strict`, a key outside every zip group, or a zipped key narrowed to its last row, is
+    set to the wanted value; `strict` only ever keeps values the matrix has. Every wanted value
+    must be found, unless `some` (a channel offering more rows than the matrix names).
     """
     out = {k: list(v) for k, v in values.items()}
     for key, want in wanted.items():
         group = next((g for g in zip_keys if key in g), None)
-        if group is None or key not in out:
+        if key not in out or (group is None and not strict):
             out[key] = list(want)
             continue
         keep = [i for i, v in enumerate(out[key]) if str(v) in {str(w) for w in want}]
@@ -76,15 +87,16 @@ def narrow(
             # One row left: a value it lacks overrides it (e.g. fewer archs for a quick build).
             out[key] = list(want)
             continue
-        if not keep:
+        absent = [str(w) for w in want if str(w) not in {str(v) for v in out[key]}]
+        if not keep or (absent and not some):
             raise ExtforgeError(
-                f"{source} {key}={','.join(map(str, want))} is not in the variant matrix",
-                f"{key} is zipped with {', '.join(k for k in group if k != key)} and takes only "
-                f"{', '.join(map(str, out[key]))}",
+                f"{source} {key}={','.join(absent or map(str, want))} is not in the variant matrix",
+                (f"{key} is zipped with {', '.join(k for k in group if k != key)} and " if group else f"{key} ")
+                + f"takes only {', '.join(map(str, out[key]))}",
                 "pick one of those values, add a row with it (and its zip partners) to the variant file, "
                 "or pass a variant file that has one (-m FILE)",
             )
-        for k in group:
+        for k in group or [key]:
             if k in out:
                 out[k] = [out[k][i] for i in keep]
     return out
@@ -97,23 +109,92 @@ def channel_rows(values: Mapping[str, Sequence], zip_keys: Sequence[Sequence[str
     return [{k: str(v[i] if k in zipped and len(v) == n else v[0]) for k, v in values.items()} for i in range(n)]
 
 
+# The keys a mirror channel's rows pin, as people name them, in the order a torch build is described.
+ROW_WORDS = {"python": "python", "pytorch": "pytorch", "cuda_compiler_version": "CUDA toolkit",
+             "cxx_abi": "C++ ABI", "c_compiler_version": "gcc", "cxx_compiler_version": "g++"}
+
+
+def describe_row(row: Mapping[str, str]) -> str:
+    return ", ".join(f"{word} {row[k]}" for k, word in ROW_WORDS.items() if k in row) or "no pinned values"
+
+
+def expand(values: Mapping[str, Sequence], zips: Sequence[Sequence[str]], keys: Sequence[str]) -> list[dict[str, str]]:
+    """Every row of the matrix, each reduced to `keys` (zipped keys move together, others multiply)."""
+    groups: list[list[dict[str, str]]] = []
+    seen: set[str] = set()
+    for g in zips:
+        ks = [k for k in g if k in keys and k in values]
+        seen |= set(g)
+        if ks:
+            groups.append([{k: str(values[k][i]) for k in ks} for i in range(min(len(values[k]) for k in ks))])
+    groups += [[{k: str(v)} for v in values[k]] for k in keys if k in values and k not in seen]
+    rows = [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*groups)]
+    return list({tuple(r.items()): r for r in rows}.values())
+
+
+def mirror_command(wanted: Mapping[str, str], like: Mapping[str, str], folder: Path | None) -> str:
+    """The `extforge mirror` command that adds a torch build with the `wanted` values (the rest as
+    in `like`, a row the channel has) to the channel folder."""
+    row = {**like, **wanted}
+    words = [f"CC=gcc-{row['c_compiler_version']}", f"CXX=g++-{row.get('cxx_compiler_version', row['c_compiler_version'])}"] \
+        if {"c_compiler_version", "cxx_compiler_version"} & wanted.keys() and "c_compiler_version" in row else []
+    words += ["extforge", "mirror", "--channel", shlex.quote(str(folder)) if folder else "CHANNEL_DIR"]
+    if "cxx_abi" in wanted:
+        # pip's index serves one ABI per torch release; a wheel of the other comes from elsewhere.
+        words += ["--from-wheels", f"/path/to/wheels-with-a-{row['cxx_abi']}-torch"]
+    else:
+        words += ["--from-pip", "--torch", f"torch=={row.get('pytorch', 'VERSION')}"]
+    if "python" in row:
+        words += ["--python", f"/path/to/python{row['python']}"]
+    if "cuda_compiler_version" in wanted:
+        words += ["--cuda-home", f"/usr/local/cuda-{row['cuda_compiler_version']}"]
+    return " ".join(words)
+
+
+def channel_lacks(source: str, asked: Mapping[str, Sequence[str]], rows: Sequence[Mapping[str, str]],
+                  folder: Path | None) -> ExtforgeError:
+    """A request the channel's torch builds cannot meet: what it asked, what the channel has, and
+    the `extforge mirror` command that adds the missing build."""
+    asked = {k: list(dict.fromkeys(map(str, vs))) for k, vs in asked.items()}
+    missing = [k for k, vs in asked.items() if not set(vs) & {r.get(k) for r in rows}]
+    first = {k: vs[0] for k, vs in asked.items()}
+    like = max(rows, key=lambda r: sum(r.get(k) == v for k, v in first.items()))
+    lacks_each = [f"{ROW_WORDS.get(k, k)} {' or '.join(asked[k])}" for k in missing]
+    lacks = (f"it has no {' and no '.join(lacks_each)}" if missing
+             else f"none of its torch builds has {describe_row(first)} together")
+    have = "; ".join(f"({describe_row(r)})" for r in rows)
+    key = next(iter(missing or first))
+    asked_text = ", ".join(f"{k}={','.join(vs)}" for k, vs in asked.items())
+    pick = (f"--variant {key}={like.get(key, '...')}" if source == "--variant"
+            else f"{key}: [\"{like.get(key, '...')}\"] in {source.replace('-m ', '')}")
+    return ExtforgeError(
+        f"{source} asks for {asked_text}, which the channel cannot build: {lacks}",
+        f"{folder or 'the channel'} holds {len(rows)} torch build{'s' if len(rows) != 1 else ''}: {have} "
+        f"(its {CHANNEL_VARIANTS}, written by `extforge mirror`); a variant asked for is built exactly or not at all",
+        f"add that build to the channel: {mirror_command(first, like, folder)}; or ask for one the channel has ({pick})",
+    )
+
+
 def fit_to_channel(
     values: Mapping[str, list], zips: list[list[str]], channel_values: Mapping[str, list],
-    channel_zips: Sequence[Sequence[str]],
+    channel_zips: Sequence[Sequence[str]], source: str = "the variant file", folder: Path | None = None,
 ) -> tuple[dict[str, list], list[list[str]]]:
     """The recipe's matrix cut down to the rows a mirror channel can build, filled with the
     channel's values for keys the recipe leaves open.
 
     A channel holds one or more torch builds (rows: python, pytorch, CUDA, ABI, compilers).
     A recipe row is kept once per channel row that agrees with it on every key both name;
-    the result zips the recipe's zipped keys with the channel's, one entry per kept pair."""
+    the result zips the recipe's zipped keys with the channel's, one entry per kept pair.
+    A matrix none of whose rows the channel has is refused (`channel_lacks`), never replaced."""
     rows = channel_rows(channel_values, channel_zips)
-    if not rows:
-        return dict(values), zips
-    source = f"the channel's {CHANNEL_VARIANTS}:"
     shared = [k for k in channel_values if k in values]
-    # A value the matrix lacks entirely is named as such (add a row for it).
-    values = narrow(values, zips, {k: sorted({r[k] for r in rows}) for k in shared}, source=source, strict=True)
+    if not channel_values:
+        return dict(values), zips
+    for k in shared:
+        if not {str(v) for v in values[k]} & {r[k] for r in rows}:
+            raise channel_lacks(source, {k: values[k]}, rows, folder)
+    values = narrow(values, zips, {k: sorted({r[k] for r in rows}) for k in shared}, source=source, strict=True,
+                    some=True)
     group = next((g for g in zips if any(k in g for k in shared)), [])
     n = len(values[group[0]]) if group else 1
     pairs = []
@@ -123,12 +204,8 @@ def fit_to_channel(
             if all(str(mine[k]) == row[k] if k in mine else row[k] in map(str, values[k]) for k in shared):
                 pairs.append(mine | row)
     if not pairs:
-        raise ExtforgeError(
-            f"{source} no row of the channel is a row of the variant matrix",
-            f"the channel holds {'; '.join(', '.join(f'{k}={r[k]}' for k in shared) for r in rows)}",
-            "add a row for one of them (every list under zip_keys gets one value) to the variant file, "
-            "or mirror a torch build the matrix has into the channel",
-        )
+        first = expand(values, zips, shared)[0]
+        raise channel_lacks(source, {k: [v] for k, v in first.items()}, rows, folder)
     out = {k: list(v) for k, v in values.items() if k not in group}
     zipped = list(dict.fromkeys([*group, *channel_values]))
     out |= {k: [p[k] for p in pairs] for k in zipped}
@@ -140,10 +217,79 @@ def resolve(
 ) -> Matrix:
     files = recipe_files(recipe, given)
     values, zips = engine.read_variant_files(files)
-    channel_values, channel_zips = engine.read_variant_files(channel_files(channels))
-    values, zips = fit_to_channel(values, zips, channel_values, channel_zips)
-    values = narrow(values, zips, overrides)
-    return Matrix(values, zips, files)
+    found = channel_files(channels)
+    channel_values, channel_zips = engine.read_variant_files(found)
+    folder = found[0].parent if found else None
+    source = " ".join(f"-m {f}" for f in files) if given else (str(files[0]) if files else "the recipe")
+    fitted, fitted_zips = fit_to_channel(values, zips, channel_values, channel_zips, source, folder)
+    keys = [k for k in channel_values if k in fitted]
+    kept = [{k: r[k] for k in keys if k in values} for r in expand(fitted, fitted_zips, keys)]
+    dropped = [r for r in expand(values, zips, keys) if r not in kept]
+    if dropped:
+        # Narrowing a matrix to the channel's rows is the offline file's purpose; still said, never silent.
+        log.warning("%s: %d of its rows not built (the channel has no torch build for them): %s", source,
+                    len(dropped), "; ".join(describe_row(r) for r in dropped))
+    rows = channel_rows(channel_values, channel_zips) if channel_values else []
+    for k, want in overrides.items():
+        if rows and k in keys and not set(want) <= {r[k] for r in rows}:
+            raise channel_lacks("--variant", {k: [w for w in want if w not in {r[k] for r in rows}]}, rows, folder)
+    narrowed = narrow(fitted, fitted_zips, overrides)
+    for row in expand(narrowed, fitted_zips, keys) if rows else []:
+        if row not in [{k: r[k] for k in row} for r in rows]:
+            asked = {k: [row[k]] for k in overrides if k in row} or {k: [v] for k, v in row.items()}
+            raise channel_lacks("--variant", asked, rows, folder)
+    own = recipe.parent / "variants.yaml"
+    return Matrix(narrowed, fitted_zips, files, own if own.is_file() and own not in files else None)
+
+
+# rattler-build's render error for a Jinja name no variant defines:
+# `undefined value (in <string>:1) (template: ${{ cuda_archs }})`.
+UNDEFINED = re.compile(r"undefined value \(in [^)]*\) \(template: (?P<template>.*?)\)(?: \}|\"|$)", re.S)
+# Names rattler-build defines itself, and Jinja's words.
+_NOT_VARIABLES = {"and", "or", "not", "in", "is", "if", "else", "true", "false", "none", "True", "False", "None",
+                  "env", "hash", "build_number", "target_platform", "build_platform", "unix", "linux", "osx", "win",
+                  "PYTHON", "PREFIX", "RECIPE_DIR", "SRC_DIR"}
+# A name that is a variable: not an attribute (.get), filter (| f), call (f(...)), keyword argument
+# (default=) or a name with a default (x | default(...)).
+_VARIABLE = re.compile(r"(?<![\w.])(?<!\|)(?<!\|\s)([A-Za-z_]\w*)(?!\w)(?!\s*[(=])(?!\s*\|\s*default\b)")
+
+
+def undefined_keys(template: str, defined: Mapping[str, object]) -> list[str]:
+    """The variable names of a template (`${{ cuda_archs }}`, `${{ x | default("y") }}`) not in `defined`."""
+    exprs = [re.sub(r"'[^']*'|\"[^\"]*\"", "''", e) for e in re.findall(r"\$\{\{(.*?)\}\}", template, re.S)]
+    names = [n for e in exprs for n in _VARIABLE.findall(e)]
+    return [n for n in dict.fromkeys(names) if n not in _NOT_VARIABLES and n not in defined]
+
+
+def render(recipe_file: Path, matrix: Matrix) -> list[Any]:
+    """rattler-build's rendered variants of the recipe over `matrix`; a Jinja name no variant file
+    defines is named with the file that would define it (this runs before anything is solved)."""
+    try:
+        return engine.render(recipe_file, matrix.config())
+    except BaseException as exc:  # rattler-build's own exception types for every parse step, or a panic
+        if not engine.engine_failure(exc):
+            raise
+        found = UNDEFINED.search(str(exc))
+        if found is None:
+            raise ExtforgeError(f"could not render {recipe_file}", engine.engine_message(exc).splitlines()[0],
+                                "fix the recipe or variant file") from exc
+        raise undefined_variable(found.group("template"), recipe_file, matrix) from exc
+
+
+def undefined_variable(template: str, recipe_file: Path, matrix: Matrix) -> ExtforgeError:
+    key = next(iter(undefined_keys(template, matrix.values)), template)
+    own = engine.read_variant_files([matrix.replaced])[0] if matrix.replaced else {}
+    given = ", ".join(map(str, matrix.files)) or "none"
+    if key in own:
+        why = (f"{matrix.replaced} defines {key}, but -m FILE replaces the recipe's own variants.yaml "
+               f"(rattler-build's rule), and {given} does not define it")
+        fix = (f"add `{key}: {json.dumps([str(v) for v in own[key]])}` to {given}, or pass the recipe's file first "
+               f"so both are read (later files win): -m {matrix.replaced} " + " ".join(f"-m {f}" for f in matrix.files))
+    else:
+        why = f"no variant file read defines it (read: {given}; and the channel's {CHANNEL_VARIANTS})"
+        fix = f"define it in a variant file (-m FILE) or on the command line: --variant {key}=VALUE"
+    return ExtforgeError(
+        f"the variant key `{key}` is undefined: {recipe_file} uses it in {template.strip()}", why, fix)
 
 
 def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:

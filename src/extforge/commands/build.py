@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
+
+if TYPE_CHECKING:
+    from ..build import BuiltPackage
 
 HELP = "build a recipe with rattler-build against explicit channels (logs, variants, audit)"
 
@@ -23,10 +28,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output-dir", "-o", type=Path, default=Path("output"), help="channel folder for the packages")
     parser.add_argument(
-        "--variant-config", "-m", action="append", default=[], type=Path, metavar="FILE", help="variant file (repeatable)"
+        "--variant-config", "-m", action="append", default=[], type=Path, metavar="FILE",
+        help="variant file (repeatable, later files win); given, it REPLACES the recipe's own variants.yaml "
+        "(rattler-build's rule): pass that file too (-m RECIPE/variants.yaml -m FILE) to add to it",
     )
     parser.add_argument(
-        "--variant", action="append", default=[], metavar="KEY=VALUE", help="override one variant key (repeatable)"
+        "--variant", action="append", default=[], metavar="KEY=VALUE",
+        help="narrow one variant key (repeatable); a value the channel has no package for is refused before building",
     )
     parser.add_argument("--profile", help="build profile for the resource planner (MAX_JOBS, NVCC_THREADS)")
     parser.add_argument("--no-test", action="store_true", help="skip the recipe's tests")
@@ -52,6 +60,13 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
     )
 
 
+def built_line(pkg: BuiltPackage) -> str:
+    """The console line of one built package: its path and its audit verdict."""
+    verdict = {None: "not audited (--no-audit)", "pass": "audit pass (stamped into the package)"}.get(
+        pkg.audit_verdict, f"audit {pkg.audit_verdict}: run `extforge audit {shlex.quote(str(pkg.path))}` for details")
+    return f"built {pkg.path}; {verdict}"
+
+
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     if args.slurm:
@@ -68,5 +83,5 @@ def run(args: argparse.Namespace) -> int:
         ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built]})
     else:
         for p in built:
-            ui.console.print(f"built {p.path}")
+            ui.console.print(built_line(p), markup=False)
     return 0

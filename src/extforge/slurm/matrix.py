@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import engine
-from ..errors import ExtforgeError
-from ..variants import Matrix
+from ..variants import Matrix, render
 from ..variants import archs as variant_archs
 
 
@@ -41,10 +39,7 @@ def expand(recipe: Path, resolved: Matrix) -> list[Variant]:
     """Render the recipe over its variant matrix, resolved exactly as `extforge build` resolves it
     (extforge.variants.resolve), so each job builds the variant expanded here."""
     matrix = resolved.values
-    try:
-        rendered = engine.render(recipe, resolved.config())
-    except Exception as exc:  # rattler-build raises its own exception types for every parse step
-        raise ExtforgeError(f"could not render {recipe}", str(exc).strip().splitlines()[0], "fix the recipe or variant file") from exc
+    rendered = render(recipe, resolved)
 
     grouped: dict[tuple[tuple[str, str], ...], list] = {}
     for r in rendered:
