@@ -29,6 +29,9 @@ __all__ = ["MirrorResult", "build_mirror", "from_env", "from_pip", "from_wheels"
 
 # What conda-forge-style CUDA extension recipes put in build/host besides the compilers.
 BASE_DISTS = ("torch", "pip", "setuptools", "wheel", "packaging", "ninja")
+# What conda-forge's pytorch requires and pip's torch does not: without numpy, every
+# `import torch` warns "Failed to initialize NumPy".
+TORCH_RUN_DISTS = ("numpy",)
 VARIANTS_FILE = "variants.yaml"
 
 
@@ -77,13 +80,14 @@ def plan_jobs(
     facts = torch_facts(torch)
     interp = inputs.interpreter
     env = marker_environment(interp.short, interp.version)
-    roots = [r for r in BASE_DISTS if r == "torch" or r in inputs.artifacts] + list(extras)
+    runs = [d for d in TORCH_RUN_DISTS if d in inputs.artifacts]
+    roots = [r for r in BASE_DISTS if r == "torch" or r in inputs.artifacts] + runs + list(extras)
     graph = closure(roots, {k: a.info for k, a in inputs.artifacts.items()}, env)
     jobs = [python_job(interp), python_abi_job(interp)]
     for name in graph.order:
         job = dist_job(inputs.artifacts[name], graph.depends[name], interp)
         if name == "torch":
-            job = as_pytorch(job, facts, interp.short)
+            job = as_pytorch(job, facts, interp.short, numpy="numpy" in runs)
         jobs.append(job)
     jobs += compiler_jobs(toolchain)
     toolkit = None
@@ -105,11 +109,12 @@ def plan_jobs(
     if toolkit:
         variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": toolkit.short}
     missing = {k: v for k, v in graph.missing.items() if k not in BASE_DISTS or k == "torch"}
+    missing |= {d: "pytorch (`import torch` warns without it)" for d in TORCH_RUN_DISTS if d not in runs}
     return jobs, variants, missing
 
 
 def pip_requirements(torch_spec: str, extras: list[str]) -> list[str]:
-    return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *extras]
+    return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *TORCH_RUN_DISTS, *extras]
 
 
 def build_mirror(
