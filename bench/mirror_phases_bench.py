@@ -73,13 +73,25 @@ def compress(root: Path, out: Path, level: int, threads: int) -> int:
     return size
 
 
-def timed(what: str, fn, rows: list[tuple[str, float, str]], note: str = ""):  # type: ignore[no-untyped-def]
-    start = time.monotonic()
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+Row = tuple[str, float, float, str]  # what, wall seconds, CPU seconds (this process, its threads and children), notes
+
+
+def timed(what: str, fn, rows: list[Row], note: str = ""):  # type: ignore[no-untyped-def]
+    """Wall and CPU seconds of fn(): on a shared machine the CPU seconds are what compares."""
+    start, cpu = time.monotonic(), cpu_seconds()
     value = fn()
-    seconds = time.monotonic() - start
-    rows.append((what, seconds, f"{note}{'; ' if note else ''}{load()}"))
-    print(f"{what:62s} {seconds:8.1f} s  {rows[-1][2]}", flush=True)
+    rows.append((what, time.monotonic() - start, cpu_seconds() - cpu, f"{note}{'; ' if note else ''}{load()}"))
+    show(rows[-1])
     return value
+
+
+def show(row: Row) -> None:
+    print(f"{row[0]:58s} {row[1]:7.1f} s wall {row[2]:7.1f} s CPU  {row[3]}", flush=True)
 
 
 def main() -> int:
@@ -102,7 +114,7 @@ def main() -> int:
         shutil.rmtree(paths.cache_root() / "mirror" / sub, ignore_errors=True)
     (paths.cache_root() / "mirror" / "sha256-memo.json").unlink(missing_ok=True)
 
-    rows: list[tuple[str, float, str]] = []
+    rows: list[Row] = []
     reqs = mirror.pip_requirements(args.torch, [])
     inputs = timed("read inputs (wheels present: hash + metadata)", lambda: mirror.from_pip(reqs), rows)
     wheels = sorted(a.wheel for a in inputs.artifacts.values() if a.wheel is not None)
@@ -110,23 +122,28 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="extforge-phases-"))
     times: dict[str, float] = {}
+    cpu: dict[str, float] = {}
 
     def record(job: PackageJob, pkg) -> None:  # type: ignore[no-untyped-def]
-        if pkg is not None:
+        if pkg is None:
+            cpu[job.name] = cpu_seconds()
+        else:
             times[job.name] = pkg.seconds
+            cpu[job.name] = cpu_seconds() - cpu[job.name]
 
     try:
         result = timed("mirror the row (package + place + index)", lambda: mirror.build_mirror(
             work / "channel", inputs, on_package=record), rows)
         wheel_names = {p.name for p in result.packages if p.name not in ("python", "python_abi")
                        and not p.name.startswith(("cuda-", "gcc", "gxx", "libstdcxx"))}
-        pkg_s = sum(times.values())
-        wheel_s = sum(s for n, s in times.items() if n in wheel_names)
         conda_bytes = sum(p.path.stat().st_size for p in result.packages)
-        rows.append(("  of which: packaging, every package", pkg_s, f"{len(times)} packages, {conda_bytes / 2**30:.2f} GiB"))
-        rows.append(("  of which: packaging the wheels' packages", wheel_s,
-                     f"{len(wheel_names)} packages from {wheel_bytes / 2**30:.2f} GiB of wheels"))
-        rows.append(("  of which: place + index + plan", result.seconds - pkg_s, ""))
+        wheel_pkgs = [n for n in times if n in wheel_names]
+        rows.append(("  of which: packaging, every package", sum(times.values()), sum(cpu.values()),
+                     f"{len(times)} packages, {conda_bytes / 2**30:.2f} GiB"))
+        rows.append(("  of which: packaging the wheels' packages", sum(times[n] for n in wheel_pkgs),
+                     sum(cpu[n] for n in wheel_pkgs), f"{len(wheel_pkgs)} packages from {wheel_bytes / 2**30:.2f} GiB of wheels"))
+        rows.append(("  of which: place + index + plan", result.seconds - sum(times.values()),
+                     rows[-3][2] - sum(cpu.values()), ""))
         top = sorted(times.items(), key=lambda kv: -kv[1])[:5]
         print("slowest packages: " + ", ".join(f"{n} {s:.0f} s" for n, s in top))
         if not args.skip_limit:
@@ -137,21 +154,21 @@ def main() -> int:
             for level, threads in ((3, 1), (3, cores), (1, cores), (-1, cores)):
                 size = timed(f"limit: tar + zstd level {level}, {threads} thread(s)",
                              lambda lv=level, t=threads: compress(tree, work / "t.tar.zst", lv, t), rows)
-                rows[-1] = (rows[-1][0], rows[-1][1], f"{size / 2**30:.2f} GiB; {rows[-1][2]}")
+                rows[-1] = (*rows[-1][:3], f"{size / 2**30:.2f} GiB; {rows[-1][3]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    for what, seconds, note in rows:
-        print(f"{what:62s} {seconds:8.1f} s  {note}")
+    for row in rows:
+        show(row)
     if not args.no_record:
         m = detect()
         append_section([
             f"## Mirror phases of one row ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n",
             f"Machine: {m.cores} cores, {m.memory_gib:.0f} GiB, local disk, shared with other work (load average "
             f"beside each number). `bench/mirror_phases_bench.py --torch {args.torch}`, wheels already downloaded.\n",
-            "| phase | seconds | notes |",
-            "|---|---:|---|",
-            *(f"| {what} | {seconds:.1f} | {note} |" for what, seconds, note in rows),
+            "| phase | wall s | CPU s | notes |",
+            "|---|---:|---:|---|",
+            *(f"| {what} | {wall:.1f} | {cpu:.1f} | {note} |" for what, wall, cpu, note in rows),
         ])
     return 0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import engine
 from ..ui import log
 from . import rows
-from .channel import CachedPackage, build_job, place
+from .channel import CachedPackage, build_jobs, place
 from .cuda_sources import add_wheel_headers, toolkit_for
 from .cuda_toolkit import toolkit_jobs
 from .deps import closure, marker_environment
@@ -134,14 +134,7 @@ def build_mirror(
         log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)
     channel.mkdir(parents=True, exist_ok=True)
     log_file = channel / "mirror-build.log"
-    built: list[CachedPackage] = []
-    for job in jobs:
-        if on_package:
-            on_package(job, None)
-        pkg = build_job(job, log_file)
-        built.append(pkg)
-        if on_package:
-            on_package(job, pkg)
+    built = build_jobs(jobs, log_file, on_package)
     # This run's row replaces its earlier self; the channel's other torch builds stay.
     before = rows.load_rows(channel)
     after = rows.merge(before, rows.Row(variants, [f"{p.subdir}/{p.path.name}" for p in built]))
