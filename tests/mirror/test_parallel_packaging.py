@@ -47,3 +47,23 @@ def test_a_failing_package_is_one_clear_error(tmp_path: Path, monkeypatch: pytes
     assert "could not package bad 1.0" in str(err.value) and err.value.fix
     meta = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "mirror" / "packages").glob("*/package.json")]
     assert [m["name"] for m in meta] in ([], ["good"])  # what was built stays cached
+
+
+def test_the_channel_index_reuses_the_records_written_at_build_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Placing packages does not read them again: their repodata entries are the ones rattler-build
+    wrote when it built them (sha256 and md5 of the very file), and the indexer keeps them."""
+    import hashlib
+
+    from extforge.mirror.channel import place
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    built = build_jobs([_job("one", 10), _job("two", 10)], None, None, workers=1)
+    meta = built[1].path.parent / "package.json"
+    marked = json.loads(meta.read_text())
+    assert marked["record"]["sha256"] == hashlib.sha256(built[1].path.read_bytes()).hexdigest()
+    marked["record"]["md5"] = "0" * 32  # a value the indexer would never compute
+    meta.write_text(json.dumps(marked))
+    place(built, tmp_path / "channel")
+    entries = json.loads((tmp_path / "channel" / built[1].subdir / "repodata.json").read_text())["packages.conda"]
+    assert entries[built[1].path.name]["md5"] == "0" * 32
+    assert entries[built[0].path.name]["sha256"] == hashlib.sha256(built[0].path.read_bytes()).hexdigest()

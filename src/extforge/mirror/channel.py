@@ -88,6 +88,7 @@ def build_job(job: PackageJob, log_file: Path | None = None, compression_threads
             fh.write(f"## {job.name} {job.version}\n" + "\n".join(sink.lines) + "\n")
     result = results[0]
     built = Path(result.packages[0])
+    record = _built_record(built)
     entry.mkdir(parents=True, exist_ok=True)
     final = entry / built.name
     shutil.move(built, final)
@@ -98,12 +99,52 @@ def build_job(job: PackageJob, log_file: Path | None = None, compression_threads
         "build": result.build_string,
         "subdir": result.platform,
         "file": built.name,
+        "record": record,
     }
     (entry / "package.json").write_text(json.dumps(data))
     shutil.rmtree(work, ignore_errors=True)
     return CachedPackage(
         result.name, result.version, result.build_string, result.platform, final, False, time.monotonic() - start
     )
+
+
+def _built_record(built: Path) -> dict | None:
+    """The repodata entry rattler-build wrote for the package when it indexed its output folder
+    (sha256 and md5 of the whole file, read once already)."""
+    try:
+        return json.loads((built.parent / "repodata.json").read_text())["packages.conda"][built.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
+    """Give the channel's repodata.json the entries its new packages got when they were built, so
+    the indexer, which indexes only files it has no entry for, does not read ~3 GB of packages
+    again. Returns how many entries were added."""
+    added = 0
+    for sub in sorted({p.subdir for p in packages}):
+        live = channel / sub / "repodata.json"
+        try:
+            data = json.loads(live.read_text())
+        except (OSError, ValueError):
+            data = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}, "repodata_version": 1}
+        entries = data.setdefault("packages.conda", {})
+        before = added
+        for pkg in packages:
+            if pkg.subdir != sub or pkg.path.name in entries:
+                continue
+            try:
+                record = json.loads((pkg.path.parent / "package.json").read_text()).get("record")
+            except (OSError, ValueError):
+                record = None
+            if record and record.get("size") == pkg.path.stat().st_size:
+                entries[pkg.path.name] = record
+                added += 1
+        if added > before:
+            tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(live)
+    return added
 
 
 # Each worker holds a package's files and buffers (~1-3 GB for torch); more than this many at
@@ -193,5 +234,6 @@ def place(packages: list[CachedPackage], channel: Path, remove: set[str] = froze
                 shutil.copy2(src, dst)
         dst.chmod(0o644)
         placed.append(dst)
+    seed_records(channel, packages)
     index_channel(channel)
     return placed
