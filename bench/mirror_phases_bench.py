@@ -122,14 +122,10 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="extforge-phases-"))
     times: dict[str, float] = {}
-    cpu: dict[str, float] = {}
 
     def record(job: PackageJob, pkg) -> None:  # type: ignore[no-untyped-def]
-        if pkg is None:
-            cpu[job.name] = cpu_seconds()
-        else:
+        if pkg is not None:
             times[job.name] = pkg.seconds
-            cpu[job.name] = cpu_seconds() - cpu[job.name]
 
     try:
         result = timed("mirror the row (package + place + index)", lambda: mirror.build_mirror(
@@ -138,12 +134,12 @@ def main() -> int:
                        and not p.name.startswith(("cuda-", "gcc", "gxx", "libstdcxx"))}
         conda_bytes = sum(p.path.stat().st_size for p in result.packages)
         wheel_pkgs = [n for n in times if n in wheel_names]
-        rows.append(("  of which: packaging, every package", sum(times.values()), sum(cpu.values()),
+        # Packages are built in worker processes, whose CPU seconds reach this process only when
+        # they exit: per package, wall seconds (summed over workers running at once) only.
+        rows.append(("  packages' own wall seconds, summed", sum(times.values()), float("nan"),
                      f"{len(times)} packages, {conda_bytes / 2**30:.2f} GiB"))
-        rows.append(("  of which: packaging the wheels' packages", sum(times[n] for n in wheel_pkgs),
-                     sum(cpu[n] for n in wheel_pkgs), f"{len(wheel_pkgs)} packages from {wheel_bytes / 2**30:.2f} GiB of wheels"))
-        rows.append(("  of which: place + index + plan", result.seconds - sum(times.values()),
-                     rows[-3][2] - sum(cpu.values()), ""))
+        rows.append(("  of which the wheels' packages", sum(times[n] for n in wheel_pkgs), float("nan"),
+                     f"{len(wheel_pkgs)} packages from {wheel_bytes / 2**30:.2f} GiB of wheels"))
         top = sorted(times.items(), key=lambda kv: -kv[1])[:5]
         print("slowest packages: " + ", ".join(f"{n} {s:.0f} s" for n, s in top))
         if not args.skip_limit:
@@ -163,7 +159,7 @@ def main() -> int:
     if not args.no_record:
         m = detect()
         append_section([
-            f"## Mirror phases of one row ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n",
+            f"\n## Mirror phases of one row ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC)\n",
             f"Machine: {m.cores} cores, {m.memory_gib:.0f} GiB, local disk, shared with other work (load average "
             f"beside each number). `bench/mirror_phases_bench.py --torch {args.torch}`, wheels already downloaded.\n",
             "| phase | wall s | CPU s | notes |",

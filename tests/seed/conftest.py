@@ -1,10 +1,10 @@
 """The seed clusters: every (python, torch) row our users run, mirrored into ONE channel and
 demo-ext built for each into ONE output channel, once per session and cached across sessions
-(cold: ~3 GB of wheels per torch build, ~19 min and ~35 GiB for the four rows; warm: seconds).
+(cold: ~3 GB of wheels per torch build, the cache grew 40.4 GiB for the four rows; warm: seconds).
 
 Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
 skipped with that reason; the others are built and tested. A machine whose disk cannot hold
-the rows' caches skips them all and says how much is missing.
+what the rows' cold parts will add (disk_need) skips them all and says how much is missing.
 """
 
 from __future__ import annotations

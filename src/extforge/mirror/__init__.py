@@ -109,7 +109,7 @@ def plan_jobs(
     if toolkit:
         variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": toolkit.short}
     missing = {k: v for k, v in graph.missing.items() if k not in BASE_DISTS or k == "torch"}
-    missing |= {d: "pytorch (`import torch` warns without it)" for d in TORCH_RUN_DISTS if d not in runs}
+    missing |= {d: "pytorch: `import torch` warns without it" for d in TORCH_RUN_DISTS if d not in runs}
     return jobs, variants, missing
 
 
