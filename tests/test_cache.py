@@ -130,3 +130,40 @@ def test_reusing_a_mirror_package_or_wheel_marks_it_used(tmp_path: Path, monkeyp
     os.utime(kept, (time.time() - 30 * DAY,) * 2)
     share_wheels(request, store)  # already linked: only marked
     assert time.time() - kept.stat().st_mtime < DAY
+
+
+# Written under the cache root but no area: a file of a few KiB that the next mirror run rebuilds.
+NOT_AN_AREA = {"mirror/sha256-memo.json"}
+
+
+def test_every_folder_the_code_writes_under_the_cache_is_an_area():
+    """Each folder the project (code, tests, benches) joins onto cache_root() is listed by
+    `extforge cache`: a folder it does not list is disk a user cannot see or prune."""
+    import fnmatch
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r'cache_root\(\) / f?"([^"{]+)(\{[^"]*)?"(?: / "([^"{]+)")?')
+    written = set()
+    for path in [*repo.glob("src/**/*.py"), *repo.glob("tests/**/*.py"), *repo.glob("bench/*.py")]:
+        for top, templated, sub in pattern.findall(path.read_text()):
+            written.add(top + ("*" if templated else "") + (f"/{sub}" if sub else ""))
+    assert {"trust-*", "mirror/packages", "audit-torch", "tools", "logs"} <= written, written
+    rels = [a.rel for a in cache.AREAS]
+    unlisted = {w for w in written - NOT_AN_AREA
+                if not any(fnmatch.fnmatch(w, rel) or w.startswith(rel + "/") or rel.startswith(w + "/") for rel in rels)}
+    assert not unlisted, f"cache folders no area lists: {unlisted}"
+
+
+def test_private_and_self_managed_areas_are_listed_but_never_pruned(tmp_path: Path):
+    t = _tree(tmp_path)
+    secret = _entry(t["root"] / f"trust-{os.getuid()}", "secret", 10, 30)
+    objects = _entry(t["root"] / "compile", "a", 10, 30)
+    listed = json.loads(_cli(t["root"], "--json").stdout)
+    assert {r["area"]: r["entries"] for r in listed["areas"]}.items() >= {"trust": 1, "compile": 1}.items()
+    done = _cli(t["root"], "--prune", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    assert secret.exists() and objects.exists() and not t["old_pkg"].exists()
+    refused = _cli(t["root"], "--prune", "0", "--area", "trust")
+    assert refused.returncode == 2 and "cannot be pruned" in refused.stderr and "Traceback" not in refused.stderr
+    assert secret.exists()

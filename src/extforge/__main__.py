@@ -2,4 +2,7 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+# Guarded: the mirror's packaging workers are spawned processes, which import the parent's
+# main module (this one under `python -m extforge`) without running it.
+if __name__ == "__main__":
+    sys.exit(main())

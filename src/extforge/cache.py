@@ -23,8 +23,11 @@ DAY_S = 24 * 3600
 @dataclass(frozen=True)
 class Area:
     name: str
-    rel: str  # folder under the cache root whose children are the entries
+    rel: str  # folder under the cache root whose children are the entries (a glob: one folder per user)
     what: str
+    # Listed only: entries that a prune by age would break (a user's HMAC secret) or that their
+    # own tool sizes and evicts (the compiler cache).
+    prunable: bool = True
 
 
 AREAS = (
@@ -37,6 +40,14 @@ AREAS = (
     Area("rattler", "rattler/pkgs", "rattler's extracted packages (build and install environments)"),
     Area("sources", "sources/sha256", "recipe sources, by sha256"),
     Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
+    Area("mirror-work", "mirror/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
+    Area("channels", "channels", "channels kept under the cache (scripts/demo's mirror)"),
+    Area("audit-torch", "audit-torch", "unpacked torch wheels the test suite and the audit bench audit against"),
+    Area("test-tools", "tools", "tools the test suite installs once (conda-lock's environment)"),
+    Area("logs", "logs", "crash logs (the newest 20 are kept)"),
+    Area("compile", "compile", "the compiler cache (ccache/sccache; sized and evicted by that tool)", prunable=False),
+    Area("trust", "trust-*", "install and verify's trusted manifests and secret, one private folder per user",
+         prunable=False),
 )
 
 
@@ -111,14 +122,22 @@ def freeable(entries: Iterable[Entry]) -> Freeable:
     return Freeable(total, by_area)
 
 
+def _children(root: Path, area: Area) -> list[Path]:
+    folders = sorted(root.glob(area.rel)) if "*" in area.rel else [root / area.rel]
+    found: list[Path] = []
+    for folder in folders:
+        try:
+            found += sorted(folder.iterdir())
+        except OSError:
+            continue  # absent, or another user's private folder
+    return found
+
+
 def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:
     """Every entry of `areas` under `root`; a file hard-linked from two entries counts for the first."""
     seen: set[tuple[int, int]] = set()
     for area in areas:
-        folder = root / area.rel
-        if not folder.is_dir():
-            continue
-        for path in sorted(folder.iterdir()):
+        for path in _children(root, area):
             if not _is_entry(path):
                 continue
             try:

@@ -130,14 +130,14 @@ def build_variant(variant: Any, output_dir: Path, channels: Sequence[str], sink:
 
 
 def build_generated(recipe_file: Path, output_dir: Path, channels: Sequence[str], sink: LogSink, *,
-                    package_format: str | None = None) -> list[Any]:
+                    package_format: str | None = None, compression_threads: int | None = None) -> list[Any]:
     """Build a recipe extforge generated itself (mirror packages): no tests, no recipe inside."""
     from rattler_build import Stage0Recipe, ToolConfiguration
 
     return list(Stage0Recipe.from_file(recipe_file).run_build(
         output_dir=output_dir,
         channels=list(channels),
-        tool_config=ToolConfiguration(test_strategy="skip"),
+        tool_config=ToolConfiguration(test_strategy="skip", compression_threads=compression_threads),
         package_format=package_format,
         no_include_recipe=True,
         progress_callback=sink,

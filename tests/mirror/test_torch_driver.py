@@ -4,12 +4,13 @@ where the driver offers CUDA 12 (conda and pixi read __cuda from index.json)."""
 from __future__ import annotations
 
 import asyncio
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from extforge.mirror.recipes import PackageJob
-from extforge.mirror.torch_pkg import TorchFacts, as_pytorch
+from extforge.mirror.torch_pkg import NUMPY_SPEC, TorchFacts, as_pytorch
 
 
 def _job() -> PackageJob:
@@ -24,6 +25,33 @@ def test_cuda_torch_depends_on_its_driver_major(version, cuda, want):
 
 def test_cpu_torch_needs_no_driver():
     assert not [d for d in as_pytorch(_job(), TorchFacts("2.13.0+cpu", None), "3.12").depends if d.startswith("__")]
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as zf:
+        for member, text in files.items():
+            zf.writestr(member, text)
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+
+
+@pytest.mark.parametrize("with_numpy", [True, False])
+def test_pytorch_requires_numpy_as_on_conda_forge(tmp_path: Path, with_numpy: bool):
+    """pip's torch does not require numpy, conda-forge's pytorch does: the channel's pytorch asks
+    for the numpy it holds, and a source without numpy says it is missing."""
+    from extforge import mirror
+    from extforge.mirror.toolchain import detect
+
+    _wheel(tmp_path, "torch", "2.13.0", {"torch/version.py": "__version__ = '2.13.0+cpu'\ncuda = None\n"})
+    if with_numpy:
+        _wheel(tmp_path, "numpy", "2.4.6", {"numpy/__init__.py": ""})
+    jobs, _, missing = mirror.plan_jobs(mirror.from_wheels(tmp_path), [], detect())
+    (torch,) = [j for j in jobs if j.name == "pytorch"]
+    assert (NUMPY_SPEC in torch.depends) is with_numpy
+    assert ("numpy" in {j.name for j in jobs}) is with_numpy
+    assert ("numpy" in missing) is not with_numpy
+    assert "numpy" in mirror.pip_requirements("torch==2.13.0", [])
 
 
 @pytest.mark.slow

@@ -1,10 +1,10 @@
 """The seed clusters: every (python, torch) row our users run, mirrored into ONE channel and
 demo-ext built for each into ONE output channel, once per session and cached across sessions
-(cold: ~3 GB of wheels per torch build, ~19 min and ~35 GiB for the four rows; warm: seconds).
+(cold: ~3 GB of wheels per torch build, the cache grew 40.4 GiB for the four rows; warm: seconds).
 
 Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
 skipped with that reason; the others are built and tested. A machine whose disk cannot hold
-the rows' caches skips them all and says how much is missing.
+what the rows' cold parts will add (disk_need) skips them all and says how much is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +71,15 @@ class SeedChannel:
         return self.rows[cluster.name]
 
 
-# What the rows add to a cold cache (wheels, mirror packages, extracted packages, envs): 35 GiB
-# measured from a cold cache (docs/benchmarks.md "Seed clusters in the default suite"), plus margin.
-COLD_CACHE_GIB = 40
+# What the seed part adds to the disk, per part, measured from a cold cache on the 2-core machine
+# (docs/benchmarks.md, "Seed clusters in the default suite" and issue 27's numbers): the cache grew
+# 40.4 GiB during the seed rows, of which 29.4 GiB are the extracted packages, the demo-ext
+# builds and the rows' envs (measured alone with the mirror warm), so 11.0 GiB are the rows'
+# wheels and mirror packages; outside the cache the run held up to 8.1 GiB more at its peak
+# (the disk grew 64.6 GiB, the cache 56.5 GiB).
+MIRROR_GIB = 11.0
+INSTALL_GIB = 29.4
+SCRATCH_GIB = 8.1
 # Written after every row was mirrored: the package files that make the next run warm.
 WARM_RECORD = "seed-clusters-warm.json"
 
@@ -81,17 +88,41 @@ def _warm_record() -> Path:
     return paths.cache_root() / "test-fixtures" / WARM_RECORD
 
 
-def disk_shortfall(free_bytes: int, record: Path) -> str | None:
-    """Why this disk cannot take a cold run of the seed rows, or None (enough room, or caches warm)."""
+@dataclass(frozen=True)
+class DiskNeed:
+    """What the seed part will add to the disk from here, per part that is not warm yet."""
+
+    parts: dict[str, float]  # part -> GiB
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        return ", ".join(f"{part} {gib:.1f} GiB" for part, gib in self.parts.items())
+
+
+def disk_need(record: Path, extracted: Path) -> DiskNeed:
+    """The parts still cold: the rows' mirror packages (all on disk: warm), and their pytorch
+    packages extracted for builds and envs (rattler's folder per package: warm)."""
     try:
-        warm = all(Path(f).is_file() for f in json.loads(record.read_text())["packages"])
-    except (OSError, ValueError, KeyError):
-        warm = False
+        packages = [Path(f) for f in json.loads(record.read_text())["packages"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        packages = []
+    mirrored = bool(packages) and all(f.is_file() for f in packages)
+    torches = [f for f in packages if f.name.startswith("pytorch-")]
+    unpacked = mirrored and bool(torches) and all((extracted / f.name.removesuffix(".conda")).is_dir() for f in torches)
+    parts = {"mirror": 0.0 if mirrored else MIRROR_GIB, "extracted packages, builds and envs": 0.0 if unpacked else INSTALL_GIB}
+    return DiskNeed({k: v for k, v in parts.items() if v} | {"scratch": SCRATCH_GIB})
+
+
+def disk_shortfall(free_bytes: int, need: DiskNeed) -> str | None:
+    """Why this disk cannot take the seed rows from here, or None."""
     free = free_bytes / 2**30
-    if warm or free >= COLD_CACHE_GIB:
+    if free >= need.total:
         return None
-    return (f"the seed rows need ~{COLD_CACHE_GIB} GiB of cache on a cold machine and {free:.1f} GiB is free "
-            f"on the disk of {paths.cache_root()}; free space or point EXTFORGE_CACHE at a bigger disk")
+    return (f"the seed rows need ~{need.total:.1f} GiB on the disk of {paths.cache_root()} ({need.describe()}) and "
+            f"{free:.1f} GiB is free; free space or point EXTFORGE_CACHE at a bigger disk")
 
 
 @pytest.fixture(scope="session")
@@ -106,26 +137,33 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     skipped: dict[str, str] = {}
     seconds: dict[str, float] = {}
     fixtures_dir.mkdir(parents=True, exist_ok=True)
-    shortfall = disk_shortfall(shutil.disk_usage(fixtures_dir).free, _warm_record())
+    shortfall = disk_shortfall(shutil.disk_usage(fixtures_dir).free, disk_need(_warm_record(), paths.rattler_pkgs_dir()))
     if shortfall:
         pytest.skip(shortfall)
     packages: list[str] = []
+    pythons = {c.name: find_python(c.python) for c in CLUSTERS}
+    # pip fetches the next rows' wheels (network and disk) while this row is packaged (CPU):
+    # cold, the downloads took 46-108 s a row.
+    fetcher = ThreadPoolExecutor(max_workers=1)
     with exclusive(fixtures_dir / "seed-channel.lock"):
-        for c in CLUSTERS:
-            python = find_python(c.python)
-            if python is None:
-                skipped[c.name] = f"no CPython {c.python} here (pyenv install {c.python})"
-                continue
-            start = time.monotonic()
-            inputs = mirror.from_pip(mirror.pip_requirements(f"torch=={c.torch}", []), python)
-            result = mirror.build_mirror(channel, inputs)
-            seconds[c.name] = time.monotonic() - start
-            rows[c.name] = result.variants
-            packages += [str(p.path) for p in result.packages]
-            nvcc = result.variants.get("cuda_compiler_version", "")
-            if nvcc.split(".")[0] != c.cuda.split(".")[0]:
-                skipped[c.name] = (f"the channel's CUDA toolkit for torch {c.torch}+cu{c.cuda.replace('.', '')} is "
-                                   f"{nvcc or 'none'}; torch refuses an nvcc of another major")
+        try:
+            fetched = {c.name: fetcher.submit(mirror.from_pip, mirror.pip_requirements(f"torch=={c.torch}", []), python)
+                       for c in CLUSTERS if (python := pythons[c.name])}
+            for c in CLUSTERS:
+                if c.name not in fetched:
+                    skipped[c.name] = f"no CPython {c.python} here (pyenv install {c.python})"
+                    continue
+                start = time.monotonic()
+                result = mirror.build_mirror(channel, fetched[c.name].result())
+                seconds[c.name] = time.monotonic() - start
+                rows[c.name] = result.variants
+                packages += [str(p.path) for p in result.packages]
+                nvcc = result.variants.get("cuda_compiler_version", "")
+                if nvcc.split(".")[0] != c.cuda.split(".")[0]:
+                    skipped[c.name] = (f"the channel's CUDA toolkit for torch {c.torch}+cu{c.cuda.replace('.', '')} is "
+                                       f"{nvcc or 'none'}; torch refuses an nvcc of another major")
+        finally:
+            fetcher.shutdown(cancel_futures=True)
     tmp = _warm_record().with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"packages": packages}))
     tmp.replace(_warm_record())

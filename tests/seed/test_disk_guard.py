@@ -1,37 +1,56 @@
-"""The seed rows' disk guard: a cold cache on a small disk is skipped with the numbers, a warm
-cache never is."""
+"""The seed rows' disk guard reserves what the part still cold will add (measured per part) and
+says so when it skips; a warm cache reserves only the scratch space."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .conftest import COLD_CACHE_GIB, disk_shortfall
+from .conftest import INSTALL_GIB, MIRROR_GIB, SCRATCH_GIB, disk_need, disk_shortfall
 
 GIB = 2**30
+TORCH = "pytorch-2.9.1-cuda128_py312_h0_0"
 
 
-def test_a_cold_cache_on_a_small_disk_says_how_much_is_missing(tmp_path: Path):
-    reason = disk_shortfall(5 * GIB, tmp_path / "no-record.json")
-    assert reason is not None
-    assert f"~{COLD_CACHE_GIB} GiB" in reason and "5.0 GiB is free" in reason and "EXTFORGE_CACHE" in reason
-
-
-def test_enough_room_runs_cold(tmp_path: Path):
-    assert disk_shortfall(COLD_CACHE_GIB * GIB, tmp_path / "no-record.json") is None
-
-
-def test_a_warm_cache_runs_on_a_small_disk_until_one_of_its_packages_is_gone(tmp_path: Path):
-    kept = tmp_path / "pytorch-2.9.1-cuda128_py312_h0_0.conda"
-    kept.write_bytes(b"x")
+def _record(tmp_path: Path, files: list[Path]) -> Path:
     record = tmp_path / "record.json"
-    record.write_text(json.dumps({"packages": [str(kept)]}))
-    assert disk_shortfall(1 * GIB, record) is None
-    kept.unlink()
-    assert disk_shortfall(1 * GIB, record) is not None
+    record.write_text(json.dumps({"packages": [str(f) for f in files]}))
+    return record
+
+
+def _mirrored(tmp_path: Path) -> tuple[Path, Path]:
+    pkg = tmp_path / "packages" / f"{TORCH}.conda"
+    pkg.parent.mkdir()
+    pkg.write_bytes(b"x")
+    return pkg, _record(tmp_path, [pkg])
+
+
+def test_a_cold_cache_reserves_every_part_and_the_skip_names_them(tmp_path: Path):
+    need = disk_need(tmp_path / "no-record.json", tmp_path / "pkgs")
+    assert need.total == MIRROR_GIB + INSTALL_GIB + SCRATCH_GIB
+    reason = disk_shortfall(int((need.total - 1) * GIB), need)
+    assert reason is not None
+    assert f"~{need.total:.1f} GiB" in reason and f"mirror {MIRROR_GIB:.1f} GiB" in reason
+    assert f"scratch {SCRATCH_GIB:.1f} GiB" in reason and "EXTFORGE_CACHE" in reason
+    assert disk_shortfall(int(need.total * GIB), need) is None
+
+
+def test_mirrored_rows_reserve_the_extraction_until_their_torch_is_extracted(tmp_path: Path):
+    _, record = _mirrored(tmp_path)
+    need = disk_need(record, tmp_path / "pkgs")
+    assert need.parts == {"extracted packages, builds and envs": INSTALL_GIB, "scratch": SCRATCH_GIB}
+    (tmp_path / "pkgs" / TORCH).mkdir(parents=True)
+    assert disk_need(record, tmp_path / "pkgs").parts == {"scratch": SCRATCH_GIB}
+
+
+def test_a_package_gone_from_the_cache_makes_the_mirror_cold_again(tmp_path: Path):
+    pkg, record = _mirrored(tmp_path)
+    (tmp_path / "pkgs" / TORCH).mkdir(parents=True)
+    pkg.unlink()
+    assert set(disk_need(record, tmp_path / "pkgs").parts) == {"mirror", "extracted packages, builds and envs", "scratch"}
 
 
 def test_an_unreadable_record_counts_as_cold(tmp_path: Path):
     record = tmp_path / "record.json"
     record.write_text("{not json")
-    assert disk_shortfall(1 * GIB, record) is not None
+    assert disk_need(record, tmp_path).total == MIRROR_GIB + INSTALL_GIB + SCRATCH_GIB

@@ -53,8 +53,15 @@ def run(args: argparse.Namespace) -> int:
         raise ExtforgeError("--dry-run needs --prune DAYS", "without --prune nothing would be removed anyway",
                             "add --prune DAYS")
     areas = [a for a in cache.AREAS if not args.area or a.name in args.area]
+    kept = sorted(a.name for a in areas if not a.prunable and a.name in args.area)
+    if args.prune is not None and kept:
+        raise ExtforgeError(f"cache area(s) {', '.join(kept)} cannot be pruned by age",
+                            "; ".join(f"{a.name}: {a.what}" for a in areas if a.name in kept),
+                            "prune the other areas; remove such a folder by hand only when you mean to lose it")
     entries = list(cache.scan(root, areas))
-    doomed = cache.unused(entries, time.time(), args.prune) if args.prune is not None else []
+    prunable = {a.name for a in areas if a.prunable}
+    doomed = (cache.unused([e for e in entries if e.area in prunable], time.time(), args.prune)
+              if args.prune is not None else [])
     # Counted before anything goes: what removal gives back, links from elsewhere excluded.
     frees = cache.freeable(doomed)
     summary = []
@@ -77,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"cache root: {root}")
     for row in summary:
         line = f"  {row.area:<16} {row.entries:>5} entries {_gib(row.bytes):>10}"
-        if args.prune is not None:
+        if args.prune is not None and row.area not in prunable:
+            line += "   listed only, never pruned"
+        elif args.prune is not None:
             verb = "would go" if args.dry_run else "removed"
             line += f"   {row.pruned} {verb} ({_gib(row.pruned_bytes)})"
         console.print(line)

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import engine
 from ..ui import log
 from . import rows
-from .channel import CachedPackage, build_job, place
+from .channel import CachedPackage, build_jobs, place
 from .cuda_sources import add_wheel_headers, toolkit_for
 from .cuda_toolkit import toolkit_jobs
 from .deps import closure, marker_environment
@@ -29,6 +29,9 @@ __all__ = ["MirrorResult", "build_mirror", "from_env", "from_pip", "from_wheels"
 
 # What conda-forge-style CUDA extension recipes put in build/host besides the compilers.
 BASE_DISTS = ("torch", "pip", "setuptools", "wheel", "packaging", "ninja")
+# What conda-forge's pytorch requires and pip's torch does not: without numpy, every
+# `import torch` warns "Failed to initialize NumPy".
+TORCH_RUN_DISTS = ("numpy",)
 VARIANTS_FILE = "variants.yaml"
 
 
@@ -77,13 +80,14 @@ def plan_jobs(
     facts = torch_facts(torch)
     interp = inputs.interpreter
     env = marker_environment(interp.short, interp.version)
-    roots = [r for r in BASE_DISTS if r == "torch" or r in inputs.artifacts] + list(extras)
+    runs = [d for d in TORCH_RUN_DISTS if d in inputs.artifacts]
+    roots = [r for r in BASE_DISTS if r == "torch" or r in inputs.artifacts] + runs + list(extras)
     graph = closure(roots, {k: a.info for k, a in inputs.artifacts.items()}, env)
     jobs = [python_job(interp), python_abi_job(interp)]
     for name in graph.order:
         job = dist_job(inputs.artifacts[name], graph.depends[name], interp)
         if name == "torch":
-            job = as_pytorch(job, facts, interp.short)
+            job = as_pytorch(job, facts, interp.short, numpy="numpy" in runs)
         jobs.append(job)
     jobs += compiler_jobs(toolchain)
     toolkit = None
@@ -105,11 +109,12 @@ def plan_jobs(
     if toolkit:
         variants |= {"cuda_compiler": "cuda-nvcc", "cuda_compiler_version": toolkit.short}
     missing = {k: v for k, v in graph.missing.items() if k not in BASE_DISTS or k == "torch"}
+    missing |= {d: "pytorch: `import torch` warns without it" for d in TORCH_RUN_DISTS if d not in runs}
     return jobs, variants, missing
 
 
 def pip_requirements(torch_spec: str, extras: list[str]) -> list[str]:
-    return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *extras]
+    return [torch_spec, *(d for d in BASE_DISTS if d != "torch"), *TORCH_RUN_DISTS, *extras]
 
 
 def build_mirror(
@@ -129,14 +134,7 @@ def build_mirror(
         log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)
     channel.mkdir(parents=True, exist_ok=True)
     log_file = channel / "mirror-build.log"
-    built: list[CachedPackage] = []
-    for job in jobs:
-        if on_package:
-            on_package(job, None)
-        pkg = build_job(job, log_file)
-        built.append(pkg)
-        if on_package:
-            on_package(job, pkg)
+    built = build_jobs(jobs, log_file, on_package)
     # This run's row replaces its earlier self; the channel's other torch builds stay.
     before = rows.load_rows(channel)
     after = rows.merge(before, rows.Row(variants, [f"{p.subdir}/{p.path.name}" for p in built]))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +49,7 @@ def lookup(job: PackageJob) -> CachedPackage | None:
     return CachedPackage(data["name"], data["version"], data["build"], data["subdir"], pkg, True, 0.0)
 
 
-def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
+def build_job(job: PackageJob, log_file: Path | None = None, compression_threads: int | None = None) -> CachedPackage:
     """The cached package for `job`, building it with rattler-build on a miss."""
     hit = lookup(job)
     if hit:
@@ -68,7 +72,8 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
     try:
         # Our generated recipes need nothing from a channel; an explicit one keeps
         # rattler-build from reaching for conda-forge.
-        results = engine.build_generated(recipe, out, [out.as_uri()], sink, package_format=job.package_format)
+        results = engine.build_generated(recipe, out, [out.as_uri()], sink, package_format=job.package_format,
+                                         compression_threads=compression_threads)
     except BaseException as exc:
         if not engine.engine_failure(exc):
             raise
@@ -83,6 +88,7 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
             fh.write(f"## {job.name} {job.version}\n" + "\n".join(sink.lines) + "\n")
     result = results[0]
     built = Path(result.packages[0])
+    record = _built_record(built)
     entry.mkdir(parents=True, exist_ok=True)
     final = entry / built.name
     shutil.move(built, final)
@@ -93,12 +99,114 @@ def build_job(job: PackageJob, log_file: Path | None = None) -> CachedPackage:
         "build": result.build_string,
         "subdir": result.platform,
         "file": built.name,
+        "record": record,
     }
     (entry / "package.json").write_text(json.dumps(data))
     shutil.rmtree(work, ignore_errors=True)
     return CachedPackage(
         result.name, result.version, result.build_string, result.platform, final, False, time.monotonic() - start
     )
+
+
+def _built_record(built: Path) -> dict | None:
+    """The repodata entry rattler-build wrote for the package when it indexed its output folder
+    (sha256 and md5 of the whole file, read once already)."""
+    try:
+        return json.loads((built.parent / "repodata.json").read_text())["packages.conda"][built.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
+    """Give the channel's repodata.json the entries its new packages got when they were built, so
+    the indexer, which indexes only files it has no entry for, does not read ~3 GB of packages
+    again. Returns how many entries were added."""
+    added = 0
+    for sub in sorted({p.subdir for p in packages}):
+        live = channel / sub / "repodata.json"
+        try:
+            data = json.loads(live.read_text())
+        except (OSError, ValueError):
+            data = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}, "repodata_version": 1}
+        entries = data.setdefault("packages.conda", {})
+        before = added
+        for pkg in packages:
+            if pkg.subdir != sub or pkg.path.name in entries:
+                continue
+            try:
+                record = json.loads((pkg.path.parent / "package.json").read_text()).get("record")
+            except (OSError, ValueError):
+                record = None
+            if record and record.get("size") == pkg.path.stat().st_size:
+                entries[pkg.path.name] = record
+                added += 1
+        if added > before:
+            tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(live)
+    return added
+
+
+# Each worker holds a package's files and buffers (~1-3 GB for torch); more than this many at
+# once gains nothing on the local disk they all write to.
+MAX_WORKERS = 4
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def build_jobs(jobs: Sequence[PackageJob], log_file: Path | None = None,
+               on_package: Callable[[PackageJob, CachedPackage | None], None] | None = None,
+               workers: int | None = None) -> list[CachedPackage]:
+    """Every job's package, in the jobs' order: hits from the cache, misses built `workers` at a
+    time, biggest first, each in a process of its own.
+
+    One package's build is mostly one core's work (unzip, hash, compress), and rattler-build
+    holds the GIL for parts of it, so threads would not overlap; processes keep every core busy.
+    The cores left over compress (zstd threads)."""
+    notify = on_package or (lambda job, pkg: None)
+    found: dict[int, CachedPackage] = {}
+    misses = []
+    for i, job in enumerate(jobs):
+        hit = lookup(job)
+        if hit is None:
+            misses.append(i)
+            continue
+        notify(job, None)
+        found[i] = notify_done(notify, job, hit)
+    cores = usable_cores()
+    n = min(workers or min(cores, MAX_WORKERS), len(misses))
+    if n <= 1:
+        for i in misses:
+            notify(jobs[i], None)
+            found[i] = notify_done(notify, jobs[i], build_job(jobs[i], log_file, cores))
+        return [found[i] for i in range(len(jobs))]
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        running = {}
+        for i in sorted(misses, key=lambda i: -jobs[i].size_hint):
+            notify(jobs[i], None)
+            running[pool.submit(build_job, jobs[i], log_file, max(1, cores // n))] = i
+        for done in as_completed(running):
+            i = running[done]
+            try:
+                found[i] = notify_done(notify, jobs[i], done.result())
+            except BrokenProcessPool as exc:
+                raise ExtforgeError(
+                    f"a packaging process died while packaging {jobs[i].name} {jobs[i].version} for the mirror",
+                    "it ended without an error of its own (killed, or out of memory)",
+                    "run the mirror again (packages already built are kept); if it recurs, check `dmesg` for the OOM killer",
+                ) from exc
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return [found[i] for i in range(len(jobs))]
+
+
+def notify_done(notify: Callable[[PackageJob, CachedPackage | None], None], job: PackageJob,
+                pkg: CachedPackage) -> CachedPackage:
+    notify(job, pkg)
+    return pkg
 
 
 def place(packages: list[CachedPackage], channel: Path, remove: set[str] = frozenset()) -> list[Path]:  # type: ignore[assignment]
@@ -126,5 +234,6 @@ def place(packages: list[CachedPackage], channel: Path, remove: set[str] = froze
                 shutil.copy2(src, dst)
         dst.chmod(0o644)
         placed.append(dst)
+    seed_records(channel, packages)
     index_channel(channel)
     return placed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def sha256_file(path: Path) -> str:
     digest = hash_file(path)
     memo[str(path)] = [stamp, digest]
     memo_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo_file.with_suffix(f".{os.getpid()}.tmp")
+    # Per thread: the seed fixture fetches a row's wheels while another row is packaged. Two
+    # writers can still drop each other's entry, which only costs a second hash later.
+    tmp = memo_file.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(memo))
     tmp.replace(memo_file)
     return digest

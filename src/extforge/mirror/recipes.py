@@ -14,8 +14,6 @@ from typing import Any
 
 from .. import __version__
 
-BIG_PACKAGE_BYTES = 64 * 1024 * 1024
-
 
 def template_text() -> str:
     return resources.files("extforge").joinpath("data/mirror/recipe.yaml").read_text(encoding="utf-8")
@@ -44,20 +42,18 @@ class PackageJob:
     strong_run_exports: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
     identity: str = ""
-    size_hint: int = 0
+    size_hint: int = 0  # bytes to stage: the biggest packages are built first
     summary: str = ""
     license: str = ""
     build_number: int = 0
     relocate: bool = True  # let rattler-build rewrite RUNPATHs (not for wheels: installed as pip would)
 
     @property
-    def big(self) -> bool:
-        return self.size_hint >= BIG_PACKAGE_BYTES
-
-    @property
     def package_format(self) -> str:
-        # zstd level 3 instead of rattler-build's 15: 217 s instead of 597 s for torch + nvidia, +5% size.
-        return "conda:3" if self.big else "conda"
+        # A mirror channel is read from local disk, rarely shipped: zstd level 1 instead of
+        # rattler-build's 15 (level 3 took 217 s instead of 597 s for torch + nvidia, +5% size;
+        # level 1 adds ~2% more, docs/benchmarks.md "Mirror phases of one row").
+        return "conda:1"
 
     def cache_key(self) -> str:
         """Hash of everything the package is made of; equal keys give interchangeable packages."""

@@ -75,8 +75,16 @@ def find_torch(inputs: MirrorInputs) -> Artifact:
     return art
 
 
-def as_pytorch(job: PackageJob, facts: TorchFacts, py_short: str) -> PackageJob:
+# conda-forge's pytorch, built against numpy 2, requires what numpy 2's run_exports say.
+NUMPY_SPEC = "numpy >=1.23,<3"
+
+
+def as_pytorch(job: PackageJob, facts: TorchFacts, py_short: str, *, numpy: bool = False) -> PackageJob:
+    """torch's package as conda-forge names and pins it; `numpy`: the channel has numpy, which
+    conda-forge's pytorch requires (pip's torch does not)."""
     job.build_string = build_string(facts.cuda, py_short)
+    if numpy:
+        job.depends.append(NUMPY_SPEC)
     if facts.cuda:
         # A cuXYZ torch needs a driver of CUDA major X at least: a bare __cuda would let conda put
         # it on an older driver, where it fails only at the first kernel launch.

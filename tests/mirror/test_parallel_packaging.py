@@ -1,0 +1,69 @@
+"""The mirror packages several packages at once, each in a process of its own, and hands them
+back in the jobs' order: real rattler-build builds of small generated packages."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from extforge.errors import ExtforgeError
+from extforge.mirror.channel import build_jobs
+from extforge.mirror.recipes import PackageJob
+
+
+def _job(name: str, size: int) -> PackageJob:
+    return PackageJob(name=name, version="1.0", build_string="h${{ hash }}_0", identity=name, size_hint=size,
+                      manifest={"texts": [[f"share/{name}.txt", f"{name}\n" * size, "644"]]})
+
+
+def test_packages_built_at_once_come_back_in_order_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    jobs = [_job("small", 10), _job("big", 1000), _job("middle", 100)]
+    events: list[tuple[str, bool]] = []
+    built = build_jobs(jobs, tmp_path / "log", lambda job, pkg: events.append((job.name, pkg is not None)), workers=2)
+    assert [p.name for p in built] == ["small", "big", "middle"]
+    assert not any(p.cached for p in built)
+    # The biggest starts first; every package is announced, then reported done, once.
+    assert events[0] == ("big", False)
+    assert sorted(events) == sorted([(j.name, False) for j in jobs] + [(j.name, True) for j in jobs])
+    for pkg, job in zip(built, jobs, strict=True):
+        with zipfile.ZipFile(pkg.path) as zf:
+            assert any(n.startswith(f"pkg-{job.name}-") for n in zf.namelist())
+    assert "## big 1.0" in (tmp_path / "log").read_text()
+
+    again = build_jobs(jobs, None, None, workers=2)
+    assert [p.path for p in again] == [p.path for p in built] and all(p.cached for p in again)
+
+
+def test_a_failing_package_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    bad = _job("bad", 1)
+    bad.manifest = {"files": [[str(tmp_path / "missing.so"), "lib/missing.so", ""]]}
+    with pytest.raises(ExtforgeError) as err:
+        build_jobs([_job("good", 1), bad], None, None, workers=2)
+    assert "could not package bad 1.0" in str(err.value) and err.value.fix
+    meta = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "mirror" / "packages").glob("*/package.json")]
+    assert [m["name"] for m in meta] in ([], ["good"])  # what was built stays cached
+
+
+def test_the_channel_index_reuses_the_records_written_at_build_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Placing packages does not read them again: their repodata entries are the ones rattler-build
+    wrote when it built them (sha256 and md5 of the very file), and the indexer keeps them."""
+    import hashlib
+
+    from extforge.mirror.channel import place
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    built = build_jobs([_job("one", 10), _job("two", 10)], None, None, workers=1)
+    meta = built[1].path.parent / "package.json"
+    marked = json.loads(meta.read_text())
+    assert marked["record"]["sha256"] == hashlib.sha256(built[1].path.read_bytes()).hexdigest()
+    marked["record"]["md5"] = "0" * 32  # a value the indexer would never compute
+    meta.write_text(json.dumps(marked))
+    place(built, tmp_path / "channel")
+    entries = json.loads((tmp_path / "channel" / built[1].subdir / "repodata.json").read_text())["packages.conda"]
+    assert entries[built[1].path.name]["md5"] == "0" * 32
+    assert entries[built[0].path.name]["sha256"] == hashlib.sha256(built[0].path.read_bytes()).hexdigest()
