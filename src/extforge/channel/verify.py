@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,23 +152,24 @@ def record_basis(prefix: Path, locked: list[Pinned], written: dict[str, list], r
     return hashlib.sha256(json.dumps(basis).encode()).hexdigest()
 
 
-def _load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str]]:
-    """The last clean run's entries, and those of them old enough to be believed."""
+def _load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str], int]:
+    """The last clean run's entries, those of them old enough to be believed, and how many of
+    them are files checked by hash."""
     data = read_signed(record_path(prefix))
     if not data or data.get("schema") != RECORD_SCHEMA or data.get("prefix") != str(prefix) or data.get("basis") != basis:
-        return {}, set()
+        return {}, set(), 0
     taken = int(data.get("taken_ns", 0))
     entries: dict[str, list] = data.get("entries", {})
     # The record's own ctimes tell the filesystem's resolution: any sub-second part means fine.
     window = RACY_FINE_NS if any(e[_CTIME] % 10**9 for e in entries.values()) else RACY_NS
     # Entries changed too close to the snapshot are not believed: they are hashed (folders listed) again.
-    return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}
+    return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}, int(data.get("hashed_files", 0))
 
 
-def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], taken_ns: int) -> str:
+def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_files: int, taken_ns: int) -> str:
     try:
         write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "basis": basis, "taken_ns": taken_ns,
-                                           "entries": entries})
+                                           "hashed_files": hashed_files, "entries": entries})
     except OSError:
         return "unwritable"
     return "written"
@@ -221,6 +221,7 @@ class Accounting:
     basis: str
     previous: dict[str, list]
     trusted: set[str]
+    hashed_files: int  # how many of the recorded entries are files checked by hash
 
 
 def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport, acc: Accounting, *,
@@ -239,7 +240,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     # Unknown packages leave their files unaccounted for: those are not planted, just unknown.
     unowned = [] if problems else found.unowned
     if not findings and not unowned and (found.to_hash or found.listed):
-        report.snapshot = _write_snapshot(prefix, acc.basis, found.record, taken_ns)
+        report.snapshot = _write_snapshot(prefix, acc.basis, found.record, found.unchanged + len(good), taken_ns)
     n_files = sum(e.kind == "file" for e in expect.values())
     files = Check("files", "fail" if findings else "pass",
                   f"{n_files} files from {len(manifests)} packages and install: {report.files_hashed} hashed, "
@@ -254,8 +255,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
 
 def _all_unchanged(report: VerifyReport, acc: Accounting) -> list[Check]:
     """The checks of a prefix whose every entry is as the last clean run recorded it."""
-    files = sum(stat.S_ISREG(k[4]) for k in acc.previous.values())
-    report.files_unchanged = files
+    files = report.files_unchanged = acc.hashed_files
     return [Check("files", "pass", f"{files} files unchanged since verified, 0 hashed; 0 problem(s)"),
             Check("unowned", "pass", f"{len(acc.previous)} entries as recorded (0 folder(s) read): 0 entries no package "
                                      "or install record accounts for")]
@@ -302,8 +302,8 @@ def verify_prefix(
     written = receipt.written if receipt is not None and same_lock else {}
     record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
     basis = record_basis(prefix, locked, written, record_names)
-    previous, trusted = ({}, set()) if rehash else _load_snapshot(prefix, basis)
-    acc = Accounting(written, record_names, basis, previous, trusted)
+    previous, trusted, hashed_files = ({}, set(), 0) if rehash else _load_snapshot(prefix, basis)
+    acc = Accounting(written, record_names, basis, previous, trusted, hashed_files)
     t = report.lap("record of the last clean run", t)
     if unchanged(str(prefix), previous, trusted):
         report.checks += _all_unchanged(report, acc)
@@ -315,7 +315,11 @@ def verify_prefix(
         report.checks += check_prefix(prefix, manifests, report, acc, threads=threads, problems=fetch_problems)
         t = report.lap("every entry and file hash", t)
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
-    audit_records = read_stamps(prefix)
+    try:
+        audit_records = read_stamps(prefix)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable or damaged: a finding, not a crash
+        audit_records = []
+        report.checks.append(Check("audit-records", "fail", f"the extension audit records in the prefix cannot be read: {exc}"))
     # The driver is asked only when a check needs it (NVML's init can take a second per GPU).
     report.node = node or (probe() if audit_records or env_cuda else NodeFacts(glibc=detect().glibc))
     t = report.lap("node probe", t)
