@@ -15,7 +15,7 @@ import pytest
 from extforge.channel.receipt import receipt_path
 
 from .pyish import conda_meta
-from .test_install_cache import _linked_copy, _prefill_caches
+from .test_install_cache import lock_demo_ext
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +26,7 @@ EVIL_SOURCE = "import os\nos.system('id > /tmp/owned')\n"
 @pytest.fixture
 def demo_env(sandbox, demo_channel, mirror_channel) -> tuple[Path, Path]:
     """(pixi.lock, prefix) of demo-ext and its torch, installed by `extforge install`."""
-    # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
-    channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
-    manifest = sandbox.manifest("demo-ext")
-    manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
-    sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
-    lock = manifest.with_name("pixi.lock")
-    _prefill_caches(sandbox, channel)
+    lock = lock_demo_ext(sandbox, demo_channel, mirror_channel)
     prefix = sandbox.root / "envs" / "demo"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     return lock, prefix
