@@ -26,6 +26,7 @@ from .trust import Expected
 # Files tools write into a prefix besides the packages' own, and why each is expected.
 TOOL_FILES = {
     "conda-meta/history": "rattler's install log (read by conda, never run)",
+    "CACHEDIR.TAG": "rattler marks a prefix it installs as a cache for backup tools (extforge install removes it)",
 }
 # conda-meta/<package>.json: the install's record of each package, compared with the lock by the packages check.
 RECORD_PACKAGE = "conda-meta record (checked against the lock)"

@@ -147,11 +147,16 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     if not sources or not python.exists():
         return {}
     # -I: no PYTHON* variables or user site; -B: Python itself writes nothing besides what compileall does.
-    subprocess.run(
-        [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
-        input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
-    )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+    try:
+        subprocess.run(
+            [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
+            input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
+        )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+    except OSError:
+        return {}  # a Python this machine cannot run (another platform's): nothing compiled, nothing recorded
+    except subprocess.TimeoutExpired:
+        pass  # what it compiled is recorded; modules left over are compiled by Python where it can write
     written = []
     for dirpath, _dirs, files in os.walk(staging / "lib"):
         if os.path.basename(dirpath) == "__pycache__":
