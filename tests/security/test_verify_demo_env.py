@@ -56,7 +56,7 @@ def test_demo_env_byte_code_is_compiled_at_install_and_every_planted_edit_is_rep
     # 1. A .pyc of other code, with its source's header (mtime and size): what Python checks.
     compiled = sandbox.path("evil") / "__init__.py"
     compiled.write_text(EVIL_SOURCE)
-    subprocess.run([python, "-c", f"import py_compile; py_compile.compile({str(compiled)!r}, cfile={str(compiled)}c)"], check=True)
+    subprocess.run([python, "-c", f"import py_compile; py_compile.compile({str(compiled)!r}, cfile={str(compiled) + 'c'!r})"], check=True)
     evil = bytearray(Path(f"{compiled}c").read_bytes())
     evil[8:16] = pyc.read_bytes()[8:16]
     pyc.unlink()

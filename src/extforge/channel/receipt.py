@@ -141,7 +141,8 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
 
 def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
     """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
-    (code objects name their final path); {relative path: [sha256, mode]} of the .pyc written."""
+    (code objects name their final path; up-to-date .pyc are left alone); {relative path:
+    [sha256, mode]} of every .pyc there afterwards."""
     python = staging / "bin" / "python"
     sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
     if not sources or not python.exists():
@@ -161,7 +162,9 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     for dirpath, _dirs, files in os.walk(staging / "lib"):
         if os.path.basename(dirpath) == "__pycache__":
             written += [Path(dirpath, f) for f in files if f.endswith(".pyc")]
-    written = [p for p in written if p.relative_to(staging).as_posix() not in owned]
+    # Owned ones too: a package's .pyc whose header does not match its installed source (the build
+    # compiled it before the source got its packaged mtime) is compiled again, else Python would
+    # rewrite it at the first import. The record vouches for each in place of the package.
     hashes = hash_many(written)
     return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
             for p, h in sorted(hashes.items()) if isinstance(h, str)}
