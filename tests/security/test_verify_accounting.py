@@ -272,3 +272,16 @@ def test_admin_installs_job_user_verifies_without_lock_and_unreadable_entries_ar
         assert "unreadable: bin/pyish (pyish): Permission denied" in found["files"], found
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_install_from_a_cache_whose_modes_were_widened_repairs_them(sandbox, pyish_env):
+    """A chmod in a prefix is a chmod of the package cache's copy (hard links): the next install
+    from that cache gets the package's modes back, and says so."""
+    lock, first = pyish_env
+    os.chmod(first / MODULE, 0o4755)
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    _says(res, f"repaired {MODULE}")
+    assert (prefix / MODULE).stat().st_mode & 0o7777 == 0o644
+    _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), "--rehash", expect=0)

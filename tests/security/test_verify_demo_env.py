@@ -73,10 +73,13 @@ def test_demo_env_byte_code_is_compiled_at_install_and_every_planted_edit_is_rep
         assert not (prefix / "bin" / name).exists()
         (prefix / "bin" / name).write_text("#!/bin/sh\n")
         (prefix / "bin" / name).chmod(0o755)
-    # 3. Mode bits: setuid + setgid on the interpreter, 4777 on the extension.
-    os.chmod(prefix / "bin/python3.11", 0o6755)
+    # 3. Mode bits: setuid + setgid on the interpreter, 4777 on the extension (on copies: installed
+    # files are hard links into the package cache, which other tests' prefixes share).
     (ext,) = (prefix / SITE / "demo_ext").glob("_C*.so")
-    os.chmod(ext, 0o4777)
+    for path, mode in ((prefix / "bin/python3.11", 0o6755), (ext, 0o4777)):
+        shutil.copy2(path, f"{path}.copy")
+        os.replace(f"{path}.copy", path)
+        os.chmod(path, mode)
     # 4. An owned file swapped for a link to an identical copy outside the prefix.
     version = prefix / SITE / "torch" / "version.py"
     outside = sandbox.path("outside") / "version.py"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -204,10 +205,23 @@ def _hash_and_compare(root: Path, want: dict[str, tuple[str, str]], keys: dict[s
 
 def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
                 *, prefix: Path | None = None) -> Check:
-    """Every file the packages list, hashed under root: install's staging folder that becomes `prefix`."""
+    """Every file the packages list, hashed under root, and its mode: install's staging folder that
+    becomes `prefix`. Files are hard links into the package cache, whose modes are shared too: a
+    chmod in another prefix is a chmod of the cache's copy."""
     expect, findings = expected_files(root, manifests, prefix or root)
     hashed, _ = _hash_and_compare(root, expect, dict.fromkeys(expect), threads, report)
     findings += hashed
+    for name, body in manifests.items():
+        for rel, e in expected_entries(name, body, prefix or root):
+            if e.kind != "file" or e.mode is None or rel not in expect:
+                continue
+            try:
+                mode = stat.S_IMODE(os.lstat(f"{root}/{rel}").st_mode)
+            except OSError:
+                continue  # reported by the hash
+            if mode & ~e.mode:
+                findings.append(f"mode widened: {rel} is {mode:04o}, {name} gives {e.mode:04o}")
+                report.bad_files.append(rel)
     summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
     return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
