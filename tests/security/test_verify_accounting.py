@@ -285,3 +285,39 @@ def test_install_from_a_cache_whose_modes_were_widened_repairs_them(sandbox, pyi
     _says(res, f"repaired {MODULE}")
     assert (prefix / MODULE).stat().st_mode & 0o7777 == 0o644
     _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), "--rehash", expect=0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not SYSTEM_PYTHON.exists(), reason="needs root (to act as nobody) and /usr/bin/python3.11")
+def test_install_record_goes_into_the_prefix_when_its_folder_is_not_writable():
+    """A prefix pre-created by root for an installer (here nobody) in a folder only root writes:
+    the record goes into the prefix itself, believed while only its owner writes the prefix folder."""
+    import pwd
+    import subprocess
+    import sys
+    import tempfile
+
+    from extforge.channel.receipt import INSIDE, Receipt, find_receipt
+
+    user = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="record-in-prefix-"))  # root's, 0755 below: nobody reaches it, cannot write it
+    base.chmod(0o755)
+    prefix = base / "p"
+    prefix.mkdir()
+    os.chown(prefix, user.pw_uid, user.pw_gid)
+    record = Receipt(str(prefix), "pixi.lock", "default", []).to_json()
+    src = Path(__file__).resolve().parents[2] / "src"
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    script = ("import json, sys; from extforge.channel.receipt import Receipt, write_receipt; "
+              "print(write_receipt(Receipt.from_json(json.loads(sys.stdin.read()))))")
+    try:
+        proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                               str(SYSTEM_PYTHON), "-c", script], input=json.dumps(record), capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{src}:{site}"}, timeout=60)
+        trusted, why_trusted = find_receipt(prefix)
+        prefix.chmod(0o775)  # a group that may write the prefix could have written the record
+        refused, why = find_receipt(prefix)
+    finally:
+        shutil.rmtree(base)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(prefix / INSIDE), proc.stderr
+    assert trusted is not None and trusted.prefix == str(prefix), why_trusted
+    assert refused is None and why == f"the folder {prefix} above it is writable by others (mode drwxrwxr-x)"

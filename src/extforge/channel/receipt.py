@@ -77,18 +77,35 @@ class Receipt:
         return f"extforge verify {self.prefix} --env {self.environment} --lock {self.lock}"
 
 
+INSIDE = ".extforge-install.json"
+
+
 def receipt_path(prefix: Path) -> Path:
     return prefix.parent / f".{prefix.name}.extforge-install.json"
 
 
+def receipt_paths(prefix: Path) -> list[Path]:
+    """Where the record may be: beside the prefix, or, where its folder does not let the installer
+    write (a prefix pre-created by root in root's folder), directly in the prefix; it is believed
+    there only when the prefix folder itself is writable by its owner alone."""
+    return [receipt_path(prefix), prefix / INSIDE]
+
+
 def write_receipt(receipt: Receipt) -> Path:
-    path = receipt_path(Path(receipt.prefix))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(receipt.to_json(), fh, separators=(",", ":"))
-    os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
-    os.replace(tmp, path)
-    return path
+    prefix = Path(receipt.prefix)
+    for path in receipt_paths(prefix):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        except OSError:
+            continue
+        with os.fdopen(fd, "w") as fh:
+            json.dump(receipt.to_json(), fh, separators=(",", ":"))
+        os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
+        os.replace(tmp, path)
+        if path.parent != prefix:
+            (prefix / INSIDE).unlink(missing_ok=True)  # an older one, from when the folder was not writable
+        return path
+    raise OSError(f"neither {prefix.parent} nor {prefix} can be written")
 
 
 def _untrusted_why(path: Path, prefix: Path) -> str | None:
@@ -121,10 +138,12 @@ def _untrusted_why(path: Path, prefix: Path) -> str | None:
 
 def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
     """The prefix's install record when it can be trusted, else None and why not."""
-    path = receipt_path(prefix)
-    why = _untrusted_why(path, prefix)
-    if why is not None:
-        return None, why
+    candidates = [(path, _untrusted_why(path, prefix)) for path in receipt_paths(prefix)]
+    trusted = [path for path, why in candidates if why is None]
+    if not trusted:
+        present = [why for path, why in candidates if os.path.lexists(path)]
+        return None, str((present or [candidates[0][1]])[0])
+    path = trusted[0]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:

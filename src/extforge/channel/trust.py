@@ -34,8 +34,8 @@ from ..paths import cache_root
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 
-# 2: each path also carries the payload's mode bits and, for a symbolic link, its target.
-SCHEMA = 2
+# 3: each path also carries the payload's mode bits and, for a symbolic link, its target.
+SCHEMA = 3
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
 

@@ -304,7 +304,7 @@ def verify_prefix(
             "without the lock it was installed from, only the prefix's own conda-meta names its packages, "
             "and whoever can write the prefix can rewrite that",
             f"run `extforge verify {prefix} --env NAME --lock PATH/pixi.lock` with the lock it was installed from "
-            f"(`extforge install` leaves a record at {receipt_path(prefix)} that verify trusts when only its owner can write it)",
+            f"(`extforge install` leaves a record at {receipt_path(prefix)}, or in the prefix, that verify trusts when only its owner can write it)",
             exit_code=EXIT_FINDINGS,
         )
     report.install_record = "trusted" if receipt is not None else why_not
