@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from extforge.channel import verify as verify_mod
 from extforge.channel.node import NodeFacts
+from extforge.channel.receipt import Pinned, Receipt, write_receipt
 from extforge.channel.verify import verify_prefix
 from extforge.machine import detect
 
@@ -90,6 +91,8 @@ def write_conda(dest: Path, name: str, root: Path, paths: list[dict]) -> Path:
 
 
 def build_prefix(root: Path, total: int, channel: Path) -> int:
+    """The prefix, its packages in channel, and the install record `extforge install` would leave
+    (verify without --lock believes nothing else); the bytes written."""
     block = os.urandom(64 * MIB)
     files_per_pkg = 2000
     records: dict[str, list[dict]] = {}
@@ -112,12 +115,16 @@ def build_prefix(root: Path, total: int, channel: Path) -> int:
         records.setdefault(pkg, []).append({"_path": rel, "path_type": "hardlink", "sha256": h.hexdigest(), "size_in_bytes": size})
     (root / "conda-meta").mkdir()
     channel.mkdir(parents=True)
+    pinned = []
     for name, paths in records.items():
         pkg = write_conda(channel, name, root, paths)
+        data = pkg.read_bytes()
         rec = {"name": name, "version": "1.0", "build": "0", "fn": pkg.name, "url": pkg.as_uri(),
-               "sha256": hashlib.sha256(pkg.read_bytes()).hexdigest(), "files": [p["_path"] for p in paths],
+               "sha256": hashlib.sha256(data).hexdigest(), "files": [p["_path"] for p in paths],
                "paths_data": {"paths_version": 1, "paths": paths}}
         (root / "conda-meta" / f"{name}-1.0-0.json").write_text(json.dumps(rec))
+        pinned.append(Pinned(name, "1.0", "0", rec["sha256"], hashlib.md5(data).hexdigest(), len(data), rec["url"], pkg.name))
+    write_receipt(Receipt(str(root.resolve()), "synthetic", "default", pinned))
     return written
 
 

@@ -102,15 +102,20 @@ def _prefill_caches(sandbox, channel: Path) -> None:
             shutil.copy(f"{entry}.lock", sandbox.cache / "rattler" / "pkgs")
 
 
-@pytest.mark.slow
-def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
+def lock_demo_ext(sandbox, demo_channel: Path, mirror_channel: Path) -> Path:
+    """pixi.lock of demo-ext and its torch on a channel in the sandbox, the sandbox's caches prefilled."""
     # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
     channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
     manifest = sandbox.manifest("demo-ext")
     manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
     sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
-    lock = manifest.with_name("pixi.lock")
     _prefill_caches(sandbox, channel)
+    return manifest.with_name("pixi.lock")
+
+
+@pytest.mark.slow
+def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
+    lock = lock_demo_ext(sandbox, demo_channel, mirror_channel)
     first = sandbox.root / "envs" / "first"
     sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"

@@ -14,7 +14,7 @@ import pytest
 
 from extforge.channel.receipt import receipt_path
 
-from .pyish import MODULE, SITE, conda_meta
+from .pyish import MODULE, SITE, conda_meta, pyish_package
 
 EVIL = b"import os; os.system('touch /tmp/owned')\n"
 
@@ -192,3 +192,132 @@ def test_install_over_a_tampered_prefix_refuses_and_names_verify(sandbox, pyish_
     _says(res, "but its files differ: not from any package: bin/nvcc", f"extforge verify {prefix} --env default --lock")
     (prefix / "bin/nvcc").unlink()
     res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+
+
+@pytest.mark.parametrize("field", ["md5", "size"])
+def test_lock_whose_md5_or_size_is_wrong_is_refused(sandbox, field):
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    text = lock.read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  {field}: ")]
+    wrong = "0" * 32 if field == "md5" else str(int(line.split()[-1]) + 1)
+    # A lock written elsewhere (no pixi.toml beside it to be stale against), with the site's mirror config.
+    other = sandbox.path("other")
+    shutil.copytree(lock.parent / ".pixi", other / ".pixi")
+    lock = other / "pixi.lock"
+    lock.write_text(text.replace(line, f"  {field}: {wrong}"))
+    prefix = sandbox.root / "envs" / "p"
+    with sandbox.unchanged_outside():
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=1)
+    _says(res, "pyish-1.0-0.conda (sha256 as locked, but", "the lock is inconsistent")
+    assert not prefix.exists()
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3.11")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not SYSTEM_PYTHON.exists(), reason="needs root (to act as nobody) and /usr/bin/python3.11")
+def test_admin_installs_job_user_verifies_without_lock_and_unreadable_entries_are_findings():
+    """The Slurm case: root installs, `nobody` verifies without --lock (the install record beside
+    the prefix is root's, in folders only root writes); what nobody cannot read is a finding."""
+    import pwd
+    import subprocess
+    import sys
+    import tempfile
+
+    from .conftest import Sandbox, assert_no_crash
+
+    base = Path(tempfile.mkdtemp(prefix="verify-as-nobody-"))
+    try:
+        base.chmod(0o755)
+        sandbox = Sandbox(base)
+        channel = sandbox.path("ch")
+        pyish_package(channel)
+        lock = sandbox.lock(channel, "pyish")
+        prefix = sandbox.root / "envs" / "p"
+        sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+        for d in (sandbox.root, sandbox.cache):
+            d.chmod(0o755)
+        user = pwd.getpwnam("nobody")
+        home = base / "nobody"
+        home.mkdir()
+        os.chown(home, user.pw_uid, user.pw_gid)
+        src = Path(__file__).resolve().parents[2] / "src"
+        site = next(p for p in sys.path if p.endswith("site-packages"))
+
+        def verify_as_nobody(*args: str):
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "EXTFORGE_CACHE": str(home / "cache"), "TMPDIR": str(home),
+                   "RATTLER_CACHE_DIR": str(home / "rattler"), "PYTHONPATH": f"{src}:{site}", "NO_COLOR": "1", "COLUMNS": "200"}
+            proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                                   str(SYSTEM_PYTHON), "-m", "extforge", "verify", str(prefix), *args, "--json"],
+                                  env=env, capture_output=True, text=True, timeout=300, cwd=home)
+            from .conftest import Result
+
+            res = Result(("verify", str(prefix), *args), proc.returncode, proc.stdout, proc.stderr)
+            assert_no_crash(res)
+            return res
+
+        channel_map = ["--channel-map", f"internal={channel.as_uri()}"]
+        res = verify_as_nobody(*channel_map)
+        assert res.returncode == 0, res.output
+        assert json.loads(res.stdout)["install_record"] == "trusted"
+        # A folder and a file of the prefix nobody may read: findings, exit 1, no traceback.
+        (prefix / SITE / "pyish").chmod(0o700)
+        (prefix / "bin/pyish").chmod(0o700)
+        res = verify_as_nobody(*channel_map)
+        assert res.returncode == 1, res.output
+        found = _findings(json.loads(res.stdout))
+        assert f"unreadable: {SITE}/pyish/ (Permission denied)" in found["files"], found
+        assert "unreadable: bin/pyish (pyish): Permission denied" in found["files"], found
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_install_from_a_cache_whose_modes_were_widened_repairs_them(sandbox, pyish_env):
+    """A chmod in a prefix is a chmod of the package cache's copy (hard links): the next install
+    from that cache gets the package's modes back, and says so."""
+    lock, first = pyish_env
+    os.chmod(first / MODULE, 0o4755)
+    prefix = sandbox.root / "envs" / "second"
+    with sandbox.unchanged_outside(prefix):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
+    _says(res, f"repaired {MODULE}")
+    assert (prefix / MODULE).stat().st_mode & 0o7777 == 0o644
+    _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), "--rehash", expect=0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not SYSTEM_PYTHON.exists(), reason="needs root (to act as nobody) and /usr/bin/python3.11")
+def test_install_record_goes_into_the_prefix_when_its_folder_is_not_writable():
+    """A prefix pre-created by root for an installer (here nobody) in a folder only root writes:
+    the record goes into the prefix itself, believed while only its owner writes the prefix folder."""
+    import pwd
+    import subprocess
+    import sys
+    import tempfile
+
+    from extforge.channel.receipt import INSIDE, Receipt, find_receipt
+
+    user = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="record-in-prefix-"))  # root's, 0755 below: nobody reaches it, cannot write it
+    base.chmod(0o755)
+    prefix = base / "p"
+    prefix.mkdir()
+    os.chown(prefix, user.pw_uid, user.pw_gid)
+    record = Receipt(str(prefix), "pixi.lock", "default", []).to_json()
+    src = Path(__file__).resolve().parents[2] / "src"
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    script = ("import json, sys; from extforge.channel.receipt import Receipt, write_receipt; "
+              "print(write_receipt(Receipt.from_json(json.loads(sys.stdin.read()))))")
+    try:
+        proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                               str(SYSTEM_PYTHON), "-c", script], input=json.dumps(record), capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{src}:{site}"}, timeout=60)
+        trusted, why_trusted = find_receipt(prefix)
+        prefix.chmod(0o775)  # a group that may write the prefix could have written the record
+        refused, why = find_receipt(prefix)
+    finally:
+        shutil.rmtree(base)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(prefix / INSIDE), proc.stderr
+    assert trusted is not None and trusted.prefix == str(prefix), why_trusted
+    assert refused is None and why == f"the folder {prefix} above it is writable by others (mode drwxrwxr-x)"

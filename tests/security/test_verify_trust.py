@@ -62,7 +62,7 @@ def test_forged_unchanged_record_is_not_believed(sandbox, pyish_env):
     mac, _, body = record.read_bytes().partition(b"\n")
     data = json.loads(body)
     st = path.stat()
-    data["entries"][MODULE][2:] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
+    data["entries"][MODULE] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
     data["taken_ns"] = time.time_ns() + 10 * 10**9
     record.write_bytes(mac + b"\n" + json.dumps(data, separators=(",", ":")).encode())
     # The old record location inside the prefix is not read at all any more.

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from extforge.channel.receipt import Pinned, Receipt, write_receipt
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -30,6 +32,8 @@ def installed_prefix(tmp_path_factory) -> Path:
     records = asyncio.run(rattler.solve([out.as_uri()], ["slurm-tinyvar"], platforms=["linux-64", "noarch"]))
     prefix = work / "env"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=work / "pkgs", show_progress=False))
+    # What `extforge install` leaves beside the prefix: verify without --lock believes nothing else.
+    write_receipt(Receipt(str(prefix.resolve()), "(solved by the test)", "default", [Pinned.from_record(r) for r in records]))
     return prefix
 
 

@@ -11,7 +11,8 @@ The walk is made cheap on a second run by the record of the last clean run (veri
 folder whose (mtime, ctime, inode, mode) are those recorded has the same entries (creating,
 removing or renaming an entry changes its folder's mtime and ctime, and ctime cannot be set
 back), so it is not listed again; each recorded entry is still lstat'ed, since a write into a
-file or a chmod shows only in the entry's own ctime.
+file or a chmod shows only in the entry's own ctime. When every recorded entry is as recorded
+(`unchanged`), nothing else is needed: not even the packages' manifests.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .trust import Expected
 # Files tools write into a prefix besides the packages' own, and why each is expected.
 TOOL_FILES = {
     "conda-meta/history": "rattler's install log (read by conda, never run)",
+    "CACHEDIR.TAG": "rattler marks a prefix it installs as a cache for backup tools (extforge install removes it)",
+    ".extforge-install.json": "the install record, where the prefix's folder could not take it (receipt.py)",
 }
 # conda-meta/<package>.json: the install's record of each package, compared with the lock by the packages check.
 RECORD_PACKAGE = "conda-meta record (checked against the lock)"
@@ -55,11 +58,12 @@ def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], writte
                 optional[f"{CLOBBERS}/{name}/{rel}"] = entry
     for rel, (sha, mode) in written.items():
         expect[rel] = Expected("file", INSTALL, sha, mode)
-    expect["conda-meta/history"] = Expected("file", INSTALL)
+    for rel, why in TOOL_FILES.items():
+        expect[rel] = Expected("file", why)
     for fn in record_names:
         expect[f"conda-meta/{fn}.json"] = Expected("file", RECORD_PACKAGE)
     _add_folders(expect, list(expect))
-    absent_ok = {rel for rel in optional if rel not in expect}
+    absent_ok = {rel for rel in optional if rel not in expect} | set(TOOL_FILES)
     for rel, e in optional.items():
         expect.setdefault(rel, e)
     before = set(expect)
@@ -81,6 +85,22 @@ def key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
 
 
+def unchanged(root: str, previous: dict[str, list], trusted: set[str]) -> bool:
+    """Every entry of the last clean record still as recorded (and old enough to be believed):
+    the folders hold the same names, the files the same bytes and modes."""
+    if not previous or len(trusted) != len(previous):
+        return False
+    lstat = os.lstat
+    for rel, k in previous.items():
+        try:
+            st = lstat(f"{root}/{rel}" if rel != "." else root)
+        except OSError:
+            return False
+        if k[2] != st.st_ctime_ns or k[3] != st.st_ino or k[0] != st.st_size or k[1] != st.st_mtime_ns or k[4] != st.st_mode:
+            return False
+    return True
+
+
 @dataclass
 class Walk:
     owned: list[str] = field(default_factory=list)  # findings about what packages (or install) put there
@@ -92,8 +112,8 @@ class Walk:
 
 
 def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: dict[str, list], trusted: set[str]) -> Walk:
-    """Account for every entry under root. previous: the last clean record ({rel: [kind, sha256,
-    *key]}); trusted: those of its entries old enough to be believed (see verify.py)."""
+    """Account for every entry under root. previous: the last clean record ({rel: key}) made
+    against the same expectations; trusted: those of its entries old enough to be believed."""
     out = Walk()
     children: dict[str, list[str]] = {}
     for rel in previous:
@@ -113,9 +133,9 @@ def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: 
     while stack:
         d, st = stack.pop()
         path = f"{root}/{d}" if d else root
-        rec = previous.get(d) if d else previous.get(".")
-        out.record[d or "."] = ["d", "", *key(st)]
-        if rec is not None and (d or ".") in trusted and rec[2:] == key(st):
+        rec = previous.get(d or ".")
+        out.record[d or "."] = key(st)
+        if rec is not None and (d or ".") in trusted and rec == key(st):
             names = children.get(d, [])
         else:
             out.listed += 1
@@ -150,14 +170,13 @@ def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: 
                 stack.append((rel, cst))
             elif e.kind == "file" and e.sha256 is not None:
                 k = key(cst)
-                r = previous.get(rel)
-                if r is not None and rel in trusted and r[1] == e.sha256 and r[2:] == k:
-                    out.record[rel] = r
+                if rel in trusted and previous.get(rel) == k:
+                    out.record[rel] = k
                     out.unchanged += 1
                 else:
                     out.to_hash[rel] = k
             else:
-                out.record[rel] = [e.kind[0], e.target or "", *key(cst)]
+                out.record[rel] = key(cst)
     missing = sorted(r for r in expect.keys() - seen if r not in absent_ok)
     for rel in missing:
         if not any(rel.startswith(f"{b}/") for b in blocked):

@@ -26,7 +26,11 @@ def _buffer() -> bytearray:
 def sha256_file(path: Path | str, *, copy_to: BinaryIO | None = None) -> str:
     """Hex sha256 of a file; when copy_to (a binary file object) is given, the bytes are written
     to it too, so a copy and its hash come from the same read."""
-    h = hashlib.sha256()
+    return digest_file(path, "sha256", copy_to=copy_to)
+
+
+def digest_file(path: Path | str, algorithm: str, *, copy_to: BinaryIO | None = None) -> str:
+    h = hashlib.new(algorithm)
     buf = _buffer()
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as fh:

@@ -152,7 +152,9 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                     exit_code=EXIT_FINDINGS,
                 )
         _restore_urls(staging / "conda-meta", originals)
+        tb = time.monotonic()
         written = compile_bytecode(staging, prefix, owned_paths(manifests))
+        result.timings["bytecode"] = time.monotonic() - tb
         if prefix.exists():
             prefix.rmdir()  # empty, checked above
         os.rename(staging, prefix)

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 
 from ..errors import ExtforgeError
 from ..paths import cache_root, mark_used
-from .hashing import sha256_file
+from .hashing import digest_file, sha256_file
 from .mirrors import Mirrors
 
 
@@ -72,6 +72,19 @@ def record_sha256(record: Any) -> str:
     if value is None:
         raise ExtforgeError(f"{record.file_name} has no sha256 in the lock", "install refuses what it cannot verify", "re-lock against a channel indexed with sha256")
     return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def md5_size_mismatch(record: Any, path: Path) -> str | None:
+    """How a package whose sha256 matched the lock still disagrees with the lock's size or md5
+    (rattler copies both into conda-meta, where conda and others trust them); None if it does not."""
+    size, want_size = path.stat().st_size, getattr(record, "size", None)  # verify's PackageRef names the sha256 alone
+    if want_size and size != want_size:
+        return f"sha256 as locked, but {size} bytes where the lock says {want_size}: the lock is inconsistent"
+    md5 = getattr(record, "md5", None)
+    md5 = md5.hex() if isinstance(md5, bytes) else md5
+    if md5 and (got := digest_file(path, "md5")) != md5:
+        return f"sha256 as locked, but md5 {got[:12]}… where the lock says {md5[:12]}…: the lock is inconsistent"
+    return None
 
 
 def _fetch_into(url: str, dest: Path) -> str:
@@ -143,6 +156,9 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
         if got != want:
             dest.unlink(missing_ok=True)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")
+            continue
+        if (why := md5_size_mismatch(r, dest)) is not None:
+            bad.append(f"{r.file_name} ({why})")
             continue
         mark_used(dest.parent)
         local[r.file_name] = dest

@@ -77,18 +77,35 @@ class Receipt:
         return f"extforge verify {self.prefix} --env {self.environment} --lock {self.lock}"
 
 
+INSIDE = ".extforge-install.json"
+
+
 def receipt_path(prefix: Path) -> Path:
     return prefix.parent / f".{prefix.name}.extforge-install.json"
 
 
+def receipt_paths(prefix: Path) -> list[Path]:
+    """Where the record may be: beside the prefix, or, where its folder does not let the installer
+    write (a prefix pre-created by root in root's folder), directly in the prefix; it is believed
+    there only when the prefix folder itself is writable by its owner alone."""
+    return [receipt_path(prefix), prefix / INSIDE]
+
+
 def write_receipt(receipt: Receipt) -> Path:
-    path = receipt_path(Path(receipt.prefix))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(receipt.to_json(), fh, separators=(",", ":"))
-    os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
-    os.replace(tmp, path)
-    return path
+    prefix = Path(receipt.prefix)
+    for path in receipt_paths(prefix):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        except OSError:
+            continue
+        with os.fdopen(fd, "w") as fh:
+            json.dump(receipt.to_json(), fh, separators=(",", ":"))
+        os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
+        os.replace(tmp, path)
+        if path.parent != prefix:
+            (prefix / INSIDE).unlink(missing_ok=True)  # an older one, from when the folder was not writable
+        return path
+    raise OSError(f"neither {prefix.parent} nor {prefix} can be written")
 
 
 def _untrusted_why(path: Path, prefix: Path) -> str | None:
@@ -121,10 +138,12 @@ def _untrusted_why(path: Path, prefix: Path) -> str | None:
 
 def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
     """The prefix's install record when it can be trusted, else None and why not."""
-    path = receipt_path(prefix)
-    why = _untrusted_why(path, prefix)
-    if why is not None:
-        return None, why
+    candidates = [(path, _untrusted_why(path, prefix)) for path in receipt_paths(prefix)]
+    trusted = [path for path, why in candidates if why is None]
+    if not trusted:
+        present = [why for path, why in candidates if os.path.lexists(path)]
+        return None, str((present or [candidates[0][1]])[0])
+    path = trusted[0]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
@@ -141,22 +160,30 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
 
 def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
     """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
-    (code objects name their final path); {relative path: [sha256, mode]} of the .pyc written."""
+    (code objects name their final path; up-to-date .pyc are left alone); {relative path:
+    [sha256, mode]} of every .pyc there afterwards."""
     python = staging / "bin" / "python"
     sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
     if not sources or not python.exists():
         return {}
     # -I: no PYTHON* variables or user site; -B: Python itself writes nothing besides what compileall does.
-    subprocess.run(
-        [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
-        input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
-    )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+    try:
+        subprocess.run(
+            [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
+            input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
+        )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+    except OSError:
+        return {}  # a Python this machine cannot run (another platform's): nothing compiled, nothing recorded
+    except subprocess.TimeoutExpired:
+        pass  # what it compiled is recorded; modules left over are compiled by Python where it can write
     written = []
     for dirpath, _dirs, files in os.walk(staging / "lib"):
         if os.path.basename(dirpath) == "__pycache__":
             written += [Path(dirpath, f) for f in files if f.endswith(".pyc")]
-    written = [p for p in written if p.relative_to(staging).as_posix() not in owned]
+    # Owned ones too: a package's .pyc whose header does not match its installed source (the build
+    # compiled it before the source got its packaged mtime) is compiled again, else Python would
+    # rewrite it at the first import. The record vouches for each in place of the package.
     hashes = hash_many(written)
     return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
             for p, h in sorted(hashes.items()) if isinstance(h, str)}

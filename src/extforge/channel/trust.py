@@ -27,14 +27,15 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import ExtforgeError
 from ..paths import cache_root
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 
-# 2: each path also carries the payload's mode bits and, for a symbolic link, its target.
-SCHEMA = 2
+# 3: each path also carries the payload's mode bits and, for a symbolic link, its target.
+SCHEMA = 3
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
 
@@ -244,7 +245,7 @@ def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path) -> dict:
     body = cached_manifest(ref.sha256, prefix)
     if body is None:
         previous = read_signed(manifest_path(ref.sha256))
-        if previous and previous.get("sha256") != ref.sha256:
+        if previous and (previous.get("sha256") != ref.sha256 or previous.get("schema") != SCHEMA):
             previous = None
         body = build_manifest(archive, ref.sha256, prefix, previous)
         write_signed(manifest_path(ref.sha256), body)
@@ -262,10 +263,10 @@ def expected_paths(body: dict, prefix: Path) -> Iterator[tuple[str, str | None]]
             yield path, in_prefix.get(path, sha) if placeholder else sha
 
 
-@dataclass(frozen=True)
-class Expected:
+class Expected(NamedTuple):
     """What a package puts at one path of a prefix: kind "file" (sha256 None: presence only),
-    "link" (target None: unknown) or "dir"; the mode bits its payload gives (None: unknown)."""
+    "link" (target None: unknown) or "dir"; the mode bits its payload gives (None: unknown).
+    A tuple: a torch env has 20,000 of them, made on every verify that finds a change."""
 
     kind: str
     package: str

@@ -23,7 +23,9 @@ snapshot are never trusted from it (timestamps may be coarse). --rehash ignores 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from pathlib import Path
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..machine import detect
 from ..stamp import read_stamps
-from .accounting import expectations, walk
+from .accounting import TOOL_FILES, expectations, unchanged, walk
 from .admission import Check, admission_checks
 from .hashing import hash_many
 from .mirrors import Mirrors
@@ -133,9 +135,9 @@ def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tupl
 # are made in its last second) trust nothing, and the one after it re-hash everything again.
 RACY_NS = 3 * 10**9
 RACY_FINE_NS = 100 * 10**6
-# 3: every entry of the prefix (folders and links too) with its kind, sha256 and lstat key.
-RECORD_SCHEMA = 3
-_CTIME = 4  # index of ctime in a record entry [kind, sha256 or link target, size, mtime, ctime, inode, mode]
+# 4: every entry of the prefix (folders and links too) by its lstat key, for one basis.
+RECORD_SCHEMA = 4
+_CTIME = 2  # index of ctime in a record entry [size, mtime, ctime, inode, mode]
 
 
 def record_path(prefix: Path) -> Path:
@@ -144,22 +146,31 @@ def record_path(prefix: Path) -> Path:
     return trust_dir() / "verified" / f"{hashlib.sha256(str(prefix).encode()).hexdigest()[:32]}.json"
 
 
-def _load_snapshot(prefix: Path) -> tuple[dict[str, list], set[str]]:
-    """The last clean run's entries, and those of them old enough to be believed."""
+def record_basis(prefix: Path, locked: list[Pinned], written: dict[str, list], record_names: Sequence[str]) -> str:
+    """What a record's entries were checked against: the same packages, install record and tool
+    files give the same expectations, so an entry as recorded is still as expected."""
+    basis = [str(prefix), sorted(p.sha256 for p in locked), sorted(written.items()), sorted(record_names), sorted(TOOL_FILES)]
+    return hashlib.sha256(json.dumps(basis).encode()).hexdigest()
+
+
+def _load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str], int]:
+    """The last clean run's entries, those of them old enough to be believed, and how many of
+    them are files checked by hash."""
     data = read_signed(record_path(prefix))
-    if not data or data.get("schema") != RECORD_SCHEMA or data.get("prefix") != str(prefix):
-        return {}, set()
+    if not data or data.get("schema") != RECORD_SCHEMA or data.get("prefix") != str(prefix) or data.get("basis") != basis:
+        return {}, set(), 0
     taken = int(data.get("taken_ns", 0))
     entries: dict[str, list] = data.get("entries", {})
     # The record's own ctimes tell the filesystem's resolution: any sub-second part means fine.
     window = RACY_FINE_NS if any(e[_CTIME] % 10**9 for e in entries.values()) else RACY_NS
     # Entries changed too close to the snapshot are not believed: they are hashed (folders listed) again.
-    return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}
+    return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}, int(data.get("hashed_files", 0))
 
 
-def _write_snapshot(prefix: Path, entries: dict[str, list], taken_ns: int) -> str:
+def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_files: int, taken_ns: int) -> str:
     try:
-        write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "taken_ns": taken_ns, "entries": entries})
+        write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "basis": basis, "taken_ns": taken_ns,
+                                           "hashed_files": hashed_files, "entries": entries})
     except OSError:
         return "unwritable"
     return "written"
@@ -194,34 +205,56 @@ def _hash_and_compare(root: Path, want: dict[str, tuple[str, str]], keys: dict[s
 
 def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
                 *, prefix: Path | None = None) -> Check:
-    """Every file the packages list, hashed under root: install's staging folder that becomes `prefix`."""
+    """Every file the packages list, hashed under root, and its mode: install's staging folder that
+    becomes `prefix`. Files are hard links into the package cache, whose modes are shared too: a
+    chmod in another prefix is a chmod of the cache's copy."""
     expect, findings = expected_files(root, manifests, prefix or root)
     hashed, _ = _hash_and_compare(root, expect, dict.fromkeys(expect), threads, report)
     findings += hashed
+    for name, body in manifests.items():
+        for rel, e in expected_entries(name, body, prefix or root):
+            if e.kind != "file" or e.mode is None or rel not in expect:
+                continue
+            try:
+                mode = stat.S_IMODE(os.lstat(f"{root}/{rel}").st_mode)
+            except OSError:
+                continue  # reported by the hash
+            if mode & ~e.mode:
+                findings.append(f"mode widened: {rel} is {mode:04o}, {name} gives {e.mode:04o}")
+                report.bad_files.append(rel)
     summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
     return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
 
-def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport, *, threads: int | None = None,
-                 rehash: bool = False, problems: Sequence[str] = (), written: dict[str, list] | None = None,
-                 record_names: Sequence[str] = ()) -> tuple[Check, Check]:
+@dataclass
+class Accounting:
+    """What check_prefix compares the prefix with, and the record of the last clean run."""
+
+    written: dict[str, list]  # files install wrote and recorded (receipt.py)
+    record_names: list[str]  # conda-meta/<name>.json of each locked package
+    basis: str
+    previous: dict[str, list]
+    trusted: set[str]
+    hashed_files: int  # how many of the recorded entries are files checked by hash
+
+
+def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport, acc: Accounting, *,
+                 threads: int | None = None, problems: Sequence[str] = ()) -> tuple[Check, Check]:
     """Every entry of the prefix accounted for (accounting.py), every owned file's sha256: the
     "files" check (what packages or install put there) and the "unowned" one (everything else)."""
     entries = {name: list(expected_entries(name, body, prefix)) for name, body in manifests.items()}
-    expect, absent_ok = expectations(entries, written or {}, list(record_names))
-    previous, trusted = ({}, set()) if rehash else _load_snapshot(prefix)
+    expect, absent_ok = expectations(entries, acc.written, acc.record_names)
     taken_ns = time.time_ns()
-    found = walk(str(prefix), expect, absent_ok, previous, trusted)
+    found = walk(str(prefix), expect, absent_ok, acc.previous, acc.trusted)
     want = {rel: (expect[rel].sha256 or "", expect[rel].package) for rel in found.to_hash}
     hashed, good = _hash_and_compare(prefix, want, dict(found.to_hash), threads, report)
-    for rel, k in good.items():
-        found.record[rel] = ["f", want[rel][0], *k]
+    found.record.update(good)
     findings = [*problems, *found.owned, *hashed]
     report.files_unchanged = found.unchanged
     # Unknown packages leave their files unaccounted for: those are not planted, just unknown.
     unowned = [] if problems else found.unowned
     if not findings and not unowned and (found.to_hash or found.listed):
-        report.snapshot = _write_snapshot(prefix, found.record, taken_ns)
+        report.snapshot = _write_snapshot(prefix, acc.basis, found.record, found.unchanged + len(good), taken_ns)
     n_files = sum(e.kind == "file" for e in expect.values())
     files = Check("files", "fail" if findings else "pass",
                   f"{n_files} files from {len(manifests)} packages and install: {report.files_hashed} hashed, "
@@ -232,6 +265,14 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
                if not problems else "not checked: the files of some packages are unknown (see files)")
     other = Check("unowned", "fail" if unowned or problems else "pass", summary, tuple(unowned[:MAX_FINDINGS]))
     return files, other
+
+
+def _all_unchanged(report: VerifyReport, acc: Accounting) -> list[Check]:
+    """The checks of a prefix whose every entry is as the last clean run recorded it."""
+    files = report.files_unchanged = acc.hashed_files
+    return [Check("files", "pass", f"{files} files unchanged since verified, 0 hashed; 0 problem(s)"),
+            Check("unowned", "pass", f"{len(acc.previous)} entries as recorded (0 folder(s) read): 0 entries no package "
+                                     "or install record accounts for")]
 
 
 def verify_prefix(
@@ -263,25 +304,36 @@ def verify_prefix(
             "without the lock it was installed from, only the prefix's own conda-meta names its packages, "
             "and whoever can write the prefix can rewrite that",
             f"run `extforge verify {prefix} --env NAME --lock PATH/pixi.lock` with the lock it was installed from "
-            f"(`extforge install` leaves a record at {receipt_path(prefix)} that verify trusts when only its owner can write it)",
+            f"(`extforge install` leaves a record at {receipt_path(prefix)}, or in the prefix, that verify trusts when only its owner can write it)",
             exit_code=EXIT_FINDINGS,
         )
     report.install_record = "trusted" if receipt is not None else why_not
     t = report.lap("lock", t)
     report.checks.append(check_packages(records, locked, source, mirrors))
     t = report.lap("packages vs lock", t)
-    refs = [PackageRef(p.name, p.file_name, p.url, p.sha256) for p in locked]
-    manifests, fetch_problems = manifests_for(refs, prefix, mirrors=mirrors)
-    t = report.lap("package manifests", t)
     # What install wrote (byte code) is vouched for by its record only when that record is of this lock.
     same_lock = receipt is not None and {p.sha256 for p in receipt.packages} == {p.sha256 for p in locked}
+    written = receipt.written if receipt is not None and same_lock else {}
     record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
-    report.checks += check_prefix(prefix, manifests, report, threads=threads, rehash=rehash, problems=fetch_problems,
-                                  written=receipt.written if receipt is not None and same_lock else {},
-                                  record_names=record_names)
-    t = report.lap("every entry and file hash", t)
+    basis = record_basis(prefix, locked, written, record_names)
+    previous, trusted, hashed_files = ({}, set(), 0) if rehash else _load_snapshot(prefix, basis)
+    acc = Accounting(written, record_names, basis, previous, trusted, hashed_files)
+    t = report.lap("record of the last clean run", t)
+    if unchanged(str(prefix), previous, trusted):
+        report.checks += _all_unchanged(report, acc)
+        t = report.lap("every entry as recorded", t)
+    else:
+        refs = [PackageRef(p.name, p.file_name, p.url, p.sha256) for p in locked]
+        manifests, fetch_problems = manifests_for(refs, prefix, mirrors=mirrors)
+        t = report.lap("package manifests", t)
+        report.checks += check_prefix(prefix, manifests, report, acc, threads=threads, problems=fetch_problems)
+        t = report.lap("every entry and file hash", t)
     env_cuda = next((r["version"] for r in records if r["name"] == "cuda-version"), None)
-    audit_records = read_stamps(prefix)
+    try:
+        audit_records = read_stamps(prefix)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable or damaged: a finding, not a crash
+        audit_records = []
+        report.checks.append(Check("audit-records", "fail", f"the extension audit records in the prefix cannot be read: {exc}"))
     # The driver is asked only when a check needs it (NVML's init can take a second per GPU).
     report.node = node or (probe() if audit_records or env_cuda else NodeFacts(glibc=detect().glibc))
     t = report.lap("node probe", t)

@@ -7,13 +7,15 @@ import os
 import time
 from pathlib import Path
 
-HELP = "verify an installed environment: packages vs lock, every file's sha256, node admission (driver, GPU archs, glibc)"
+HELP = ("verify an installed environment: packages vs lock, every entry of the prefix accounted for (sha256, kind, "
+        "link target, mode), node admission (driver, GPU archs, glibc)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prefix", type=Path, metavar="PREFIX")
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
-    parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock")
+    parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock (default: the lock of the "
+                        "install record beside PREFIX, believed only when nobody but its owner and root can write it)")
     parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
