@@ -181,9 +181,9 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         f"started longest first over {jobs} job slots (upstream's order: ~{upstream_wall:.0f} s)",
     ]
     if costs and costs.concurrency and costs.concurrency.per_compile:
-        reasons.append(f"a unit takes {costs.concurrency.factor(min(jobs, len(per_unit))):.2f}x its seconds at "
-                       f"{costs.concurrency.reference} compiles at once while {min(jobs, len(per_unit))} compile at once "
-                       f"(+{100 * costs.concurrency.per_compile:.2f}% per compile; {costs.concurrency.measured or 'measured'})")
+        cc, busy = costs.concurrency, min(jobs, len(per_unit))
+        reasons.append(f"with {busy} compiles at once a unit takes {cc.factor(busy):.2f}x as long as with {cc.reference} "
+                       f"(+{100 * cc.per_compile:.2f}% per compile, fitted from {cc.measured or 'node builds'})")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
