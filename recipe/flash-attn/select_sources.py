@@ -4,7 +4,13 @@ Run by build.sh with the host python, in the source folder:
 
   EXTFORGE_UNIT_ORDER  units (source file stems, ';'-separated) longest first, from
                        extforge's per-unit cost data: ninja starts the compiles in the order
-                       of setup.py's `sources`, so the longest ones must not come last.
+                       of the extension's `sources`, so the longest ones must not come last.
+                       setuptools sorts `sources` by name before compiling (for a reproducible
+                       link), which put flash-attn's longest units (flash_fwd_split_*) last
+                       whatever setup.py listed; the extension's sources become strs that
+                       sort by their place in this order instead (set on the Extension object,
+                       whose .pyx mapping, which would make them plain strs again, is switched
+                       off: flash-attn has no .pyx sources).
   FLASH_ATTN_HEAD_DIMS head dims to build ("128", "64;128"); empty or "all" builds every one.
                        The kernels of other head dims are dropped from `sources`, and the
                        head-dim dispatch (HEADDIM_SWITCH in static_switch.h) is rewritten so
@@ -63,11 +69,51 @@ def source_block(lines: list[str]) -> tuple[int, int]:
     return first, last
 
 
+# setuptools' build_ext runs `sorted(ext.sources)`; a source of this type sorts by its rank.
+RANKED_SOURCE = """
+class _extforge_unit(str):  # added by extforge's select_sources.py
+    \"\"\"A source path that sorts by its place in the planned compile order, not by name.\"\"\"
+
+    def __new__(cls, path, rank):
+        self = super().__new__(cls, path)
+        self.rank = rank
+        return self
+
+    def __lt__(self, other):
+        return (self.rank, str(self)) < (getattr(other, "rank", float("inf")), str(other))
+
+    def __gt__(self, other):
+        return (self.rank, str(self)) > (getattr(other, "rank", float("inf")), str(other))
+
+"""
+
+
+def with_ranked_sources(setup_py: str) -> str:
+    """setup.py with RANKED_SOURCE defined at its top (after any `from __future__` import) and the
+    flash_attn_2_cuda Extension's sources ranked in their listed order right after it is made."""
+    lines = setup_py.splitlines(keepends=True)
+    first, last = source_block(lines)
+    start = max(i for i in range(first) if "ext_modules.append(" in lines[i])
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+    end = next((i for i in range(last, len(lines)) if lines[i].rstrip() == indent + ")"), None)
+    if end is None:
+        raise SystemExit("error: setup.py's ext_modules.append( of flash_attn_2_cuda has no closing line of the expected "
+                         "shape; select_sources.py does not fit this flash-attn version")
+    lines[end + 1:end + 1] = [
+        f"{indent}ext_modules[-1].sources = [_extforge_unit(s, i) for i, s in enumerate(ext_modules[-1].sources)]\n",
+        # setuptools' build_ext maps the sources through re.sub (.pyx -> .c/.cpp) before its sort,
+        # which makes them plain strs again; flash-attn has no .pyx sources.
+        f"{indent}ext_modules[-1]._convert_pyx_sources_to_lang = lambda: None\n"]
+    at = max((i + 1 for i, line in enumerate(lines) if line.startswith("from __future__ import")), default=0)
+    return "".join(lines[:at]) + RANKED_SOURCE.lstrip("\n") + "".join(lines[at:])
+
+
 def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
                  shards: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     """setup.py with the kernel list filtered to `head_dims`, each unit of `shards` followed by its
     twin, and sorted by `order` (units not in it keep upstream's relative order, after the
-    ordered ones); also returns the kept stems."""
+    ordered ones), each source ranked so that setuptools' sort keeps that order; also returns
+    the kept stems."""
     lines = setup_py.splitlines(keepends=True)
     first, last = source_block(lines)
     entries = [(SOURCE_LINE.match(line)["stem"], line) for line in lines[first:last]]
@@ -80,7 +126,8 @@ def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
     rank = {stem: i for i, stem in enumerate(order)}
     entries.sort(key=lambda e: rank.get(e[0], len(rank)))  # stable: the rest keep their order
     lines[first:last] = [line for _, line in entries]
-    return "".join(lines), [s for s, _ in entries]
+    text = "".join(lines)
+    return (with_ranked_sources(text) if order else text), [s for s, _ in entries]
 
 
 def _std_year(std: str) -> int:

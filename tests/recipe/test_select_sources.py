@@ -59,8 +59,10 @@ def test_units_start_longest_first(recipe_dir: Path, sdist: Path, tmp_path: Path
     work = run_select(recipe_dir, sdist, tmp_path, EXTFORGE_UNIT_ORDER=";".join(order))
     assert listed_units(work / "setup.py") == order != upstream
     assert sorted(order) == sorted(upstream)  # the cost data names every unit of this sdist
-    # Measured on an H100 node: the non-causal split-kv forward of the largest head dim is the longest.
-    assert order[0].startswith("flash_fwd_split_hdim256")
+    # Measured on an H100 node: a non-causal split-kv forward unit is the longest.
+    assert order[0].startswith("flash_fwd_split_") and "_causal" not in order[0]
+    # The sources are ranked, so that setuptools' sort by name keeps this order.
+    assert "ext_modules[-1].sources = [_extforge_unit(s, i) for i, s in enumerate(" in (work / "setup.py").read_text()
 
 
 def test_without_settings_setup_py_is_unchanged(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
@@ -246,3 +248,46 @@ def test_a_split_unit_compiles_each_side_of_its_switch_once(recipe_dir: Path, sd
     dropout = {u: set(re.findall(r"flash_fwd_kernel<Flash_fwd_kernel_traits<[^<>]*<[^<>]*> >, (true|false),", s))
                for u, s in syms.items()}
     assert dropout[unit] == {"false"} and "true" in dropout[unit + "_shard1"]
+
+
+# Upstream's shape: the extension appended to ext_modules, one quoted source per line.
+MINI_SETUP = '''from setuptools import Extension, setup
+
+ext_modules = []
+if True:
+    ext_modules.append(
+        Extension(
+            name="flash_attn_2_cuda",
+            sources=[
+                "csrc/flash_attn/src/alpha.cpp",
+                "csrc/flash_attn/src/mid.cpp",
+                "csrc/flash_attn/src/zeta.cpp",
+            ],
+        )
+    )
+setup(name="mini", ext_modules=ext_modules)
+'''
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_setuptools_compiles_the_sources_in_the_planned_order(recipe_dir: Path, tmp_path: Path) -> None:
+    """setuptools sorts an extension's sources by name before compiling them (that is why the
+    split-kv units, flash_fwd_split_*, started last on the node whatever setup.py listed); the
+    sources select_sources.py ranks keep the planned order through that sort."""
+    src = tmp_path / "csrc/flash_attn/src"
+    src.mkdir(parents=True)
+    for unit in ("alpha", "mid", "zeta"):
+        (src / f"{unit}.cpp").write_text(f"int {unit}() {{ return 1; }}\n")
+    (tmp_path / "setup.py").write_text(MINI_SETUP)
+
+    def compile_order(root: Path) -> list[str]:
+        out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "--force"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+        return re.findall(r"-c csrc/flash_attn/src/(\w+)\.cpp", out)
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tmp_path, plain, ignore=shutil.ignore_patterns("plain"))
+    subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(tmp_path)], check=True,
+                   env={**os.environ, "FLASH_ATTN_HEAD_DIMS": "", "EXTFORGE_UNIT_ORDER": "zeta;alpha;mid"})
+    assert compile_order(plain) == ["alpha", "mid", "zeta"]  # by name, whatever the list says
+    assert compile_order(tmp_path) == ["zeta", "alpha", "mid"]
