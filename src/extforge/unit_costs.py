@@ -1,11 +1,12 @@
 """Per-translation-unit compile costs: read from ninja's `.ninja_log`, kept as data, and used
 to start the longest units first and to predict a build's wall time.
 
-A flash-attn build is 73 independent compiles whose costs differ ~4x (a backward kernel for
-head dim 256 against a forward one for 32). ninja starts ready edges roughly in the order of
-build.ninja, which torch's BuildExtension writes in the order of setup.py's `sources`: upstream's
-order leaves the longest units for the end, where they run alone on an otherwise idle node.
-Started longest first (LPT), the tail is short and the wall time is close to sum/jobs.
+A flash-attn build is 73 independent compiles whose costs differ ~3x (a split-kv forward kernel
+against a causal forward one). ninja starts ready edges in the order of build.ninja, which
+torch's BuildExtension writes in the order of the sources setuptools hands it, sorted by name:
+the split-kv units (flash_fwd_split_*) come last and run alone on an otherwise idle node.
+Started longest first (LPT; recipe/flash-attn/select_sources.py keeps that order through
+setuptools' sort), the tail is short and the wall time is close to sum/jobs.
 
 The data (`data/unit-costs.yaml`) lists each profile's units; a unit's seconds are measured on a
 node (written by bench/build_side_by_side.py, bench/unit_costs_fit.py) or null, in which case a
