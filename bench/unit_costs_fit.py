@@ -31,8 +31,8 @@ LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026
 MEASURED = [
     (32, "log", 958.0, False, "the 32-core build of 2026-11-25 in bench/data, its compile span (1101 s from start to "
      "package); in-sample: the unit costs are this build's own log"),
-    (16, "upstream", 1407.0, True, "run G on a 16-core node, 2026-11-23, `setup.py build_ext` compile + link with the same "
-     "compilers; out of sample: no unit cost comes from it"),
+    (16, "name", 1407.0, True, "run G on a 16-core node, 2026-11-23, `setup.py build_ext` compile + link with the same "
+     "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it"),
 ]
 
 
@@ -59,8 +59,8 @@ def main() -> int:
     edges, load = runs[0]
     seconds = unit_costs.at_reference(edges, concurrency, load)
     previous = unit_costs.load("flash-attn")
-    upstream = [u for u in (previous.units if previous else seconds) if u in seconds]
-    orders = {"upstream": upstream, "log": [e.unit for e in edges], "longest first": unit_costs.longest_first(seconds)}
+    upstream = [u for u in (previous.units if previous else seconds) if u in seconds]  # setup.py's list, the data's order
+    orders = {"name": sorted(seconds), "log": [e.unit for e in edges], "longest first": unit_costs.longest_first(seconds)}
     link = load_profiles()["flash-attn"].link_seconds
 
     def predict(order: list[str], jobs: int, with_link: bool = True) -> float:

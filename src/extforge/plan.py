@@ -162,9 +162,10 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     costs = unit_costs.load(profile)
     if costs:
         per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
-        # Upstream's order is what a plain build does: no unit split, sources as listed.
-        # Every schedule paces the units by the compiles running beside them (costs.concurrency).
-        upstream_wall = unit_costs.list_schedule(list(per_unit.items()), jobs, costs.concurrency).makespan + p.link_seconds
+        # What a plain build does: no unit split, and the units in name order (setuptools sorts an
+        # extension's sources before torch writes build.ninja). Every schedule paces the units by
+        # the compiles running beside them (costs.concurrency).
+        upstream_wall = unit_costs.list_schedule(sorted(per_unit.items()), jobs, costs.concurrency).makespan + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
         wall = unit_costs.lpt_makespan(per_unit, jobs, costs.concurrency) + p.link_seconds
         order = tuple(unit_costs.longest_first(per_unit))
