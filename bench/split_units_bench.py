@@ -26,6 +26,7 @@ from pathlib import Path
 from _record import append_section
 from _sdist import unpack
 
+RECIPE = Path(__file__).resolve().parents[1] / "recipe" / "flash-attn"
 DEFAULT_UNITS = ["flash_fwd_hdim128_fp16_sm80", "flash_fwd_hdim128_fp16_causal_sm80",
                  "flash_bwd_hdim128_fp16_causal_sm80", "flash_fwd_split_hdim128_fp16_causal_sm80"]
 
@@ -36,8 +37,12 @@ def nvcc_command(python: str, arch: str) -> list[str]:
              "print(json.dumps([ce.include_paths(), sysconfig.get_paths()['include'], int(torch._C._GLIBCXX_USE_CXX11_ABI)]))")
     includes, py_include, abi = json.loads(subprocess.run([python, "-c", probe], check=True, capture_output=True,
                                                           text=True).stdout)
+    # The standard the recipe compiles with: upstream's c++17, or what torch's headers require (2.14: c++20).
+    std = subprocess.run([python, str(RECIPE / "torch_cxx_std.py"), "g++"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    std = std if std not in ("c++11", "c++14") else "c++17"
     return ["nvcc", "-Icsrc/flash_attn", "-Icsrc/flash_attn/src", "-Icsrc/cutlass/include",
-            *[f"-I{i}" for i in [*includes, py_include]], "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+            *[f"-I{i}" for i in [*includes, py_include]], "-O3", f"-std={std}", "--expt-relaxed-constexpr",
             "--expt-extended-lambda", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__",
             "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
             "--compiler-options=-fPIC", "-gencode", f"arch=compute_{arch},code=sm_{arch}", "--threads", "1",

@@ -39,6 +39,11 @@ if [[ "${torch_abi}" == "1" ]]; then
     export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE
 fi
 
+# --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
+# Upstream compiles host and device code with -std=c++17; select_sources.py raises it to this.
+cxx_std=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
+export EXTFORGE_CXX_STD="${cxx_std}"
+
 # --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------
 # A g++ with only libstdc++.a beside it (some relocated toolchains) links the runtime into the
 # module and exports it; `extforge audit` refuses that, so stop before a 20-minute compile.
@@ -86,7 +91,7 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
 fi
 
 echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
-     "archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "-std=${cxx_std}, archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
 
 # --- Which kernels, in which order (select_sources.py) ------------------------------------------
@@ -109,15 +114,16 @@ ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
+"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${cxx_std}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
 import json, os, sys
 import torch
-ext, abi, compiler_default, libpython = sys.argv[1:]
+ext, abi, compiler_default, libpython, cxx_std = sys.argv[1:]
 print(json.dumps({
     "schema": 1,
     "name": "flash-attn",
     "extension": os.path.basename(ext),
     "cxx11_abi": abi == "1",
+    "cxx_std": cxx_std,
     "compiler_default_cxx11_abi": compiler_default == "1" if compiler_default else None,
     "torch": torch.__version__,
     "torch_cuda": torch.version.cuda,

@@ -21,5 +21,6 @@ info = json.loads((Path(sys.prefix) / "share/extforge/build/flash-attn.json").re
 import torch  # noqa: E402  (after the cheap checks)
 
 assert info["cxx11_abi"] == bool(torch._C._GLIBCXX_USE_CXX11_ABI), info
+assert str(info.get("cxx_std", "")).startswith(("c++", "gnu++")), f"no C++ standard recorded: {info}"
 assert info["torch"] == torch.__version__, (info["torch"], torch.__version__)
 print("flash-attn package checks passed:", tags, spec.origin)

@@ -4,7 +4,13 @@ Run by build.sh with the host python, in the source folder:
 
   EXTFORGE_UNIT_ORDER  units (source file stems, ';'-separated) longest first, from
                        extforge's per-unit cost data: ninja starts the compiles in the order
-                       of setup.py's `sources`, so the longest ones must not come last.
+                       of the extension's `sources`, so the longest ones must not come last.
+                       setuptools sorts `sources` by name before compiling (for a reproducible
+                       link), which put flash-attn's longest units (flash_fwd_split_*) last
+                       whatever setup.py listed; the extension's sources become strs that
+                       sort by their place in this order instead (set on the Extension object,
+                       whose .pyx mapping, which would make them plain strs again, is switched
+                       off: flash-attn has no .pyx sources).
   FLASH_ATTN_HEAD_DIMS head dims to build ("128", "64;128"); empty or "all" builds every one.
                        The kernels of other head dims are dropped from `sources`, and the
                        head-dim dispatch (HEADDIM_SWITCH in static_switch.h) is rewritten so
@@ -13,6 +19,10 @@ Run by build.sh with the host python, in the source folder:
   EXTFORGE_SHARD_UNITS kernel units to split in two translation units (shard_units.py), chosen
                        by the planner when a unit alone would set the build's wall time; units
                        of other head dims than the built ones are ignored.
+  EXTFORGE_CXX_STD     the C++ standard the host torch's headers require (torch_cxx_std.py, e.g.
+                       "c++20"): upstream compiles host and device code with -std=c++17, which
+                       torch >= 2.14's headers refuse. Each older -std= of setup.py is raised to
+                       it; a newer one upstream chose stays.
 
 Standalone on purpose (the build env has no extforge); tests/recipe/test_select_sources.py
 runs it on the real sdist.
@@ -30,6 +40,7 @@ import shard_units
 UPSTREAM_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 SOURCE_LINE = re.compile(r'^(?P<indent>\s*)"(?P<path>csrc/flash_attn/(?:src/)?(?P<stem>[\w]+)\.(?:cu|cpp))",\s*$')
 KERNEL = re.compile(r"^flash_(?:fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_")
+STD_FLAG = re.compile(r'"-std=c\+\+(?P<year>\d\d)"')
 SWITCH = re.compile(r"#define HEADDIM_SWITCH\(HEADDIM, \.\.\.\).*?\}\(\)\n", re.S)
 
 
@@ -58,11 +69,51 @@ def source_block(lines: list[str]) -> tuple[int, int]:
     return first, last
 
 
+# setuptools' build_ext runs `sorted(ext.sources)`; a source of this type sorts by its rank.
+RANKED_SOURCE = """
+class _extforge_unit(str):  # added by extforge's select_sources.py
+    \"\"\"A source path that sorts by its place in the planned compile order, not by name.\"\"\"
+
+    def __new__(cls, path, rank):
+        self = super().__new__(cls, path)
+        self.rank = rank
+        return self
+
+    def __lt__(self, other):
+        return (self.rank, str(self)) < (getattr(other, "rank", float("inf")), str(other))
+
+    def __gt__(self, other):
+        return (self.rank, str(self)) > (getattr(other, "rank", float("inf")), str(other))
+
+"""
+
+
+def with_ranked_sources(setup_py: str) -> str:
+    """setup.py with RANKED_SOURCE defined at its top (after any `from __future__` import) and the
+    flash_attn_2_cuda Extension's sources ranked in their listed order right after it is made."""
+    lines = setup_py.splitlines(keepends=True)
+    first, last = source_block(lines)
+    start = max(i for i in range(first) if "ext_modules.append(" in lines[i])
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+    end = next((i for i in range(last, len(lines)) if lines[i].rstrip() == indent + ")"), None)
+    if end is None:
+        raise SystemExit("error: setup.py's ext_modules.append( of flash_attn_2_cuda has no closing line of the expected "
+                         "shape; select_sources.py does not fit this flash-attn version")
+    lines[end + 1:end + 1] = [
+        f"{indent}ext_modules[-1].sources = [_extforge_unit(s, i) for i, s in enumerate(ext_modules[-1].sources)]\n",
+        # setuptools' build_ext maps the sources through re.sub (.pyx -> .c/.cpp) before its sort,
+        # which makes them plain strs again; flash-attn has no .pyx sources.
+        f"{indent}ext_modules[-1]._convert_pyx_sources_to_lang = lambda: None\n"]
+    at = max((i + 1 for i, line in enumerate(lines) if line.startswith("from __future__ import")), default=0)
+    return "".join(lines[:at]) + RANKED_SOURCE.lstrip("\n") + "".join(lines[at:])
+
+
 def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
                  shards: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
     """setup.py with the kernel list filtered to `head_dims`, each unit of `shards` followed by its
     twin, and sorted by `order` (units not in it keep upstream's relative order, after the
-    ordered ones); also returns the kept stems."""
+    ordered ones), each source ranked so that setuptools' sort keeps that order; also returns
+    the kept stems."""
     lines = setup_py.splitlines(keepends=True)
     first, last = source_block(lines)
     entries = [(SOURCE_LINE.match(line)["stem"], line) for line in lines[first:last]]
@@ -75,7 +126,32 @@ def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
     rank = {stem: i for i, stem in enumerate(order)}
     entries.sort(key=lambda e: rank.get(e[0], len(rank)))  # stable: the rest keep their order
     lines[first:last] = [line for _, line in entries]
-    return "".join(lines), [s for s, _ in entries]
+    text = "".join(lines)
+    return (with_ranked_sources(text) if order else text), [s for s, _ in entries]
+
+
+def _std_year(std: str) -> int:
+    """Years as __cplusplus orders them: c++98 is older than c++11."""
+    m = re.fullmatch(r"(?:c|gnu)\+\+(\d\d)", std.strip())
+    if not m:
+        raise SystemExit(f"error: EXTFORGE_CXX_STD={std!r} is not a C++ standard like c++20")
+    year = int(m[1])
+    return year + (1900 if year >= 98 else 2000)
+
+
+def edit_std(setup_py: str, std: str) -> tuple[str, int]:
+    """setup.py with every quoted "-std=c++NN" older than `std` raised to it (host and device
+    flags alike); also returns how many it raised."""
+    want = _std_year(std)
+    flags = list(STD_FLAG.finditer(setup_py))
+    if not flags:
+        raise SystemExit("error: setup.py passes no \"-std=c++NN\" flag to raise to the standard torch needs "
+                         f"({std}); select_sources.py does not fit this flash-attn version")
+
+    def raise_old(m: re.Match[str]) -> str:
+        return f'"-std={std}"' if _std_year(f"c++{m['year']}") < want else m[0]
+
+    return STD_FLAG.sub(raise_old, setup_py), sum(_std_year(f"c++{m['year']}") < want for m in flags)
 
 
 def head_dim_switch(head_dims: tuple[int, ...]) -> str:
@@ -113,6 +189,10 @@ def main(root: Path) -> int:
     wanted = frozenset(u for u in os.environ.get("EXTFORGE_SHARD_UNITS", "").split(";") if u)
     setup_py = root / "setup.py"
     text, kept = edit_sources(setup_py.read_text(), head_dims, order, wanted)
+    std = os.environ.get("EXTFORGE_CXX_STD", "").strip()
+    raised = 0
+    if std:
+        text, raised = edit_std(text, std)
     # Units of head dims not built got no twin, so they are not split either.
     shards = [u for u in kept if u + shard_units.SUFFIX in kept]
     if shards:
@@ -124,7 +204,8 @@ def main(root: Path) -> int:
     print(f"select_sources: {len(kept)} units"
           f"{', head dims ' + ';'.join(map(str, head_dims)) if head_dims else ', every head dim'}"
           f"{f', {len(shards)} split in two' if shards else ''}"
-          f"{', longest first' if order else ', upstream order'}: {' '.join(kept[:4])} ...", file=sys.stderr)
+          f"{', longest first' if order else ', upstream order'}"
+          f"{f', -std={std} ({raised} flags raised)' if std else ''}: {' '.join(kept[:4])} ...", file=sys.stderr)
     return 0
 
 

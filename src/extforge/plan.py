@@ -100,7 +100,7 @@ def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: in
         data_archs = max(1, len(costs.archs))
     elif profile.calibration:
         wall, jobs, data_archs = profile.calibration
-        span = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan
+        span = unit_costs.list_schedule(list(per_unit.items()), jobs, costs.concurrency).makespan
         per_unit = {u: s * (wall - profile.link_seconds) / span for u, s in per_unit.items()}
     else:
         data_archs = 1
@@ -162,10 +162,12 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     costs = unit_costs.load(profile)
     if costs:
         per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
-        # Upstream's order is what a plain build does: no unit split, sources as listed.
-        upstream_wall = unit_costs.list_schedule(list(per_unit.items()), jobs).makespan + p.link_seconds
-        per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards)
-        wall = unit_costs.lpt_makespan(per_unit, jobs) + p.link_seconds
+        # What a plain build does: no unit split, and the units in name order (setuptools sorts an
+        # extension's sources before torch writes build.ninja). Every schedule paces the units by
+        # the compiles running beside them (costs.concurrency).
+        upstream_wall = unit_costs.list_schedule(sorted(per_unit.items()), jobs, costs.concurrency).makespan + p.link_seconds
+        per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
+        wall = unit_costs.lpt_makespan(per_unit, jobs, costs.concurrency) + p.link_seconds
         order = tuple(unit_costs.longest_first(per_unit))
     reasons = [
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
@@ -179,6 +181,10 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
         f"started longest first over {jobs} job slots (upstream's order: ~{upstream_wall:.0f} s)",
     ]
+    if costs and costs.concurrency and costs.concurrency.per_compile:
+        cc, busy = costs.concurrency, min(jobs, len(per_unit))
+        reasons.append(f"with {busy} compiles at once a unit takes {cc.factor(busy):.2f}x as long as with {cc.reference} "
+                       f"(+{100 * cc.per_compile:.2f}% per compile, fitted from {cc.measured or 'node builds'})")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")

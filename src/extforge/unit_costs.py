@@ -1,23 +1,32 @@
 """Per-translation-unit compile costs: read from ninja's `.ninja_log`, kept as data, and used
 to start the longest units first and to predict a build's wall time.
 
-A flash-attn build is 73 independent compiles whose costs differ ~4x (a backward kernel for
-head dim 256 against a forward one for 32). ninja starts ready edges roughly in the order of
-build.ninja, which torch's BuildExtension writes in the order of setup.py's `sources`: upstream's
-order leaves the longest units for the end, where they run alone on an otherwise idle node.
-Started longest first (LPT), the tail is short and the wall time is close to sum/jobs.
+A flash-attn build is 73 independent compiles whose costs differ ~3x (a split-kv forward kernel
+against a causal forward one). ninja starts ready edges in the order of build.ninja, which
+torch's BuildExtension writes in the order of the sources setuptools hands it, sorted by name:
+the split-kv units (flash_fwd_split_*) come last and run alone on an otherwise idle node.
+Started longest first (LPT; recipe/flash-attn/select_sources.py keeps that order through
+setuptools' sort), the tail is short and the wall time is close to sum/jobs.
 
 The data (`data/unit-costs.yaml`) lists each profile's units; a unit's seconds are measured on a
-node (written by bench/build_side_by_side.py) or null, in which case a heuristic weight stands in
-for it, scaled so the profile's total matches its measured build (build-profiles.yaml).
+node (written by bench/build_side_by_side.py, bench/unit_costs_fit.py) or null, in which case a
+heuristic weight stands in for it, scaled so the profile's total matches its measured build
+(build-profiles.yaml).
+
+A unit compiles slower the more compile beside it (memory bandwidth, last-level cache, SMT
+siblings): flash-attn's head-dim-128 units took 1.28x as long with 32 compiles at once as with 13.
+The data's seconds are therefore seconds at a reference number of compiles at once, and
+`Concurrency` scales them to the number running at each moment of a schedule.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import PurePosixPath
 
@@ -29,12 +38,15 @@ from .errors import ExtforgeError
 _FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
 # The second translation unit of a unit split in two (recipe/flash-attn/shard_units.py).
 SHARD_SUFFIX = "_shard1"
-# Relative compile cost by kind and head dim. Backward kernels instantiate several tile
-# configurations and the dq/dk/dv accumulators; larger head dims unroll larger tiles.
-_KIND_WEIGHT = {"bwd": 2.5, "fwd": 1.0, "fwd_split": 0.8}  # a prior guess; measured twins replace it
-_HDIM_WEIGHT = {32: 0.55, 64: 0.7, 96: 0.85, 128: 1.0, 192: 1.25, 256: 1.45}
-_CAUSAL_WEIGHT = 1.05
-_OTHER_WEIGHT = 0.3  # flash_api.cpp and other host-only units
+# Relative compile cost by kind, masking and head dim, for units the data does not name (another
+# flash-attn version): the means of flash-attn 2.8.3's 73 units for sm_90 on a 32-core H100 node
+# (2026-11-25). The split-kv forward units are the longest (their kernels are instantiated for
+# every combination of the split and append-KV switches), causal masking prunes instantiations,
+# and the head dim is no ordering (128 and 256 cost most, 32 and 192 least).
+_KIND_WEIGHT = {"fwd_split": 1.81, "bwd": 1.27, "fwd": 1.0}
+_CAUSAL_WEIGHT = {"fwd_split": 0.60, "bwd": 0.65, "fwd": 0.74}
+_HDIM_WEIGHT = {32: 0.83, 64: 1.07, 96: 0.97, 128: 1.10, 192: 0.85, 256: 1.18}
+_OTHER_WEIGHT = 0.17  # flash_api.cpp and other host-only units
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,20 @@ class ShardModel:
 
 
 @dataclass(frozen=True)
+class Concurrency:
+    """How a unit's compile time grows with the compiles running beside it: at c compiles at once
+    it takes (1 + per_compile * (c - 1)) / (1 + per_compile * (reference - 1)) times its seconds in
+    the data, which are seconds at `reference` compiles at once (`at_reference`)."""
+
+    reference: int
+    per_compile: float
+    measured: str = ""
+
+    def factor(self, compiles: float) -> float:
+        return (1 + self.per_compile * (max(compiles, 1.0) - 1)) / (1 + self.per_compile * (self.reference - 1))
+
+
+@dataclass(frozen=True)
 class UnitCosts:
     """One profile's units and their measured seconds (None: not measured, use the heuristic)."""
 
@@ -83,6 +109,7 @@ class UnitCosts:
     archs: tuple[str, ...] = ()
     measured: str | None = None  # where and when, for the measured ones
     shards: ShardModel | None = None  # None: the recipe cannot split its units
+    concurrency: Concurrency | None = None  # None: units take their seconds whatever runs beside them
 
     @property
     def any_measured(self) -> bool:
@@ -90,10 +117,8 @@ class UnitCosts:
 
     def seconds(self) -> dict[str, float]:
         """Every unit's cost: measured where known; else the measured twins of the same kind,
-        dtype and masking at other head dims, scaled by head dim (the node measured split-kv >
-        backward > forward and causal < non-causal at head dim 128, against the prior guess);
-        else heuristic weights scaled to the measured units (with none measured, the bare
-        weights, for the caller to calibrate)."""
+        dtype and masking at other head dims, scaled by head dim; else heuristic weights scaled
+        to the measured units (with none measured, the bare weights, for the caller to calibrate)."""
         weights = {u: heuristic_weight(u) for u in self.units}
         known = {u: s for u, s in self.units.items() if s is not None}
         scale = sum(known.values()) / sum(weights[u] for u in known) if known else 1.0
@@ -113,7 +138,7 @@ class UnitCosts:
 
 
 def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | None,
-                min_gain: float = 0.02) -> tuple[dict[str, float], list[str]]:
+                min_gain: float = 0.02, concurrency: Concurrency | None = None) -> tuple[dict[str, float], list[str]]:
     """Split the longest units in two while that shortens the longest-first schedule by at
     least `min_gain` of it: a build with fewer long units than job slots (a head-dim subset)
     otherwise waits for its longest unit on an idle node. A full build, whose slots stay busy,
@@ -121,13 +146,13 @@ def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | No
     costs, split = dict(per_unit), list[str]()
     if model is None:
         return costs, split
-    span = lpt_makespan(costs, jobs)
+    span = lpt_makespan(costs, jobs, concurrency)
     for unit in longest_first(per_unit):
         halves = model.halves(unit, costs[unit])
         if halves is None:
             continue
         trial = {**costs, unit: halves[0], unit + SHARD_SUFFIX: halves[1]}
-        trial_span = lpt_makespan(trial, jobs)
+        trial_span = lpt_makespan(trial, jobs, concurrency)
         if trial_span > span * (1 - min_gain):
             break
         costs, span = trial, trial_span
@@ -161,11 +186,11 @@ def heuristic_weight(unit: str) -> float:
     if not m:
         return _OTHER_WEIGHT
     weight = _KIND_WEIGHT[m["kind"]] * _hdim_weight(int(m["hdim"]))
-    return weight * (_CAUSAL_WEIGHT if m["causal"] else 1.0)
+    return weight * (_CAUSAL_WEIGHT[m["kind"]] if m["causal"] else 1.0)
 
 
 def _hdim_weight(hdim: int) -> float:
-    return _HDIM_WEIGHT.get(hdim, hdim / 128)
+    return _HDIM_WEIGHT.get(hdim, 1.0)
 
 
 def _twin_key(unit: str) -> str:
@@ -202,22 +227,39 @@ def unit_seconds(edges: Iterable[NinjaEdge]) -> dict[str, float]:
 class Schedule:
     makespan: float
     slots: list[list[str]]  # units per job slot, in start order
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # unit -> (start, end) seconds
 
 
-def list_schedule(costs: Sequence[tuple[str, float]], jobs: int) -> Schedule:
+def list_schedule(costs: Sequence[tuple[str, float]], jobs: int, concurrency: Concurrency | None = None) -> Schedule:
     """Greedy list scheduling, as ninja does: each unit, in the given order, starts on the slot
     that frees up first. Given the units longest first, this is the LPT schedule (makespan at
-    most 4/3 of the optimum)."""
+    most 4/3 of the optimum, without `concurrency`). With `concurrency`, the units running at
+    each moment progress at the pace that so many compiles at once allow (costs are seconds at
+    its reference), so a build's tail, with fewer compiles left, runs faster than its start."""
     if jobs < 1:
         raise ValueError("jobs must be >= 1")
-    heap = [(0.0, i) for i in range(jobs)]
     slots: list[list[str]] = [[] for _ in range(jobs)]
-    for unit, seconds in costs:
-        free_at, i = heapq.heappop(heap)
-        slots[i].append(unit)
-        heapq.heappush(heap, (free_at + seconds, i))
-    ends = sorted(t for t, _ in heap)
-    return Schedule(makespan=ends[-1] if ends else 0.0, slots=slots)
+    free = list(range(jobs))  # idle slots, lowest first
+    running: dict[int, float] = {}  # slot -> reference seconds left
+    spans: dict[str, tuple[float, float]] = {}
+    queue, now = list(costs), 0.0
+    while queue or running:
+        while queue and free:
+            slot = heapq.heappop(free)
+            unit, seconds = queue.pop(0)
+            slots[slot].append(unit)
+            running[slot] = seconds
+            spans[unit] = (now, now)
+        factor = concurrency.factor(len(running)) if concurrency else 1.0
+        step = min(running.values())
+        now += step * factor
+        for slot in list(running):
+            running[slot] -= step
+            if running[slot] <= 1e-9 * max(step, 1.0):
+                del running[slot]
+                heapq.heappush(free, slot)
+                spans[slots[slot][-1]] = (spans[slots[slot][-1]][0], now)
+    return Schedule(makespan=now, slots=slots, spans=spans)
 
 
 def longest_first(costs: Mapping[str, float]) -> list[str]:
@@ -225,8 +267,75 @@ def longest_first(costs: Mapping[str, float]) -> list[str]:
     return sorted(costs, key=lambda u: (-costs[u], u))
 
 
-def lpt_makespan(costs: Mapping[str, float], jobs: int) -> float:
-    return list_schedule([(u, costs[u]) for u in longest_first(costs)], jobs).makespan
+def lpt_makespan(costs: Mapping[str, float], jobs: int, concurrency: Concurrency | None = None) -> float:
+    return list_schedule([(u, costs[u]) for u in longest_first(costs)], jobs, concurrency).makespan
+
+
+def running_counts(edges: Sequence[NinjaEdge]) -> list[tuple[float, int]]:
+    """(seconds since the first start, compiles running from then on), at every start and end."""
+    if not edges:
+        return []
+    t0 = min(e.start_ms for e in edges)
+    events = sorted([(e.start_ms - t0, 1) for e in edges] + [(e.end_ms - t0, -1) for e in edges])
+    out: list[tuple[float, int]] = []
+    running = 0
+    for ms, delta in events:
+        running += delta
+        if out and out[-1][0] == ms / 1000.0:
+            out[-1] = (ms / 1000.0, running)
+        else:
+            out.append((ms / 1000.0, running))
+    return out
+
+
+def at_reference(edges: Sequence[NinjaEdge], concurrency: Concurrency,
+                 load: Sequence[tuple[float, float]] = ()) -> dict[str, float]:
+    """Each edge's seconds as they would have been at `concurrency.reference` compiles at once:
+    the integral over its run of 1 / factor(compiles running then). The compiles running are
+    the log's own, or where `load` (seconds since the log's first start, compiles counted on the
+    machine) counts more (another build beside this one), that count."""
+    if not edges:
+        return {}
+    t0 = min(e.start_ms for e in edges)
+    own = running_counts(edges)
+    points = sorted({t for t, _ in own} | {t for t, _ in load})
+
+    def level(series: Sequence[tuple[float, float]], t: float) -> float:
+        i = bisect.bisect_right(series, (t, math.inf)) - 1
+        return series[i][1] if i >= 0 else 0.0
+
+    starts = points[:-1]
+    pieces = [(a, b, 1 / concurrency.factor(max(level(own, a), level(load, a)))) for a, b in zip(points, points[1:])]
+    out: dict[str, float] = {}
+    for e in edges:
+        start, end = (e.start_ms - t0) / 1000.0, (e.end_ms - t0) / 1000.0
+        first = max(0, bisect.bisect_right(starts, start) - 1)
+        last = bisect.bisect_left(starts, end)
+        out[e.unit] = round(sum((min(b, end) - max(a, start)) * pace for a, b, pace in pieces[first:last]
+                                if b > start and a < end), 1)
+    return out
+
+
+def fit_concurrency(runs: Sequence[tuple[Sequence[NinjaEdge], Sequence[tuple[float, float]]]], reference: int,
+                    measured: str = "") -> Concurrency:
+    """The slowdown per extra compile that makes the units two or more builds share (run at
+    different numbers of compiles at once) cost the same at the reference: least squares over
+    the log of each shared unit's reference seconds against the first run's."""
+    if len(runs) < 2:
+        raise ValueError("fitting a slowdown needs two builds that ran the same units at different concurrency")
+
+    def misfit(per_compile: float) -> float:
+        c = Concurrency(reference, per_compile)
+        base, *others = [at_reference(edges, c, load) for edges, load in runs]
+        return sum(math.log(base[u] / other[u]) ** 2 for other in others for u in base.keys() & other.keys()
+                   if base[u] > 0 and other[u] > 0)
+
+    lo, hi = 0.0, 0.2  # golden-section search: the misfit has one minimum in a range this wide
+    ratio = (math.sqrt(5) - 1) / 2
+    while hi - lo > 1e-5:
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        lo, hi = (lo, b) if misfit(a) <= misfit(b) else (a, hi)
+    return Concurrency(reference, round((lo + hi) / 2, 4), measured)
 
 
 def _data() -> dict:
@@ -242,7 +351,9 @@ def load(profile: str) -> UnitCosts | None:
     sh = d.get("shards")
     shards = ShardModel({str(k): float(v) for k, v in sh["repeated"].items()},
                         {str(k): float(v) for k, v in sh["twin_share"].items()}, str(sh.get("measured", ""))) if sh else None
-    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards)
+    cc = d.get("concurrency")
+    concurrency = Concurrency(int(cc["reference"]), float(cc["per_compile"]), str(cc.get("measured", ""))) if cc else None
+    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards, concurrency)
 
 
 def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:

@@ -79,6 +79,13 @@ def test_demo_package_was_audited_against_its_build_env(demo_package: Path, demo
 
 
 @pytest.mark.slow
+def test_demo_package_records_the_cxx_standard_its_torch_required(demo_package: Path):
+    # torch 2.14.1's ATen/ATen.h refuses anything older than C++20.
+    build = json.loads(_package_member(demo_package, "share/extforge/build/demo-ext.json"))
+    assert build == {"schema": 1, "name": "demo-ext", "cxx_std": "c++20"}
+
+
+@pytest.mark.slow
 def test_demo_installs_from_the_channels_and_imports(demo_channel: Path, mirror_channel: Path, tmp_path: Path):
     from rattler import BuildString, GenericVirtualPackage, PackageName, Version, install, solve
 

@@ -59,8 +59,10 @@ def test_units_start_longest_first(recipe_dir: Path, sdist: Path, tmp_path: Path
     work = run_select(recipe_dir, sdist, tmp_path, EXTFORGE_UNIT_ORDER=";".join(order))
     assert listed_units(work / "setup.py") == order != upstream
     assert sorted(order) == sorted(upstream)  # the cost data names every unit of this sdist
-    # Measured on an H100 node: the non-causal split-kv forward of the largest head dim is the longest.
-    assert order[0].startswith("flash_fwd_split_hdim256")
+    # Measured on an H100 node: a non-causal split-kv forward unit is the longest.
+    assert order[0].startswith("flash_fwd_split_") and "_causal" not in order[0]
+    # The sources are ranked, so that setuptools' sort by name keeps this order.
+    assert "ext_modules[-1].sources = [_extforge_unit(s, i) for i, s in enumerate(" in (work / "setup.py").read_text()
 
 
 def test_without_settings_setup_py_is_unchanged(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
@@ -107,12 +109,51 @@ def test_patched_dispatch_throws_for_unbuilt_head_dims(recipe_dir: Path, sdist: 
         assert "is not built in this package (built head dims: 64, 128;" in line, line
 
 
-def _torch_headers() -> Path | None:
-    for version in ("2.14.1", "2.11.0"):
+def torch_headers(*versions: str) -> Path | None:
+    """The first of `versions` (default: 2.14.1, then 2.11.0) whose torch wheel tests/audit installed."""
+    for version in versions or ("2.14.1", "2.11.0"):
         root = cache_root() / "audit-torch" / version
         if (root / "torch" / "include" / "torch" / "extension.h").is_file():
             return root
     return None
+
+
+def cxx_std(recipe_dir: Path, torch: Path) -> str:
+    """What build.sh passes on: the standard torch_cxx_std.py derives from these headers."""
+    return subprocess.run([sys.executable, str(recipe_dir / "torch_cxx_std.py"), "g++"], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(torch)}).stdout.strip()
+
+
+def std_flags(setup_py: Path) -> list[str]:
+    return re.findall(r'"(-std=[^"]+)"', setup_py.read_text())
+
+
+def test_upstreams_cxx17_is_raised_to_the_standard_torch_needs(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    # Upstream: nvcc's and g++'s flags of the CUDA build, and the same pair of its ROCm build.
+    assert std_flags(sdist / "setup.py") == ["-std=c++17"] * 4
+    work = run_select(recipe_dir, sdist, tmp_path, EXTFORGE_CXX_STD="c++20", FLASH_ATTN_HEAD_DIMS="128")
+    assert std_flags(work / "setup.py") == ["-std=c++20"] * 4
+    # Only the flags change: the rest of setup.py is what the head-dim subset alone makes of it.
+    subset = run_select(recipe_dir, sdist, tmp_path / "subset", FLASH_ATTN_HEAD_DIMS="128")
+    assert (work / "setup.py").read_text().replace("c++20", "c++17") == (subset / "setup.py").read_text()
+
+
+def test_a_standard_upstream_already_meets_is_left_alone(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    for std in ("c++17", "c++14", "c++98"):
+        work = run_select(recipe_dir, sdist, tmp_path / std, EXTFORGE_CXX_STD=std)
+        assert (work / "setup.py").read_text() == (sdist / "setup.py").read_text(), std
+
+
+def test_a_bad_standard_or_a_setup_py_without_std_flags_is_refused(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+    bad = subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(sdist)], capture_output=True, text=True,
+                         env={**os.environ, "EXTFORGE_CXX_STD": "20"})
+    assert bad.returncode != 0 and "EXTFORGE_CXX_STD='20' is not a C++ standard like c++20" in bad.stderr
+    src = tmp_path / "sdist"
+    shutil.copytree(sdist, src)
+    (src / "setup.py").write_text((src / "setup.py").read_text().replace('"-std=c++17"', '"-O3"'))
+    proc = subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(src)], capture_output=True, text=True,
+                          env={**os.environ, "EXTFORGE_CXX_STD": "c++20", "FLASH_ATTN_HEAD_DIMS": "", "EXTFORGE_UNIT_ORDER": ""})
+    assert proc.returncode != 0 and "passes no \"-std=c++NN\" flag" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or not Path("/usr/local/cuda/include/cuda_runtime.h").is_file(),
@@ -120,14 +161,14 @@ def _torch_headers() -> Path | None:
 def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
     """flash_api.cpp (the only user of HEADDIM_SWITCH) compiled against torch's headers: its
     undefined kernel symbols are exactly those of the kept .cu files, so the link cannot miss one."""
-    torch = _torch_headers()
+    torch = torch_headers()
     if torch is None:
         pytest.skip("no torch wheel in the cache (tests/audit installs one)")
     work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="128")
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
                f"{torch}/torch/include/torch/csrc/api/include", "/usr/local/cuda/include", f"{torch}/nvidia/cu13/include",
                sysconfig.get_paths()["include"]]
-    subprocess.run(["g++", "-c", "-O0", "-std=c++20", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
+    subprocess.run(["g++", "-c", "-O0", f"-std={cxx_std(recipe_dir, torch)}", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
                     *[f"-I{i}" for i in include], "csrc/flash_attn/flash_api.cpp", "-o", "flash_api.o"],
                    cwd=work, check=True)
     syms = subprocess.run(["nm", "-uC", "flash_api.o"], cwd=work, capture_output=True, text=True, check=True).stdout
@@ -168,12 +209,14 @@ def test_a_unit_of_another_shape_is_refused_before_compiling(recipe_dir: Path, s
 
 
 def _nvcc_objects(work: Path, torch: Path, units: list[str]) -> dict[str, str]:
-    """Each unit compiled by nvcc for sm_90 as torch's BuildExtension would (two at once), as `nm -C`."""
+    """Each unit compiled by nvcc for sm_90 as torch's BuildExtension would (two at once), with
+    the -std= flag setup.py passes once select_sources.py raised it, as `nm -C`."""
+    std = std_flags(work / "setup.py")[0]
     # nvcc's own toolkit headers, not the nvidia wheels' (another CUDA minor: CCCL refuses the mix).
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
                f"{torch}/torch/include/torch/csrc/api/include", sysconfig.get_paths()["include"]]
     procs = {u: subprocess.Popen(
-        ["nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", "-std=c++20", "--expt-relaxed-constexpr",
+        ["nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", std, "--expt-relaxed-constexpr",
          "--expt-extended-lambda", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
          "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "--compiler-options=-fPIC",
          "-gencode", "arch=compute_90,code=sm_90", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda", *[f"-I{i}" for i in include]],
@@ -188,12 +231,15 @@ def _nvcc_objects(work: Path, torch: Path, units: list[str]) -> dict[str, str]:
 def test_a_split_unit_compiles_each_side_of_its_switch_once(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
     """The cheapest kernel unit split for real: the unit keeps the kernels without dropout and
     calls the dropout side, which only its twin defines. (Upstream runs softcap without dropout,
-    so the dropout side's softcap kernels are the unit's own, compiled in both.)"""
-    torch = _torch_headers()
+    so the dropout side's softcap kernels are the unit's own, compiled in both.) Against torch
+    2.14.1's headers, which refuse upstream's -std=c++17: the recipe's derived standard compiles."""
+    torch = torch_headers("2.14.1")
     if torch is None:
-        pytest.skip("no torch wheel in the cache (tests/audit installs one)")
+        pytest.skip("no torch 2.14.1 wheel in the cache (tests/audit installs one)")
     unit = "flash_fwd_hdim32_fp16_causal_sm80"
-    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="32", EXTFORGE_SHARD_UNITS=unit)
+    work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="32", EXTFORGE_SHARD_UNITS=unit,
+                      EXTFORGE_CXX_STD=cxx_std(recipe_dir, torch))
+    assert std_flags(work / "setup.py")[0] == "-std=c++20"
     syms = _nvcc_objects(work, torch, [unit, unit + "_shard1"])
     side1 = "run_mha_fwd_hdim32<cutlass::half_t, true, 1>(flash::Flash_fwd_params&, CUstream_st*)"
     assert re.search(rf"^\s+U void flash::{re.escape(side1)}$", syms[unit], re.M), "the unit must call side 1, not define it"
@@ -202,3 +248,46 @@ def test_a_split_unit_compiles_each_side_of_its_switch_once(recipe_dir: Path, sd
     dropout = {u: set(re.findall(r"flash_fwd_kernel<Flash_fwd_kernel_traits<[^<>]*<[^<>]*> >, (true|false),", s))
                for u, s in syms.items()}
     assert dropout[unit] == {"false"} and "true" in dropout[unit + "_shard1"]
+
+
+# Upstream's shape: the extension appended to ext_modules, one quoted source per line.
+MINI_SETUP = '''from setuptools import Extension, setup
+
+ext_modules = []
+if True:
+    ext_modules.append(
+        Extension(
+            name="flash_attn_2_cuda",
+            sources=[
+                "csrc/flash_attn/src/alpha.cpp",
+                "csrc/flash_attn/src/mid.cpp",
+                "csrc/flash_attn/src/zeta.cpp",
+            ],
+        )
+    )
+setup(name="mini", ext_modules=ext_modules)
+'''
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_setuptools_compiles_the_sources_in_the_planned_order(recipe_dir: Path, tmp_path: Path) -> None:
+    """setuptools sorts an extension's sources by name before compiling them (that is why the
+    split-kv units, flash_fwd_split_*, started last on the node whatever setup.py listed); the
+    sources select_sources.py ranks keep the planned order through that sort."""
+    src = tmp_path / "csrc/flash_attn/src"
+    src.mkdir(parents=True)
+    for unit in ("alpha", "mid", "zeta"):
+        (src / f"{unit}.cpp").write_text(f"int {unit}() {{ return 1; }}\n")
+    (tmp_path / "setup.py").write_text(MINI_SETUP)
+
+    def compile_order(root: Path) -> list[str]:
+        out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "--force"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout
+        return re.findall(r"-c csrc/flash_attn/src/(\w+)\.cpp", out)
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tmp_path, plain, ignore=shutil.ignore_patterns("plain"))
+    subprocess.run([sys.executable, str(recipe_dir / "select_sources.py"), str(tmp_path)], check=True,
+                   env={**os.environ, "FLASH_ATTN_HEAD_DIMS": "", "EXTFORGE_UNIT_ORDER": "zeta;alpha;mid"})
+    assert compile_order(plain) == ["alpha", "mid", "zeta"]  # by name, whatever the list says
+    assert compile_order(tmp_path) == ["zeta", "alpha", "mid"]

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Fit flash-attn's per-unit compile costs and the concurrency slowdown from build logs, and say
+what the planner then predicts for the builds measured on the node.
+
+  bench/unit_costs_fit.py [--log NINJA_LOG ...] [--reference 16] [--emit-costs FILE] [--no-record]
+
+The first --log gives every unit's seconds; each further one shares units with it at another
+number of compiles at once, which fits the slowdown per extra compile (unit_costs.Concurrency).
+A `.jobs` file beside a log (seconds since the build started, nvcc processes on the machine)
+counts compiles the log does not know (another build beside it). The default logs are the ones
+in bench/data/ (see its README). --emit-costs writes the data-file entry that
+src/extforge/data/unit-costs.yaml keeps; the predictions go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from _record import append_section
+from ruamel.yaml import YAML
+
+from extforge import unit_costs
+from extforge.plan import load_profiles
+
+DATA = Path(__file__).resolve().parent / "data"
+LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
+# Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link included, what).
+MEASURED = [
+    (32, "log", 958.0, False, "the 32-core build of 2026-11-25 in bench/data, its compile span (1101 s from start to "
+     "package); in-sample: the unit costs are this build's own log"),
+    (16, "name", 1407.0, True, "run G on a 16-core node, 2026-11-23, `setup.py build_ext` compile + link with the same "
+     "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it"),
+]
+
+
+def load_samples(log: Path) -> list[tuple[float, float]]:
+    """The `.jobs` file beside a log, as (seconds since its first nvcc, nvcc processes)."""
+    jobs = log.with_suffix(".jobs")
+    if not jobs.is_file():
+        return []
+    rows = [(float(t), float(n)) for t, n in (line.split() for line in jobs.read_text().splitlines() if line.strip())]
+    first = next((t for t, n in rows if n > 0), 0.0)
+    return [(t - first, n) for t, n in rows if t >= first]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--log", type=Path, action="append", help="a ninja log (repeatable; default: bench/data's)")
+    ap.add_argument("--reference", type=int, default=16, help="compiles at once the data's seconds are for")
+    ap.add_argument("--emit-costs", type=Path, help="write the flash-attn entry of unit-costs.yaml here")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    args = ap.parse_args()
+    logs = args.log or LOGS
+    runs = [(unit_costs.parse_ninja_log(p.read_text()), load_samples(p)) for p in logs]
+    concurrency = unit_costs.fit_concurrency(runs, args.reference, measured=", ".join(p.name for p in logs))
+    edges, load = runs[0]
+    seconds = unit_costs.at_reference(edges, concurrency, load)
+    previous = unit_costs.load("flash-attn")
+    upstream = [u for u in (previous.units if previous else seconds) if u in seconds]  # setup.py's list, the data's order
+    orders = {"name": sorted(seconds), "log": [e.unit for e in edges], "longest first": unit_costs.longest_first(seconds)}
+    link = load_profiles()["flash-attn"].link_seconds
+
+    def predict(order: list[str], jobs: int, with_link: bool = True) -> float:
+        return unit_costs.list_schedule([(u, seconds[u]) for u in order], jobs, concurrency).makespan + (link if with_link else 0)
+
+    out = [f"slowdown per extra compile: {concurrency.per_compile:.4f} (a unit takes "
+           f"{concurrency.factor(32) / concurrency.factor(13):.2f}x as long at 32 compiles at once as at 13)",
+           f"sum of unit seconds at {args.reference} compiles at once: {sum(seconds.values()):.0f} "
+           f"(the log's own: {sum(e.seconds for e in edges):.0f})", "",
+           "| jobs | order | what | predicted s | measured s | error | measured build |", "|---:|---|---|---:|---:|---:|---|"]
+    errors = []
+    for jobs, order, measured, with_link, what in MEASURED:
+        p = predict(orders[order], jobs, with_link)
+        out.append(f"| {jobs} | {order} | compile{' + link' if with_link else ''} | {p:.0f} | {measured:.0f} | "
+                   f"{100 * (p - measured) / measured:+.1f}% | {what} |")
+        errors.append(f"planner error {jobs} cores: {100 * (p - measured) / measured:+.1f}% (full build, sm_90, {order} order: "
+                      f"{p:.0f} s predicted vs {measured:.0f} s measured, {what})")
+    for jobs in (16, 32):
+        out.append(f"| {jobs} | longest first | compile + link | {predict(orders['longest first'], jobs):.0f} | - | - | not measured |")
+    out += ["", *errors]
+    print("\n".join(out))
+    if args.emit_costs:
+        entry = unit_costs.to_yaml_entry("flash-attn", {u: seconds[u] for u in upstream}, ["90"],
+                                         "an H100 node (32 cores), sm_90, 2026-11-25 (bench/data), at "
+                                         f"{args.reference} compiles at once",
+                                         {"concurrency": {"reference": args.reference, "per_compile": concurrency.per_compile,
+                                                          "measured": concurrency.measured}})
+        with args.emit_costs.open("w") as fh:
+            YAML().dump(entry, fh)
+    if not args.no_record:
+        append_section([f"## Unit costs and the concurrency slowdown, fitted from build logs ({dt.date.today()})", "",
+                        f"`bench/unit_costs_fit.py` on {', '.join(p.name for p in logs)} (bench/data/README.md), "
+                        "on the development machine (no build):", "", *out])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

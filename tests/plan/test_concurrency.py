@@ -1,0 +1,90 @@
+"""extforge.unit_costs.Concurrency: units compile slower the more compile at once; the schedule
+paces them by the compiles running, logs are brought to a reference, and the slowdown is fitted
+from two builds that ran the same units at different concurrency."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from extforge import unit_costs
+from extforge.unit_costs import Concurrency, NinjaEdge, at_reference, fit_concurrency, list_schedule, parse_ninja_log
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_factor_is_one_at_the_reference_and_grows_per_compile() -> None:
+    c = Concurrency(reference=16, per_compile=0.02)
+    assert c.factor(16) == 1.0
+    assert c.factor(32) == pytest.approx(1.62 / 1.30) and c.factor(1) == pytest.approx(1 / 1.30)
+    assert c.factor(0) == c.factor(1)  # nothing running paces like one compile
+    assert Concurrency(16, 0.0).factor(64) == 1.0
+
+
+def test_the_tail_runs_faster_with_fewer_compiles_at_once() -> None:
+    # Reference 2 compiles; alone a unit runs 1.5x as fast. Both run 10 s, then the long one's
+    # remaining 10 reference seconds take 10 / 1.5 s.
+    c = Concurrency(reference=2, per_compile=0.5)
+    s = list_schedule([("long", 20.0), ("short", 10.0)], 2, c)
+    assert s.makespan == pytest.approx(10 + 10 / 1.5)
+    assert s.spans["short"] == pytest.approx((0.0, 10.0)) and s.spans["long"][1] == pytest.approx(s.makespan)
+    # Without a slowdown it is the plain list schedule.
+    assert list_schedule([("long", 20.0), ("short", 10.0)], 2, Concurrency(2, 0.0)).makespan == 20.0
+
+
+def edges_of(schedule: unit_costs.Schedule) -> list[NinjaEdge]:
+    return [NinjaEdge(f"{u}.o", round(a * 1000), round(b * 1000)) for u, (a, b) in schedule.spans.items()]
+
+
+COSTS = {f"flash_fwd_split_hdim{d}_fp16_sm80": 400.0 + d for d in (32, 64, 96, 128)} | {
+    f"flash_bwd_hdim{d}_{t}_sm80": 250.0 + d / 2 for d in (32, 64, 96, 128, 192, 256) for t in ("fp16", "bf16")} | {
+    "flash_api": 40.0}
+
+
+def test_a_log_brought_to_the_reference_gives_back_the_costs() -> None:
+    c = Concurrency(reference=8, per_compile=0.03)
+    for jobs in (4, 8, 17):
+        log = edges_of(list_schedule(list(COSTS.items()), jobs, c))
+        assert at_reference(log, c) == pytest.approx(COSTS, abs=0.1), jobs
+
+
+def test_compiles_beside_the_log_count_where_the_machine_ran_more() -> None:
+    c = Concurrency(reference=1, per_compile=0.1)
+    alone = [NinjaEdge("flash_api.o", 0, 100_000)]
+    assert at_reference(alone, c) == {"flash_api": 100.0}
+    # Another build ran 11 compiles beside it for its second half: that half counts at 2x.
+    beside = at_reference(alone, c, load=[(0.0, 1.0), (50.0, 11.0)])
+    assert beside == {"flash_api": pytest.approx(50 + 50 / 2.0)}
+
+
+def test_the_slowdown_is_fitted_back_from_two_builds_at_different_concurrency() -> None:
+    truth = Concurrency(reference=16, per_compile=0.025)
+    wide = edges_of(list_schedule(list(COSTS.items()), 17, truth))
+    narrow = edges_of(list_schedule([(u, COSTS[u]) for u in list(COSTS)[:6]], 6, truth))
+    fitted = fit_concurrency([(wide, []), (narrow, [])], 16)
+    assert fitted.per_compile == pytest.approx(0.025, abs=0.001)
+    with pytest.raises(ValueError):
+        fit_concurrency([(wide, [])], 16)
+
+
+def test_shipped_data_is_what_the_fit_makes_of_the_node_logs(tmp_path: Path) -> None:
+    """src/extforge/data/unit-costs.yaml's flash-attn units and slowdown are bench/unit_costs_fit.py's
+    output on bench/data's logs: the 32-core full build (a head-dim-128 build ran beside its tail)
+    and a 16-core node's head-dim-128 build."""
+    out = tmp_path / "costs.yaml"
+    proc = subprocess.run([sys.executable, str(BENCH / "unit_costs_fit.py"), "--emit-costs", str(out), "--no-record"],
+                          capture_output=True, text=True, cwd=BENCH)
+    assert proc.returncode == 0, proc.stderr
+    fitted = YAML(typ="safe").load(out.read_text())["flash-attn"]
+    shipped = unit_costs.load("flash-attn")
+    assert shipped is not None and shipped.concurrency is not None
+    assert fitted["concurrency"]["per_compile"] == shipped.concurrency.per_compile
+    assert fitted["units"] == shipped.units
+    # The head-dim-128 units took ~1.28x as long with 32 compiles at once as with 13.
+    log = parse_ninja_log((BENCH / "data" / "2026-11-25-h100-32cores-flash-attn-full.ninja_log").read_text())
+    assert sum(e.seconds for e in log) == pytest.approx(21889, abs=1)
+    assert 0.01 < shipped.concurrency.per_compile < 0.03
