@@ -202,3 +202,6 @@ def assert_no_crash(res: Result) -> None:
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox(tmp_path)
+
+
+from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)
