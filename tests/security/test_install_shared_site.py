@@ -50,7 +50,7 @@ def test_a_team_prefix_in_a_root_owned_folder_installs_as_its_owner(peer_site):
     assert sorted(p.name for p in envs.iterdir()) == ["team x"]  # nothing beside the prefix
     assert (team / "lib" / "libpyish.so").stat().st_uid == user.uid
     assert (team / "lib" / "libpyish.so").stat().st_gid == peer_site.gid
-    assert not any((team / WORK).iterdir())  # no lock file, no staging left
+    assert not (team / WORK).exists()  # no lock file, no staging left
     res = peer_site.run(user, "verify", str(team), "--env", "default", "--lock", str(ws / "pixi.lock"))
     assert res.returncode == 0, res.stdout + res.stderr
     # A user who may not write the prefix is told so in one line, and nothing changes.
@@ -110,7 +110,7 @@ def test_what_a_killed_install_left_is_removed_by_the_next_run(sandbox):
     (prefix / "lib" / "libpyish.so").write_bytes(b"half-moved")
     (work / "moving.json").write_text(json.dumps(["lib", "conda-meta"]))
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
-    assert sorted(p.name for p in work.iterdir()) == []
+    assert not work.exists()
     sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
 
 
@@ -131,5 +131,5 @@ def test_a_real_sigkill_mid_install_is_cleaned_up_by_the_next_run(sandbox):
     else:
         raise AssertionError("never caught an install with its staging folder in 20 tries")
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0, tmp_must_be_empty=False)
-    assert sorted(p.name for p in (prefix / WORK).iterdir()) == []
+    assert not (prefix / WORK).exists()
     sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0, tmp_must_be_empty=False)

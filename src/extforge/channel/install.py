@@ -124,7 +124,8 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
                 mirrors: Mirrors | None = None) -> InstallResult:
     prefix, created = _prepare_prefix(prefix)
     try:
-        with exclusive_or_busy(install_lock_path(prefix)):
+        with contextlib.ExitStack() as held:
+            held.push(_acquire(prefix))
             _recover(prefix)
             return _install(lock_path, env, prefix, platform, mirrors or Mirrors())
     except BaseException as exc:
@@ -136,6 +137,25 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
                 "wait for it to finish and run this again (it is then a no-op)",
             ) from None
         raise
+    finally:
+        # Empty once the lock is released: the prefix is left as it was, or holds just the env.
+        with contextlib.suppress(OSError):
+            (prefix / WORK).rmdir()
+
+
+def _acquire(prefix: Path) -> contextlib.AbstractContextManager[None]:
+    """The install lock, entered. Another install removes the empty work folder when it ends,
+    perhaps between this one's mkdir and open: then the folder is made again."""
+    for _ in range(100):
+        (prefix / WORK).mkdir(exist_ok=True)
+        lock = exclusive_or_busy(install_lock_path(prefix))
+        try:
+            lock.__enter__()
+        except FileNotFoundError:
+            continue
+        return lock
+    raise ExtforgeError(f"cannot take the install lock in {prefix / WORK}", "its folder keeps vanishing",
+                        "check what else writes the prefix")
 
 
 def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mirrors) -> InstallResult:

@@ -214,7 +214,7 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
                 repaired.append(f"{dest} (sha256 {got[:12]}…, fetched again)")
             got = None
         if got is None:
-            size = r.size or None
+            size = getattr(r, "size", None) or None  # a lock record says; verify's PackageRef does not
             try:
                 got = _fetch_into(mirrors.redirect(r.url), dest, size)
             except TooBig:

@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from ..options import option_type, positive_int
+
 HELP = "verify an installed environment: packages vs lock, every file's sha256, node admission (driver, GPU archs, glibc)"
 
 
@@ -14,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prefix", type=Path, metavar="PREFIX")
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
     parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock")
-    parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
+    parser.add_argument("--threads", type=option_type(positive_int), help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
     from ..channel.mirrors import add_channel_map_option
