@@ -6,10 +6,17 @@ info/files, info/has_prefix, the entry points of info/link.json, and its platfor
 info/index.json. All of them are checked here, for both formats (`.tar.bz2`: one tarball;
 `.conda`: a zip holding `info-*.tar.zst` and `pkg-*.tar.zst`), before anything is written.
 Publish, install, the audit and the mirror use this module; a refusal names the member.
+
+The same pass holds every package to an extraction budget, so a decompression bomb is refused
+from its tar headers before anything is written: member names no longer than the kernel can
+create, metadata members small enough to read into memory, and a total size bounded by what the
+package declares of itself (info/paths.json's size_in_bytes, plus slack for info/) and by a
+compression-ratio cap (a real package expands 0.5-13x; zeros compress 30,000x).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import posixpath
@@ -28,6 +35,15 @@ from .errors import ExtforgeError
 _METADATA = ("info/index.json", "info/paths.json", "info/link.json", "info/files", "info/has_prefix")
 # More symlink hops than this is a loop (Linux gives up after 40 as well).
 _MAX_HOPS = 40
+
+# The extraction budget (see the module's doc).
+MAX_NAME_BYTES = 1024  # a whole member name; the longest in a torch env is ~110
+MAX_COMPONENT_BYTES = 255  # NAME_MAX of Linux filesystems
+MAX_METADATA_BYTES = 64 * 2**20  # one info/ file read into memory (torch's paths.json is ~3 MB)
+MAX_RATIO = 200  # expanded bytes per byte of archive
+MIN_BUDGET = 64 * 2**20  # a tiny package may expand to this whatever its ratio
+DECLARED_SLACK = 64 * 2**20  # info/ (recipe, licenses, tests) is not in paths.json
+_TAR_HEADER = 512
 
 
 @functools.cache
@@ -83,6 +99,31 @@ def _kind(member: tarfile.TarInfo) -> str:
 def member_unsafe_reason(member: tarfile.TarInfo) -> str | None:
     """unsafe_reason for a tar member."""
     return unsafe_reason(member.name, _kind(member), member.linkname)
+
+
+def name_reason(name: str) -> str | None:
+    """Why a member or link name is too long to be created on Linux, or None."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_NAME_BYTES:
+        return f"name of {len(raw)} bytes, longer than the {MAX_NAME_BYTES} allowed"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > MAX_COMPONENT_BYTES:
+        return f"path component of {len(longest)} bytes, longer than the {MAX_COMPONENT_BYTES} a filesystem allows"
+    return None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
+
+
+def budget_refusal(archive: str, member: str, reason: str) -> ExtforgeError:
+    return ExtforgeError(
+        f"package {archive} refused: member {member!r} {reason}",
+        "a package that expands far beyond what it declares of itself is a decompression bomb or damaged; "
+        "nothing was extracted past this member",
+        "use the file its build tool wrote; do not use archives edited by hand",
+        exit_code=1,
+    )
 
 
 def member_refusal(archive: str, member: str, reason: str, kind: str = "package") -> ExtforgeError:
@@ -172,25 +213,69 @@ class PackageCheck:
         self.rule = PathRule()
         self.meta = PackageMeta(path.name)
         self._metadata: dict[str, bytes] = {}
+        try:
+            archive_bytes = path.stat().st_size
+        except OSError:
+            archive_bytes = 0
+        self.ratio_budget = max(MIN_BUDGET, archive_bytes * MAX_RATIO)
+        self.declared: int | None = None  # paths.json's total, once read
+        self.expanded = 0
+        # (expanded bytes after it, member): finish() names the member that crossed the declared total.
+        self._running: list[tuple[int, str]] = []
 
     def refuse(self, member: str, reason: str) -> ExtforgeError:
         return member_refusal(self.path.name, member, reason)
 
     def outer(self, name: str) -> None:
         """A member of a .conda's outer zip."""
-        reason = unsafe_reason(name)
+        reason = name_reason(name) or unsafe_reason(name)
         if reason:
             raise self.refuse(name, reason)
 
     def feed(self, tar: tarfile.TarFile, member: tarfile.TarInfo, inner: str = "") -> None:
-        reason = self.rule.reason(member.name, _kind(member), member.linkname)
+        """Check one member from its header, before its data is read or written anywhere."""
+        shown = f"{inner}:{member.name}" if inner else member.name
+        reason = name_reason(member.name) or name_reason(member.linkname) or self.rule.reason(member.name, _kind(member), member.linkname)
         if reason:
-            raise self.refuse(f"{inner}:{member.name}" if inner else member.name, reason)
+            raise self.refuse(shown[:200] + "…" if len(shown) > 200 else shown, reason)
         self.meta.members += 1
+        self.expanded += _TAR_HEADER + max(member.size, 0)
+        self._running.append((self.expanded, shown))
+        limit, why = self._budget()
+        if self.expanded > limit:
+            raise budget_refusal(self.path.name, shown, f"expands the package to {_size(self.expanded)}, over {why}")
         name = posixpath.normpath(member.name)
         if name in _METADATA and member.isfile():
+            if member.size > MAX_METADATA_BYTES:
+                raise budget_refusal(self.path.name, shown, f"is {_size(member.size)}, over the {_size(MAX_METADATA_BYTES)} "
+                                     "a metadata file may have")
             fh = tar.extractfile(member)
             self._metadata[name] = fh.read() if fh else b""
+            if name == "info/paths.json":
+                self.declared = self._declared_total()
+
+    def _budget(self) -> tuple[int, str]:
+        ratio = (self.ratio_budget, f"{MAX_RATIO}x the archive's size (at least {_size(MIN_BUDGET)})")
+        if self.declared is None:
+            return ratio
+        declared = (self.declared + DECLARED_SLACK, f"the {_size(self.declared)} its info/paths.json declares "
+                    f"(+{_size(DECLARED_SLACK)} for info/)")
+        return min(ratio, declared)
+
+    def _declared_total(self) -> int | None:
+        try:
+            entries = json.loads(self._metadata["info/paths.json"]).get("paths", [])
+            return sum(e["size_in_bytes"] for e in entries if isinstance(e, dict) and isinstance(e.get("size_in_bytes"), int))
+        except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            return None  # finish() refuses it, naming the member
+
+    def _check_declared(self) -> None:
+        """A .conda streamed pkg- before info- (their order in the zip) learns the declared total last."""
+        limit, why = self._budget()
+        if self.expanded > limit:
+            crossing = bisect.bisect_right([n for n, _ in self._running], limit)
+            member = self._running[min(crossing, len(self._running) - 1)][1]
+            raise budget_refusal(self.path.name, member, f"expands the package to {_size(self.expanded)} in all, over {why}")
 
     def _json(self, name: str) -> dict:
         try:
@@ -211,6 +296,7 @@ class PackageCheck:
         self.meta.index = index
         self.meta.name, self.meta.version, self.meta.build = (str(index.get(k, "")) for k in ("name", "version", "build"))
         self.meta.subdir = index.get("subdir", "noarch")
+        self._check_declared()
         for listed in self._listed_paths():
             reason = self.rule.reason(listed)
             if reason:
@@ -263,7 +349,8 @@ def check_package(path: Path) -> PackageMeta:
                     check.feed(tar, member)
         elif path.name.endswith(".conda"):
             with zipfile.ZipFile(path) as zf:
-                for inner in zf.infolist():
+                # info- first, whatever the zip's order: its paths.json sets the budget of pkg-.
+                for inner in sorted(zf.infolist(), key=lambda i: not i.filename.startswith("info-")):
                     check.outer(inner.filename)
                     if not inner.filename.endswith(".tar.zst"):
                         continue

@@ -212,8 +212,31 @@ def failed_solve(exc: BaseException) -> bool:
     return "resolve dependencies" in str(exc) or "Failed to solve" in str(exc)
 
 
+# rattler-build's recipe parse errors: "Failed to parse YAML: 7:5: <what>" (line:column).
+_YAML_ERROR = re.compile(r"Failed to parse YAML: (\d+):(\d+): (.+)", re.S)
+
+
+def recipe_yaml_error(exc: BaseException, recipe_file: Path) -> ExtforgeError | None:
+    """A recipe that is not YAML, said with its line (the build log holds nothing more)."""
+    m = _YAML_ERROR.search(str(exc))
+    if not m:
+        return None
+    line, column, detail = int(m.group(1)), int(m.group(2)), " ".join(m.group(3).split())
+    try:
+        text = recipe_file.read_text(errors="replace").splitlines()[line - 1].rstrip()
+    except (OSError, IndexError):
+        text = ""
+    return ExtforgeError(
+        f"{recipe_file} is not valid YAML: line {line}, column {column}: {detail}",
+        f"line {line} reads: {text[:200]!r}" if text else "rattler-build could not parse the recipe",
+        f"fix line {line} of {recipe_file.name} (a YAML linter such as `yamllint` shows the structure around it)",
+    )
+
+
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
                   work_dirs: Sequence[Path]) -> ExtforgeError:
+    if parse_error := recipe_yaml_error(exc, recipe_file):
+        return parse_error
     full = low_disk([log_file.parent, paths.rattler_cache_dir()])
     if full:
         lines = [*lines, full]

@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from . import __version__
 from .errors import EXIT_CANNOT_RUN, ExtforgeError
@@ -47,12 +48,27 @@ def _load(name: str) -> ModuleType:
     return importlib.import_module(f"extforge.commands.{name}")
 
 
+class UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises its usage errors (a bad option, a missing argument) instead of
+    exiting, so `--json` gets them as JSON on stdout like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
 def build_parser(available: Sequence[str] | None = None) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=0, help="more detail (-vv for debug)")
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="extforge",
         description="Build CUDA extensions for PyTorch as conda packages that match their torch, "
         "prove it with an audit, publish them to a channel and lock environments for every node.",
@@ -107,7 +123,15 @@ def _run(argv: list[str]) -> int:
     # Only the named subcommand is imported and configured, keeping start-up small.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser([first] if first in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+        if "--json" in argv:
+            emit_json({"error": f"bad arguments: {exc.message}", "why": "the command line does not match the command's options",
+                       "fix": f"see `{exc.parser.prog} --help`"})
+        return EXIT_CANNOT_RUN
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)
         return EXIT_CANNOT_RUN

@@ -7,22 +7,64 @@ classifying an `undefined symbol`, translating a driver version, asking the buil
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from . import machine
 from .audit.abi import abi_evidence
 from .audit.demangle import demangle
 from .doctor.diagnosis import planner_values
+from .errors import ExtforgeError
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "
     "environment that failed) to check torch, nvcc, driver, compiler ABI and flash-attn."
 )
+
+
+# The matcher sees the last TAIL_BYTES of a log: a failure's cause is printed just before the
+# build stops, and a bounded input keeps a 1 GiB log (or a runaway one) to a fraction of a second.
+TAIL_BYTES = 1024 * 1024
+_CHUNK = 1024 * 1024
+
+
+def read_tail(path: Path) -> str:
+    """The last TAIL_BYTES of a log file (seeked to, not read through) or of a pipe (read to its
+    end, keeping only the tail); a device such as /dev/zero is refused, it has no end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ExtforgeError(f"cannot read {path}", exc.strerror or str(exc), "pass an existing log file") from exc
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            fh.seek(max(0, os.fstat(fd).st_size - TAIL_BYTES))
+            return fh.read(TAIL_BYTES).decode(errors="replace")
+        if not stat.S_ISFIFO(mode) and not stat.S_ISSOCK(mode):
+            raise ExtforgeError(f"{path} is not a log file", "it is a device or folder, which has no end to read the tail of",
+                                "pass a log file, or pipe the failing command's output into `extforge explain`")
+        os.set_blocking(fd, True)
+        return stream_tail(fh)
+
+
+def stream_tail(fh: BinaryIO) -> str:
+    """The last TAIL_BYTES of a stream read to its end, in bounded memory."""
+    kept: deque[bytes] = deque()
+    size = 0
+    while chunk := fh.read(_CHUNK):
+        kept.append(chunk)
+        size += len(chunk)
+        while size - len(kept[0]) >= TAIL_BYTES:
+            size -= len(kept.popleft())
+    return b"".join(kept)[-TAIL_BYTES:].decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -234,9 +276,11 @@ def explain_text(text: str, *, torch_abi: bool | None = None, context: Context |
     """Every known failure signature in `text`, the primary one first.
 
     This is the library entry point: `explain_text(log_tail).render()` for people,
-    `.to_json()` for machines, `.recognised` to branch on.
+    `.to_json()` for machines, `.recognised` to branch on. Only the last TAIL_BYTES characters
+    are matched; every signature matches in time linear in that.
     """
     ctx = context or Context(torch_abi=torch_abi)
+    text = text[-TAIL_BYTES:]
     found = [d for sig in load_signatures() if (d := _match(sig, text, ctx))]
     ids = {d.id for d in found}
     sigs = {s.id: s for s in load_signatures()}

@@ -64,3 +64,19 @@ def test_torch_env_locked_installed_twice_identical(mirror, tmp_path):
     print(f"\n{result.environments['torch']} packages, {len(files_a)} files identical in both prefixes "
           f"({len(differing)} differ only by the prefix path); verify {report.seconds:.1f} s for "
           f"{report.bytes_hashed / 1024**3:.2f} GiB")
+
+
+def test_torch_env_in_a_path_with_a_space_installs_and_verifies(mirror, tmp_path):
+    # python, pytorch, sympy and triton ship scripts whose shebang names the prefix: rattler
+    # rewrites them for a path with a space, and install and verify must expect its form.
+    (tmp_path / "pixi.toml").write_text(MANIFEST)
+    manifest = parse_manifest(MANIFEST, tmp_path / "pixi.toml")
+    mirrors = parse_channel_map([f"conda-forge={mirror.as_uri()}"], tmp_path, "test")
+    lock(manifest, tmp_path / "pixi.lock", mirrors)
+    prefix = tmp_path / "team envs" / "torch env"
+    result = install_env(tmp_path / "pixi.lock", "torch", prefix, mirrors=mirrors)
+    assert result.cache_mismatches == []  # no false alarm, no shared cache entry dropped
+    report = verify_prefix(prefix, lock_path=tmp_path / "pixi.lock", env="torch", rehash=True)
+    assert report.ok, report.to_json()["checks"]
+    scripts = [p for p in (prefix / "bin").iterdir() if p.is_file() and p.read_bytes().startswith(b"#!/bin/sh\n'''exec'")]
+    assert scripts, "no python script of the env was rewritten for the space"

@@ -218,3 +218,6 @@ def pyish_env(sandbox: Sandbox) -> tuple[Path, Path]:
     prefix = sandbox.root / "envs" / "p"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     return lock, prefix
+
+
+from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import zipfile
@@ -189,3 +190,61 @@ def gxx_so(dest_dir: Path, name: str, source: str = "extern \"C\" int f(int x) {
         raise RuntimeError(f"g++ failed for {name}:\n{proc.stderr}")
     src.unlink()
     return out
+
+
+class _Filler(io.RawIOBase):
+    """`size` bytes of zeros (or of os.urandom, which does not compress) read in chunks: a member
+    of gigabytes streamed into a tarball without holding it in memory."""
+
+    def __init__(self, size: int, random: bool = False) -> None:
+        self.left, self.random = size, random
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self.left)
+        buf[:n] = os.urandom(n) if self.random else bytes(n)
+        self.left -= n
+        return n
+
+
+def _stream_tar(out: Any, members: list[Member], big: str, size: int, random: bool) -> None:
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for m in members:
+            tar.addfile(m.tarinfo(), io.BytesIO(m.data) if m.kind == "file" else None)
+        info = tarfile.TarInfo(big)
+        info.size, info.mtime = size, 1700000000
+        tar.addfile(info, io.BufferedReader(_Filler(size, random)))
+
+
+def craft_bomb(dest_dir: Path, name: str, big: str, size: int, *, fmt: str = "conda", random: bool = False,
+               pkg_first: bool = True) -> Path:
+    """A package whose member `big` (a payload path, or "info/paths.json") expands to `size` bytes
+    of zeros (or random bytes) while paths.json declares only the small harmless file.
+    pkg_first: the zip's order as rattler-build writes it (pkg- before info-)."""
+    small = [member(f"share/{name}/data.txt", b"harmless\n")]
+    info = _info_members(index_json(name), paths_entries(small), {})
+    info = [m for m in info if m.name != big]
+    in_info = big.startswith("info/")
+    stem = f"{name}-1.0-0"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    if fmt == "tar.bz2":
+        import bz2
+
+        path = dest_dir / f"{stem}.tar.bz2"
+        with bz2.open(path, "wb", compresslevel=1) as out:
+            _stream_tar(out, info + small, big, size, random)
+        return path
+    path = dest_dir / f"{stem}.conda"
+    zstd = zstandard.ZstdCompressor(level=1)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("metadata.json", json.dumps({"conda_pkg_format_version": 2}))
+        parts = [(f"pkg-{stem}.tar.zst", small, not in_info), (f"info-{stem}.tar.zst", info, in_info)]
+        for inner, members, has_big in parts if pkg_first else parts[::-1]:
+            with zf.open(inner, "w", force_zip64=True) as raw, zstd.stream_writer(raw, closefd=False) as out:
+                if has_big:
+                    _stream_tar(out, members, big, size, random)
+                else:
+                    out.write(tar_bytes(members))
+    return path

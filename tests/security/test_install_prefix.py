@@ -24,11 +24,11 @@ def _locked(sandbox) -> Path:
 def test_second_install_into_a_busy_prefix_says_who_and_exits_2(sandbox):
     lock = _locked(sandbox)
     prefix = sandbox.root / "envs" / "p"
-    prefix.parent.mkdir()
+    install_lock_path(prefix).parent.mkdir(parents=True)
     with sandbox.unchanged_outside(), exclusive_or_busy(install_lock_path(prefix)):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=2)
         res.refused(f"another install is running into {prefix} (pid {os.getpid()})", code=2)
-        assert not prefix.exists()
+        assert [p.name for p in prefix.iterdir()] == [".extforge"]
     assert not install_lock_path(prefix).exists()
 
 

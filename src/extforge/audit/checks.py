@@ -59,12 +59,37 @@ def audit_module(ctx: Context, obj: ElfObject, rel: str, is_extension: bool, whe
         undefined=len(obj.undefined), unresolved=len(resolution.unresolved),
     )
     findings += library_findings(rel, resolution)
-    findings += symbol_findings(ctx, rel, resolution, evidence.cxx11_abi, target_abi)
+    abi = abi_findings(rel, evidence, target_abi, abi_source, resolution.unresolved)
+    # The ABI finding names the unresolved symbol that breaks loading: one defect, reported once.
+    explained = {f.symbol for f in abi if f.severity == "error"}
+    findings += [f for f in symbol_findings(ctx, rel, resolution, evidence.cxx11_abi, target_abi) if f.symbol not in explained]
     findings += runtime_findings(rel, runtime, len(obj.exports) - len(exports))
-    findings += abi_findings(rel, evidence, target_abi, abi_source, resolution.unresolved)
+    findings += abi
+    findings += init_findings(obj, rel, is_extension)
     findings += gpu_findings(ctx, obj, rel, facts)
     findings += platform_findings(ctx, obj, rel, facts, resolution)
     return ModuleAudit(facts, findings, target_abi)
+
+
+def init_findings(obj: ElfObject, rel: str, is_extension: bool) -> list[Finding]:
+    """Python imports `foo.cpython-311-x86_64-linux-gnu.so` by calling its PyInit_foo; a module
+    that defines the init function of another name (built under one name, shipped under another)
+    cannot be imported."""
+    if not is_extension:
+        return []
+    name = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+    defined = sorted(n for n in obj.exports if n.startswith(("PyInit_", "PyInitU_")))
+    if not defined or f"PyInit_{name}" in defined or any(n.startswith("PyInitU_") for n in defined):
+        return []  # no init function at all is a library named like a module; PyInitU_ is a non-ASCII name
+    return [Finding(
+        "error", "symbols", f"{rel} defines {', '.join(defined[:3])}, not PyInit_{name}: `import {name}` fails",
+        module=rel, symbol=f"PyInit_{name}",
+        cause="the module was compiled under another name than its file's (PYBIND11_MODULE / TORCH_EXTENSION_NAME "
+              "differ from the file name) or renamed after the build; Python says 'dynamic module does not define "
+              "module export function'",
+        fix=f"build it with the module name {name} (PYBIND11_MODULE({name}, m), TORCH_EXTENSION_NAME={name}), "
+            "or name the file after the module it defines",
+    )]
 
 
 def machine_findings(ctx: Context, obj: ElfObject, rel: str) -> list[Finding]:

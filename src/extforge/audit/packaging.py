@@ -74,6 +74,9 @@ def open_target(path: Path) -> Iterator[Payload]:
     if path.is_dir():
         yield _scan_directory(path)
         return
+    if not path.is_file():  # opening a FIFO would wait for a writer for ever; a device never ends
+        raise ExtforgeError(f"cannot audit {path}: it is not a regular file", "it is a FIFO, socket or device",
+                            "pass a package, wheel, prefix or .so file")
     name = path.name
     if name.endswith((".conda", ".tar.bz2", ".whl")):
         with scratch_dir("audit") as root:

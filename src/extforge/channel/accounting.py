@@ -28,6 +28,8 @@ TOOL_FILES = {
     "conda-meta/history": "rattler's install log (read by conda, never run)",
     "CACHEDIR.TAG": "rattler marks a prefix it installs as a cache for backup tools (extforge install removes it)",
     ".extforge-install.json": "the install record, where the prefix's folder could not take it (receipt.py)",
+    ".extforge/install.lock": "extforge install's lock (kept in the prefix, which its installer can write); "
+                              "present while an install, or its check of an existing prefix, runs",
 }
 # conda-meta/<package>.json: the install's record of each package, compared with the lock by the packages check.
 RECORD_PACKAGE = "conda-meta record (checked against the lock)"

@@ -3,17 +3,20 @@
 Every package is fetched into a content-addressed store (from the store, or from the lock's
 URL through this site's mirror: a channel folder or HTTP), its sha256 compared with the lock
 and its members checked for paths that leave the prefix, all before anything is linked. rattler then installs the verified copies
-into a staging folder next to P (prefix placeholders are patched with P's path), which is
-renamed into place: a refusal or a crash leaves P as it was.
+into a staging folder inside P (P/.extforge/, prefix placeholders patched with P's path), whose
+entries are renamed into P once every file is checked: a refusal leaves P as it was. Everything
+install writes lies inside P, so a prefix pre-created by its owner inside a folder only root can
+write (/nfs/envs/team-x in a root-owned /nfs/envs) installs; the next run removes what a killed
+run left there (its staging folder, a half-done move).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,26 +67,70 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
     return {(r.name.normalized, str(r.version), str(r.build), record_sha256(r)) for r in records}
 
 
+# install's own folder inside the prefix: its lock, staging folder and move journal.
+WORK = ".extforge"
+_JOURNAL = "moving.json"
+
+
 def install_lock_path(prefix: Path) -> Path:
-    """Beside the prefix (which may not exist yet), removed when the install ends."""
-    return prefix.parent / f".{prefix.name}.extforge-install.lock"
+    """Inside the prefix, where its owner can write; removed when the install ends."""
+    return prefix / WORK / "install.lock"
+
+
+def _prepare_prefix(named: Path) -> tuple[Path, list[Path]]:
+    """The prefix, resolved and created with its work folder, and the folders created for it
+    (deepest first), which are removed again if the install does not happen."""
+    if named.is_symlink() and not named.exists():
+        raise ExtforgeError(
+            f"prefix {named} is a symbolic link to {os.readlink(named)}, which does not exist or loops",
+            "installing through it would put the environment outside the folder named, or cannot work",
+            "pass a real folder as --prefix (or create the link's target first)",
+        )
+    try:
+        prefix = named.resolve(strict=False)
+    except (OSError, RuntimeError) as exc:  # a symlink loop further up the path
+        raise ExtforgeError(f"prefix {named} cannot be resolved", str(exc), "pass a path without symbolic-link loops") from None
+    if prefix.exists() and not prefix.is_dir():
+        raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
+    created = [p for p in (prefix, *prefix.parents) if not p.exists()]
+    work = prefix / WORK
+    try:
+        prefix.mkdir(parents=True, exist_ok=True)
+        work.mkdir(exist_ok=True)
+    except OSError as exc:
+        _remove_created(work, created)
+        raise ExtforgeError(
+            f"cannot create {work if prefix.is_dir() else prefix}: {exc.strerror}",
+            "install writes only inside the prefix, and this user cannot create or write it",
+            "pass a prefix you can write; a shared tree's admin pre-creates it for you (only the prefix itself must be yours)",
+        ) from None
+    if work.is_symlink() or not work.is_dir():
+        raise ExtforgeError(f"{work} is not a folder", "install keeps its lock and staging there and never writes through a link",
+                            f"remove {work} and run this again")
+    return prefix, created
+
+
+def _remove_created(work: Path, created: list[Path]) -> None:
+    if created:
+        with contextlib.suppress(OSError):
+            work.rmdir()
+    for folder in created:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64",
                 mirrors: Mirrors | None = None) -> InstallResult:
-    prefix = prefix.resolve()
-    # Folders made for the lock file are removed again if the install does not happen.
-    created = [p for p in prefix.parents if not p.exists()]
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix, created = _prepare_prefix(prefix)
     try:
-        with exclusive_or_busy(install_lock_path(prefix)):
+        with contextlib.ExitStack() as held:
+            held.push(_acquire(prefix))
+            _recover(prefix)
             return _install(lock_path, env, prefix, platform, mirrors or Mirrors())
     except BaseException as exc:
-        for folder in created:  # deepest first
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        _remove_created(prefix / WORK, created)
         if isinstance(exc, Busy):
             raise ExtforgeError(
                 f"another install is running into {prefix} (pid {exc.holder})",
@@ -91,6 +138,25 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
                 "wait for it to finish and run this again (it is then a no-op)",
             ) from None
         raise
+    finally:
+        # Empty once the lock is released: the prefix is left as it was, or holds just the env.
+        with contextlib.suppress(OSError):
+            (prefix / WORK).rmdir()
+
+
+def _acquire(prefix: Path) -> contextlib.AbstractContextManager[None]:
+    """The install lock, entered. Another install removes the empty work folder when it ends,
+    perhaps between this one's mkdir and open: then the folder is made again."""
+    for _ in range(100):
+        (prefix / WORK).mkdir(exist_ok=True)
+        lock = exclusive_or_busy(install_lock_path(prefix))
+        try:
+            lock.__enter__()
+        except FileNotFoundError:
+            continue
+        return lock
+    raise ExtforgeError(f"cannot take the install lock in {prefix / WORK}", "its folder keeps vanishing",
+                        "check what else writes the prefix")
 
 
 def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mirrors) -> InstallResult:
@@ -99,9 +165,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     result = InstallResult(prefix=prefix, environment=env)
     records = locked_records(lock_path, env, platform)
     result.packages = len(records)
-    if prefix.exists() and not prefix.is_dir():
-        raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
-    if prefix.exists() and any(prefix.iterdir()):
+    if any(p.name != WORK for p in prefix.iterdir()):
         if installed_identity(prefix) == _identity(records):
             _check_existing(lock_path, env, prefix, mirrors)
             result.status = "already-installed"
@@ -126,6 +190,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         check_package(path)
     refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
     manifests, _ = manifests_for(refs, prefix, local)
+    _check_prefix_length(prefix, manifests)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     pinned = [Pinned.from_record(r) for r in records]
@@ -133,7 +198,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     for r in records:
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
-    staging = prefix.parent / f".{prefix.name}.extforge-staging-{os.getpid()}"
+    staging = prefix / WORK / f"staging-{os.getpid()}"
     cache = rattler_pkgs_dir()
     t = time.monotonic()
     try:
@@ -155,12 +220,9 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         tb = time.monotonic()
         written = compile_bytecode(staging, prefix, owned_paths(manifests))
         result.timings["bytecode"] = time.monotonic() - tb
-        if prefix.exists():
-            prefix.rmdir()  # empty, checked above
-        os.rename(staging, prefix)
-    except BaseException:
+        _move_into(staging, prefix)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written))
     result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
@@ -185,18 +247,76 @@ def _check_existing(lock_path: Path, env: str, prefix: Path, mirrors: Mirrors) -
         )
 
 
-def _new_staging(staging: Path, prefix: Path) -> None:
-    """An empty staging folder with the mode and group of a pre-created prefix (a setgid 2750
-    folder stays one, and its group is inherited by everything installed into it)."""
+def _check_prefix_length(prefix: Path, manifests: dict[str, dict]) -> None:
+    """A binary file holds its build prefix as a fixed-size C string: a longer prefix cannot be
+    patched in (rattler fails deep inside the install). Refuse it first, naming the limit."""
+    binary = [(len(entry[3].encode()), name, entry[0]) for name, body in manifests.items()
+              for entry in body["paths"] if entry[3] and entry[4] == "binary"]
+    if not binary:
+        return
+    limit, name, path = min(binary)
+    length = len(str(prefix).encode())
+    if length > limit:
+        raise ExtforgeError(
+            f"prefix {prefix} is {length} characters long; these packages allow at most {limit}",
+            f"{name}'s {path} (and other binary files) hold the build prefix in a {limit}-byte placeholder, "
+            "which the prefix's path must fit into",
+            f"install into a shorter path (at most {limit} characters)",
+        )
+
+
+def _move_into(staging: Path, prefix: Path) -> None:
+    """Rename staging's entries into the (empty) prefix, conda-meta last: a prefix without
+    conda-meta is not an environment yet. The journal lets the next run undo a killed move."""
+    names = sorted((p.name for p in staging.iterdir()), key=lambda n: (n == "conda-meta", n))
+    journal = prefix / WORK / _JOURNAL
+    journal.write_text(json.dumps(names))
+    moved = []
+    try:
+        for name in names:
+            os.rename(staging / name, prefix / name)
+            moved.append(name)
+    except BaseException:
+        _remove_entries(prefix, moved)
+        raise
+    finally:
+        journal.unlink(missing_ok=True)
+
+
+def _remove_entries(prefix: Path, names: list[str]) -> None:
+    for name in names:
+        if "/" in name or name in ("", ".", "..", WORK):
+            continue  # the journal is read back: only plain names of prefix entries
+        path = prefix / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _recover(prefix: Path) -> None:
+    """Remove what a killed install left in the prefix (the lock is held: no install runs).
+    A journal without conda-meta in the prefix is a move cut short: its entries are undone."""
+    work = prefix / WORK
+    journal = work / _JOURNAL
+    if journal.exists():
+        try:
+            names = json.loads(journal.read_text())
+        except (OSError, ValueError):
+            names = []
+        if not (prefix / "conda-meta").exists() and isinstance(names, list):
+            _remove_entries(prefix, [str(n) for n in names])
+        journal.unlink(missing_ok=True)
+    for entry in work.iterdir():
+        if entry.name.startswith("staging-"):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _new_staging(staging: Path) -> None:
+    """An empty staging folder inside the prefix's work folder: it inherits a setgid prefix's
+    group, and so does everything installed into it."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    if prefix.is_dir():
-        st = prefix.stat()
-        try:
-            os.chown(staging, -1, st.st_gid)
-        except PermissionError:
-            pass  # not a member of that group: the mode is still kept
-        os.chmod(staging, stat.S_IMODE(st.st_mode))
 
 
 def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict]) -> list[str]:
@@ -204,17 +324,21 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
     the paths (relative) that differ from them or that no package owns."""
     from rattler import install
 
-    _new_staging(staging, prefix)
-    asyncio.run(
-        install(
-            records,
-            staging,
-            cache_dir=cache,
-            alternative_target_prefix=prefix,
-            show_progress=False,
-            execute_link_scripts=False,
+    _new_staging(staging)
+    try:
+        asyncio.run(
+            install(
+                records,
+                staging,
+                cache_dir=cache,
+                alternative_target_prefix=prefix,
+                show_progress=False,
+                execute_link_scripts=False,
+            )
         )
-    )
+    except Exception as exc:  # rattler's InstallerError and friends
+        raise ExtforgeError(f"installing into {prefix} failed: {exc}", type(exc).__name__,
+                            "nothing was installed; run again with -vv for rattler's detail") from exc
     owned = owned_paths(manifests)
     if CACHEDIR_TAG not in owned:
         # rattler marks every prefix as a cache; backup tools would then skip the environment.

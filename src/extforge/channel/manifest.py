@@ -201,6 +201,9 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ExtforgeError(f"{path} is not valid TOML", str(exc), "fix the syntax error at the position shown") from exc
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ExtforgeError(f"{path} nests arrays or tables too deeply to read", "no pixi manifest nests more than a few levels",
+                            "remove the deeply nested value") from None
     ws = data.get("workspace") or data.get("project")
     if not ws:
         raise ExtforgeError(f"{path} has no [workspace] table", "pixi manifests declare channels and platforms there", "add [workspace] with channels and platforms")

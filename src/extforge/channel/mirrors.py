@@ -75,8 +75,8 @@ def read_pixi_mirrors(path: Path) -> Mirrors:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         return Mirrors()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ExtforgeError(f"cannot read pixi config {path}", str(exc), "fix or remove the file") from exc
+    except (OSError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ExtforgeError(f"cannot read pixi config {path}", str(exc), "fix or remove the file") from None
     table = data.get("mirrors", {})
     if not isinstance(table, dict) or not all(isinstance(v, list) and all(isinstance(u, str) for u in v) for v in table.values()):
         raise ExtforgeError(

@@ -9,9 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
 from ..errors import ExtforgeError
@@ -87,51 +90,123 @@ def md5_size_mismatch(record: Any, path: Path) -> str | None:
     return None
 
 
-def _fetch_into(url: str, dest: Path) -> str:
+# A transfer that delivers less than STALL_BYTES in this many seconds is stalled (a server that
+# trickles one byte every 20 s defeats a plain socket timeout, which counts from the last byte).
+STALL_ENV = "EXTFORGE_DOWNLOAD_STALL_SECONDS"
+DEFAULT_STALL_SECONDS = 60.0
+STALL_BYTES = 64 * 1024
+_CHUNK = 1024 * 1024
+
+
+def stall_seconds() -> float:
+    raw = os.environ.get(STALL_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_STALL_SECONDS
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ExtforgeError(f"${STALL_ENV}={raw!r} is not a number of seconds", "it says how long a download may stall",
+                            f"set it to a positive number (default {DEFAULT_STALL_SECONDS:.0f}) or unset it")
+    return value
+
+
+class TooBig(Exception):
+    """The source gave more bytes than the lock says the package has."""
+
+
+class Stalled(Exception):
+    """Less than STALL_BYTES arrived in stall_seconds()."""
+
+
+def _pump(read: Callable[[int], bytes], out: BinaryIO | None, limit: int | None, stall: float) -> str:
+    """sha256 of what read() gives (copied to out): at most `limit` bytes, never stalling."""
+    h = hashlib.sha256()
+    total = mark_bytes = 0
+    mark_time = time.monotonic()
+    while chunk := read(_CHUNK):
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise TooBig(total)
+        h.update(chunk)
+        if out is not None:
+            out.write(chunk)
+        now = time.monotonic()
+        if total - mark_bytes >= STALL_BYTES:
+            mark_time, mark_bytes = now, total
+        elif now - mark_time > stall:
+            raise Stalled(total)
+    return h.hexdigest()
+
+
+def _open_regular(path: str | Path, url: str) -> BinaryIO:
+    """path opened for reading if it is a regular file (O_NONBLOCK: a FIFO must not hang the open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ExtforgeError(
+            f"cannot fetch {url}: it is not a regular file",
+            "a package URL names a package file; a device (such as /dev/zero), a FIFO or a folder never gives one",
+            "point the lock's channel (or its mirror) at a channel folder of real package files",
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     """Link, copy or download url to dest through a temp name; return the sha256 of the bytes.
 
     A local channel file on the store's filesystem is hard-linked, not copied (a torch env is
     ~4 GB of archives): the hash is taken of the linked file, and every later use re-hashes it,
-    so a write into either name is caught as bytes that differ from the lock."""
+    so a write into either name is caught as bytes that differ from the lock. At most `size`
+    bytes (the lock's) are read: more raises TooBig; a stalled transfer raises Stalled."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     # A leftover of a killed run may be a link to a channel file: never write through it.
     tmp.unlink(missing_ok=True)
     parsed = urlparse(url)
     local = (unquote(parsed.path) if parsed.scheme else url) if parsed.scheme in ("file", "") else None
-    if local is not None:
-        try:
-            os.link(local, tmp)
-        except OSError:
-            pass  # another filesystem, or a file the kernel will not let us link: copy below
-        else:
-            try:
-                digest = sha256_file(tmp)
-                tmp.replace(dest)
-                return digest
-            except OSError:
-                tmp.unlink(missing_ok=True)
+    stall = stall_seconds()
     try:
+        if local is not None:
+            _open_regular(local, url).close()
+            try:
+                os.link(local, tmp)
+            except OSError:
+                pass  # another filesystem, or a file the kernel will not let us link: copy below
+            else:
+                try:
+                    with _open_regular(tmp, url) as src:
+                        digest = _pump(src.read, None, size, stall)
+                    tmp.replace(dest)
+                    return digest
+                except BaseException:
+                    tmp.unlink(missing_ok=True)
+                    raise
         with tmp.open("wb") as out:
             if local is not None:
-                digest = sha256_file(local, copy_to=out)
+                with _open_regular(local, url) as src:
+                    digest = _pump(src.read, out, size, stall)
             else:
-                h = hashlib.sha256()
-                with urllib.request.urlopen(url, timeout=60) as resp:
-                    while chunk := resp.read(4 * 1024 * 1024):
-                        h.update(chunk)
-                        out.write(chunk)
-                digest = h.hexdigest()
+                with urllib.request.urlopen(url, timeout=stall) as resp:
+                    digest = _pump(resp.read1, out, size, stall)
         tmp.replace(dest)
         return digest
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise ExtforgeError(
-            f"cannot fetch {url}",
-            str(exc),
-            "check that the channel is reachable from this node, or point its channel at the site's mirror "
-            "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
-        ) from exc
+        if isinstance(exc, (Stalled, TimeoutError)):
+            raise ExtforgeError(
+                f"download of {url} stalled",
+                f"less than {STALL_BYTES // 1024} KiB arrived in {stall:g} s",
+                f"check the server or mirror; on a slow link raise ${STALL_ENV} (now {stall:g})",
+            ) from None
+        if isinstance(exc, OSError):
+            raise ExtforgeError(
+                f"cannot fetch {url}",
+                str(exc),
+                "check that the channel is reachable from this node, or point its channel at the site's mirror "
+                "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
+            ) from exc
+        raise
 
 
 def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
@@ -152,7 +227,12 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
                 repaired.append(f"{dest} (sha256 {got[:12]}…, fetched again)")
             got = None
         if got is None:
-            got = _fetch_into(mirrors.redirect(r.url), dest)
+            size = getattr(r, "size", None) or None  # a lock record says; verify's PackageRef does not
+            try:
+                got = _fetch_into(mirrors.redirect(r.url), dest, size)
+            except TooBig:
+                bad.append(f"{r.file_name} (lock size {size} bytes, {mirrors.redirect(r.url)} gave more; stopped there)")
+                continue
         if got != want:
             dest.unlink(missing_ok=True)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")

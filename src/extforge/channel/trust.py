@@ -35,7 +35,8 @@ from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 
 # 3: each path also carries the payload's mode bits and, for a symbolic link, its target.
-SCHEMA = 3
+# 4: shebangs of prefixes with a space are expected in rattler's /bin/sh form (earlier: /usr/bin/env).
+SCHEMA = 4
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
 
@@ -140,9 +141,22 @@ def read_paths_json(archive: Path) -> list[dict]:
 
 # --- prefix placeholders, rewritten as rattler rewrites them ---------------------------------
 
+_SHEBANG = re.compile(r"#!(?: *)(/(?:\\ |[^ \n\r\t])*)(.*)")
+_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)?)?")
+
+
 def _env_shebang(line: str) -> str:
-    m = re.match(r"#!\s*(\S+)(.*)", line)
-    return f"#!/usr/bin/env {m.group(1).rsplit('/', 1)[-1]}{m.group(2)}" if m else line
+    """rattler's rewrite of a shebang that cannot work as it is (too long, or holding a space):
+    a python interpreter is run by path through a /bin/sh trampoline (a path with spaces stays
+    usable), anything else is found on PATH with /usr/bin/env."""
+    m = _SHEBANG.fullmatch(line)
+    if not m:
+        return line
+    path, rest = m.group(1), m.group(2)
+    exe = path.rsplit("/", 1)[-1]
+    if _PYTHON.fullmatch(exe):
+        return "#!/bin/sh\n'''exec' " + f'"{path}"{rest} "$0" "$@" #' + "'''"
+    return f"#!/usr/bin/env {exe}{rest}"
 
 
 def _replace_text(data: bytes, old: bytes, new: bytes) -> bytes:
@@ -151,9 +165,13 @@ def _replace_text(data: bytes, old: bytes, new: bytes) -> bytes:
         end = data.find(b"\n")
         end = len(data) if end < 0 else end
         line = data[:end].decode("utf-8", "replace")
-        if old in data[:end]:
+        if b" " in new:
+            # As rattler does: rewritten first (the placeholder has no space), then replaced.
+            if old in data[:end]:
+                line = _env_shebang(line).replace(old.decode(), new.decode())
+        else:
             line = line.replace(old.decode(), new.decode())
-            if b" " in new or len(line.encode()) > MAX_SHEBANG:
+            if len(line.encode()) > MAX_SHEBANG:
                 line = _env_shebang(line)
         head, data = line.encode(), data[end:]
     return head + data.replace(old, new)

@@ -17,29 +17,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         help="the error message, or the path of a log file; '-' or nothing reads stdin",
     )
-    parser.add_argument("--file", "-f", type=Path, help="read the log from this file")
+    parser.add_argument("--file", "-f", type=Path, help="read the log from this file (or a pipe such as <(cmd))")
     parser.add_argument(
         "--python",
         metavar="PATH",
         help="interpreter of the environment that failed: its torch's CXX11 ABI tells an ABI mismatch from version skew",
     )
-    parser.epilog = "exit code: 0 recognised, 1 unknown text, 2 no input or unreadable file"
+    parser.epilog = (
+        "only the last 1 MiB of a log (file, pipe or stdin) is read and matched: a log file is seeked to its tail, "
+        "a pipe is read to its end keeping only the tail; devices such as /dev/zero are refused. "
+        "exit code: 0 recognised, 1 unknown text, 2 no input or unreadable file"
+    )
 
 
 def _read_input(args: argparse.Namespace) -> str:
+    from ..explain import read_tail, stream_tail
+
     if args.file is not None:
-        try:
-            return args.file.read_text(errors="replace")
-        except OSError as exc:
-            raise ExtforgeError(f"cannot read {args.file}", str(exc), "pass an existing log file") from exc
+        return read_tail(args.file)
     if args.text and args.text != "-":
         # A short argument that names a file is a log to read; anything else is the message itself.
         path = Path(args.text)
         if len(args.text) < 4096 and "\n" not in args.text and path.is_file():
-            return path.read_text(errors="replace")
+            return read_tail(path)
         return args.text
     if args.text == "-" or not sys.stdin.isatty():
-        return sys.stdin.read()
+        return stream_tail(sys.stdin.buffer)
     raise ExtforgeError(
         "nothing to explain",
         "no message, --file or piped input was given",

@@ -19,7 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
     )
     add_channel_map_option(parser)
-    parser.epilog = ("exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), "
+    parser.epilog = ("downloads stop at the size the lock names and fail when less than 64 KiB arrives in "
+                     "$EXTFORGE_DOWNLOAD_STALL_SECONDS (default 60). "
+                     "exit code: 0 installed, 1 refused (stale lock, hash mismatch, unsafe archive), "
                      "2 could not run (also: another install is running into the same prefix)")
 
 

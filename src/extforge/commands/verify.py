@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from ..options import option_type, positive_int
+
 HELP = ("verify an installed environment: packages vs lock, every entry of the prefix accounted for (sha256, kind, "
         "link target, mode), node admission (driver, GPU archs, glibc)")
 
@@ -16,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
     parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock (default: the lock of the "
                         "install record beside PREFIX, believed only when nobody but its owner and root can write it)")
-    parser.add_argument("--threads", type=int, help="hashing threads (default: 2 per core, at most 32)")
+    parser.add_argument("--threads", type=option_type(positive_int), help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
     from ..channel.mirrors import add_channel_map_option

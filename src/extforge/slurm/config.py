@@ -52,8 +52,8 @@ def parse_config(text: str, origin: str) -> dict[str, Any]:
     """slurm.toml text → its settings; unknown keys are errors so typos do not pass silently."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ExtforgeError(f"{origin} is not valid TOML", str(exc), "fix the line named above") from exc
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # tomllib recurses into nested arrays
+        raise ExtforgeError(f"{origin} is not valid TOML", str(exc), "fix the line named above") from None
     # A [slurm] table is accepted too, so the settings can live in a larger file.
     if isinstance(data.get("slurm"), dict):
         data = data["slurm"]

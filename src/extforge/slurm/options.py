@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..options import option_type, positive_int
+
 
 def _add_common(group: argparse._ArgumentGroup, what: str) -> None:
     group.add_argument("--slurm", action="store_true", help=what)
@@ -26,7 +28,7 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
     _add_common(g, "submit one Slurm job per variant instead of building here")
     g.add_argument("--publish-to", metavar="CHANNEL", help="channel folder each job publishes its audited package to")
     g.add_argument("--time", help="job time limit, overriding the planner's estimate (sbatch syntax)")
-    g.add_argument("--node-cores", type=int, help="cores of a build node (default: the partition's smallest node)")
+    g.add_argument("--node-cores", type=option_type(positive_int), help="cores of a build node (default: the partition's smallest node)")
     g.add_argument("--node-memory", help="memory of a build node, e.g. 128G (default: from sinfo)")
     g.add_argument("--shared-cache", metavar="DIR", help="cache root on the shared filesystem for every job")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch scripts instead of submitting them")

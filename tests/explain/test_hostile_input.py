@@ -1,0 +1,84 @@
+"""Hostile or huge input to `extforge explain`: every signature matches in linear time, and only a
+bounded tail of a log is read (a 1 GiB log, /dev/zero, a pipe)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from extforge.explain import TAIL_BYTES, explain_text, load_signatures
+
+# Repeated units that made a backtracking pattern quadratic on one line without whitespace
+# (`\S+\.so` tried from every position: 160 KB took 66 s).
+UNITS = ["a", "a.so", ".so", "/", ":", ":1", "(1", "x(1):", "a.so.1", "a:1:1", "=", "FAILED: "]
+
+
+def _search_seconds(text: str) -> float:
+    start = time.monotonic()
+    for sig in load_signatures():
+        for p in (*sig.patterns, *sig.extract):
+            p.search(text)
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_every_signature_is_linear_on_a_long_line(unit: str) -> None:
+    small = _search_seconds(unit * (20_000 // len(unit)))
+    big = _search_seconds(unit * (160_000 // len(unit)))
+    # 8x the input: linear is ~8x the time, quadratic ~64x (and 66 s before the fix).
+    assert big < max(30 * small, 0.5), (unit, small, big)
+
+
+def test_the_fixed_patterns_still_find_module_and_compiler_error() -> None:
+    found = explain_text("ImportError: /x/ext.cpython-311-x86_64-linux-gnu.so: undefined symbol: _ZN3c104impl3fooEv").diagnoses
+    assert found[0].values["module"] == "/x/ext.cpython-311-x86_64-linux-gnu.so"
+    log = "FAILED: a.o\n/src/k.cu(12): error: identifier \"x\" is undefined\nninja: build stopped: subcommand failed\n"
+    stopped = [d for d in explain_text(log).diagnoses if d.id == "ninja-build-stopped"]
+    assert stopped and stopped[0].values["compiler_error"].startswith("/src/k.cu(12): error:")
+
+
+def explain(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "extforge", "explain", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_a_1_gib_log_is_read_from_its_tail(tmp_path: Path) -> None:
+    log = tmp_path / "huge.log"
+    with log.open("wb") as fh:
+        fh.truncate(2**30)  # sparse: 1 GiB of NULs without using the disk
+        fh.seek(2**30)
+        fh.write(b"\nRuntimeError: CUDA error: no kernel image is available for execution on the device\n")
+    out = explain("--file", str(log))
+    assert out.returncode == 0 and out.stderr.startswith("no-kernel-image:")
+
+
+def test_dev_zero_is_refused_at_once() -> None:
+    out = explain("--json", "--file", "/dev/zero", timeout=20)
+    assert out.returncode == 2 and "/dev/zero is not a log file" in out.stdout
+
+
+def test_a_pipe_is_read_to_its_end_keeping_the_tail(tmp_path: Path) -> None:
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        with fifo.open("wb") as fh:
+            fh.write(b"x" * (3 * TAIL_BYTES) + b"\nNo space left on device\n")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    out = explain("--file", str(fifo))
+    t.join()
+    assert out.returncode == 0 and out.stderr.startswith("disk-full:")
+
+
+def test_only_the_tail_is_matched() -> None:
+    early = "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+    assert explain_text(early + "x" * TAIL_BYTES).recognised is False
+    assert explain_text("x" * TAIL_BYTES + early).recognised is True
