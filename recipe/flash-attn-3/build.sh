@@ -4,23 +4,10 @@
 set -euo pipefail
 
 # --- What the host torch needs: stable ABI (torch >= 2.9) and a C++ standard ------------------
-# One python run: importing torch takes seconds. The C++ standard is the one torch's own headers
-# demand (ATen.h and torch/all.h #error below it in newer torch), never a version list.
-read -r torch_version stable_ok cxx_std < <("${PYTHON}" - <<'PY'
-import pathlib, re, torch
-from torch.utils import cpp_extension as ce
-names = {201703: "c++17", 202002: "c++20", 202302: "c++23"}
-need = 201703
-for inc in ce.include_paths():
-    for header in ("ATen/ATen.h", "torch/all.h"):
-        p = pathlib.Path(inc) / header
-        if p.is_file():
-            for floor in re.findall(r"__cplusplus\s*<\s*(\d+)L\s*\n\s*#\s*error", p.read_text(errors="replace")):
-                need = max(need, int(floor))
-v = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-print(torch.__version__, int(v >= (2, 9)), names.get(need, f"c++{str(need)[2:4]}"))
-PY
-)
+# One import of torch (seconds): its version, and whether it has the stable ABI of 2.9.
+read -r torch_version stable_ok < <("${PYTHON}" -c '
+import re, torch
+print(torch.__version__, int(tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)))')
 if [[ -z "${torch_version:-}" ]]; then
     echo "error: the host env's python cannot import torch (see above)" >&2
     exit 1
@@ -30,6 +17,8 @@ if [[ "${stable_ok}" != "1" ]]; then
          "this variant's host torch is ${torch_version}. Build it for a channel row with torch >= 2.9." >&2
     exit 1
 fi
+# The standard torch's own headers demand (c++20 for torch 2.14), never a version list.
+cxx_std=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
 export EXTFORGE_CXX_STD="${cxx_std}"
 
 # --- C++ runtime: the shared libstdc++ torch loads, never a private static copy ---------------

@@ -28,6 +28,7 @@ from .stamp import stamp_package
 from .ui import log
 from .variants import archs as variant_archs
 from .variants import head_dims as variant_head_dims
+from .variants import recipe_yaml_error
 from .variants import render as render_variants
 from .variants import resolve as resolve_variants
 
@@ -210,27 +211,6 @@ def low_disk(dirs: Sequence[Path]) -> str | None:
 
 def failed_solve(exc: BaseException) -> bool:
     return "resolve dependencies" in str(exc) or "Failed to solve" in str(exc)
-
-
-# rattler-build's recipe parse errors: "Failed to parse YAML: 7:5: <what>" (line:column).
-_YAML_ERROR = re.compile(r"Failed to parse YAML: (\d+):(\d+): (.+)", re.S)
-
-
-def recipe_yaml_error(exc: BaseException, recipe_file: Path) -> ExtforgeError | None:
-    """A recipe that is not YAML, said with its line (the build log holds nothing more)."""
-    m = _YAML_ERROR.search(str(exc))
-    if not m:
-        return None
-    line, column, detail = int(m.group(1)), int(m.group(2)), " ".join(m.group(3).split())
-    try:
-        text = recipe_file.read_text(errors="replace").splitlines()[line - 1].rstrip()
-    except (OSError, IndexError):
-        text = ""
-    return ExtforgeError(
-        f"{recipe_file} is not valid YAML: line {line}, column {column}: {detail}",
-        f"line {line} reads: {text[:200]!r}" if text else "rattler-build could not parse the recipe",
-        f"fix line {line} of {recipe_file.name} (a YAML linter such as `yamllint` shows the structure around it)",
-    )
 
 
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,

@@ -269,11 +269,34 @@ def render(recipe_file: Path, matrix: Matrix) -> list[Any]:
     except BaseException as exc:  # rattler-build's own exception types for every parse step, or a panic
         if not engine.engine_failure(exc):
             raise
+        if parse_error := recipe_yaml_error(exc, recipe_file):
+            raise parse_error from exc
         found = UNDEFINED.search(str(exc))
         if found is None:
             raise ExtforgeError(f"could not render {recipe_file}", engine.engine_message(exc).splitlines()[0],
                                 "fix the recipe or variant file") from exc
         raise undefined_variable(found.group("template"), recipe_file, matrix) from exc
+
+
+# rattler-build's recipe parse errors: "Failed to parse YAML: 7:5: <what>" (line:column).
+_YAML_ERROR = re.compile(r"Failed to parse YAML: (\d+):(\d+): (.+)", re.S)
+
+
+def recipe_yaml_error(exc: BaseException, recipe_file: Path) -> ExtforgeError | None:
+    """A recipe that is not YAML, said with its line (the build log holds nothing more)."""
+    m = _YAML_ERROR.search(str(exc))
+    if not m:
+        return None
+    line, column, detail = int(m.group(1)), int(m.group(2)), " ".join(m.group(3).split())
+    try:
+        text = recipe_file.read_text(errors="replace").splitlines()[line - 1].rstrip()
+    except (OSError, IndexError):
+        text = ""
+    return ExtforgeError(
+        f"{recipe_file} is not valid YAML: line {line}, column {column}: {detail}",
+        f"line {line} reads: {text[:200]!r}" if text else "rattler-build could not parse the recipe",
+        f"fix line {line} of {recipe_file.name} (a YAML linter such as `yamllint` shows the structure around it)",
+    )
 
 
 def undefined_variable(template: str, recipe_file: Path, matrix: Matrix) -> ExtforgeError:

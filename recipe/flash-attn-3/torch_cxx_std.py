@@ -1,0 +1,1 @@
+../flash-attn/torch_cxx_std.py
