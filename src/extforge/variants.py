@@ -29,6 +29,7 @@ from typing import Any
 
 from . import engine
 from .channel_ref import local_folder
+from .cuda_rule import missing_toolkit, version_key
 from .errors import ExtforgeError
 from .ui import log
 
@@ -167,10 +168,20 @@ def channel_lacks(source: str, asked: Mapping[str, Sequence[str]], rows: Sequenc
     asked_text = ", ".join(f"{k}={','.join(vs)}" for k, vs in asked.items())
     pick = (f"--variant {key}={like.get(key, '...')}" if source == "--variant"
             else f"{key}: [\"{like.get(key, '...')}\"] in {source.replace('-m ', '')}")
+    holds = (f"{folder or 'the channel'} holds {len(rows)} torch build{'s' if len(rows) != 1 else ''}: {have} "
+             f"(its {CHANNEL_VARIANTS}, written by `extforge mirror`); a variant asked for is built exactly or not at all")
+    if missing == ["cuda_compiler_version"]:
+        # A toolkit of the same major and an older minor compiles for that torch: where the channel
+        # has one, that is the answer, not a new mirror.
+        want = version_key(first[key])
+        have_toolkits = {r[key] for r in rows if key in r}
+        fits = any(version_key(v)[0] == want[0] and version_key(v)[1] <= want[1] for v in have_toolkits)
+        toolkit = missing_toolkit([f"cuda-nvcc_linux-64 {first[key]}.*"], have_toolkits) if fits else None
+        if toolkit is not None:
+            return ExtforgeError(f"{source} asks for {asked_text}: {toolkit.what}", f"{toolkit.why}; {holds}", toolkit.fix)
     return ExtforgeError(
         f"{source} asks for {asked_text}, which the channel cannot build: {lacks}",
-        f"{folder or 'the channel'} holds {len(rows)} torch build{'s' if len(rows) != 1 else ''}: {have} "
-        f"(its {CHANNEL_VARIANTS}, written by `extforge mirror`); a variant asked for is built exactly or not at all",
+        holds,
         f"add that build to the channel: {mirror_command(first, like, folder)}; or ask for one the channel has ({pick})",
     )
 
