@@ -17,16 +17,8 @@ if [[ "${stable_ok}" != "1" ]]; then
          "this variant's host torch is ${torch_version}. Build it for a channel row with torch >= 2.9." >&2
     exit 1
 fi
-# The standard torch's own headers demand (c++20 for torch 2.14), never a version list.
-cxx_std=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
-export EXTFORGE_CXX_STD="${cxx_std}"
-
-# --- C++ runtime: the shared libstdc++ torch loads, never a private static copy ---------------
-if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
-    echo "error: ${CXX} finds no libstdc++.so and would link libstdc++.a into the module; build with" \
-         "conda's gxx or a g++ that has libstdc++.so" >&2
-    exit 1
-fi
+# The C++ standard torch's headers demand (c++20 for torch 2.14), and a shared libstdc++.
+source "${RECIPE_DIR}/compiler_checks.sh"
 
 # --- Sources: pinned trees, no network, no git, the subset's switches --------------------------
 "${PYTHON}" "${RECIPE_DIR}/prepare_sources.py" "${SRC_DIR}" \
@@ -37,7 +29,7 @@ export FLASH_ATTENTION_OFFLINE_BUILD=1 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_AT
 # torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
 export TORCH_NO_COMPILER_WRAPPER=1
 
-echo "flash-attn-3 build: torch ${torch_version}, ${cxx_std}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+echo "flash-attn-3 build: torch ${torch_version}, ${EXTFORGE_CXX_STD}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "disabled: ${FA3_DISABLED:-none}" >&2
 
 cd "${SRC_DIR}/hopper"

@@ -39,19 +39,9 @@ if [[ "${torch_abi}" == "1" ]]; then
     export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE
 fi
 
-# --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
-# Upstream compiles host and device code with -std=c++17; select_sources.py raises it to this.
-cxx_std=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
-export EXTFORGE_CXX_STD="${cxx_std}"
-
-# --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------
-# A g++ with only libstdc++.a beside it (some relocated toolchains) links the runtime into the
-# module and exports it; `extforge audit` refuses that, so stop before a 20-minute compile.
-if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
-    echo "error: ${CXX} finds no libstdc++.so and would link libstdc++.a into the module (a second" \
-         "C++ runtime beside torch's libstdc++.so.6); build with conda's gxx or a g++ that has libstdc++.so" >&2
-    exit 1
-fi
+# Upstream compiles host and device code with -std=c++17; select_sources.py raises it to the
+# standard compiler_checks.sh reads from torch's headers.
+source "${RECIPE_DIR}/compiler_checks.sh"
 
 # --- Link: a symbol missing from the build-time libtorch fails here, not on a user's node ----
 libpython=""
@@ -91,7 +81,7 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
 fi
 
 echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
-     "-std=${cxx_std}, archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+     "-std=${EXTFORGE_CXX_STD}, archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
 
 # --- Which kernels, in which order (select_sources.py) ------------------------------------------
@@ -114,7 +104,7 @@ ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${cxx_std}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
+"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${EXTFORGE_CXX_STD}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
 import json, os, sys
 import torch
 ext, abi, compiler_default, libpython, cxx_std = sys.argv[1:]

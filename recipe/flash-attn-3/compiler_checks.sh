@@ -1,0 +1,1 @@
+../flash-attn/compiler_checks.sh

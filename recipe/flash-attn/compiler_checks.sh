@@ -1,0 +1,15 @@
+# Sourced by the build.sh of recipes that compile against torch's headers (flash-attn,
+# flash-attn-3): the C++ standard and C++ runtime every such build needs, checked before any compile.
+
+# --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
+EXTFORGE_CXX_STD=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
+export EXTFORGE_CXX_STD
+
+# --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------
+# A g++ with only libstdc++.a beside it (some relocated toolchains) links the runtime into the
+# module and exports it; `extforge audit` refuses that, so stop before a long compile.
+if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
+    echo "error: ${CXX} finds no libstdc++.so and would link libstdc++.a into the module (a second" \
+         "C++ runtime beside torch's libstdc++.so.6); build with conda's gxx or a g++ that has libstdc++.so" >&2
+    exit 1
+fi
