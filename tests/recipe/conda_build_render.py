@@ -189,3 +189,19 @@ def v1_pin(dep: object) -> str:
         renamed = {{"lower_bound": "min_pin", "upper_bound": "max_pin"}.get(k, k): v for k, v in args.items()}
         return f"{kind} {name} " + " ".join(f"{k}={v}" for k, v in sorted(renamed.items()))
     return str(dep)
+
+
+def assert_same_tests(v1: dict, meta: dict) -> None:
+    """meta.yaml's test section runs what the v1 recipe's tests run."""
+    kinds = {next(iter(t)): t[next(iter(t))] for t in v1["tests"]}
+    assert meta["test"]["imports"] == kinds["python"]["imports"]
+    commands = "\n".join(meta["test"]["commands"])
+    for pattern in kinds["package_contents"]["files"]:
+        # rattler-build's `**/x` glob is a `find ${PREFIX} -path '*/x'` in conda-build's shell.
+        as_find = f"find ${{PREFIX}} -path '*/{pattern.removeprefix('**/')}'"
+        assert as_find in commands or "${PREFIX}/" + pattern in commands, pattern
+    for site_package in kinds["package_contents"].get("site_packages", []):
+        assert f"${{SP_DIR}}/{site_package}" in commands
+    script_test = next(t for t in v1["tests"] if "script" in t)
+    assert script_test["script"] in meta["test"]["commands"]
+    assert meta["test"]["files"] == script_test["files"]["recipe"]

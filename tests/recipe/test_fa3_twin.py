@@ -12,7 +12,7 @@ from ruamel.yaml import YAML
 
 from extforge import engine
 
-from .conda_build_render import render
+from .conda_build_render import assert_same_tests, render
 from .conda_build_render import v1_pin as _pin
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn-3"
@@ -56,12 +56,7 @@ def test_same_requirements_environment_and_tests(pairs) -> None:
             assert [_pin(d) for d in v1["requirements"][section]] == meta["requirements"][section], section
         meta_env = dict(e.split("=", 1) for e in meta["build"]["script_env"])
         assert {k: v for k, v in meta_env.items() if v} == v1["build"]["script"]["env"]
-        kinds = {next(iter(t)): t[next(iter(t))] for t in v1["tests"]}
-        assert meta["test"]["imports"] == kinds["python"]["imports"]
-        commands = "\n".join(meta["test"]["commands"])
-        for pattern in kinds["package_contents"]["files"]:
-            as_find = f"find ${{PREFIX}} -path '*/{pattern.removeprefix('**/')}'"
-            assert as_find in commands or "${PREFIX}/" + pattern in commands, pattern
+        assert_same_tests(v1, meta)
 
 
 def test_twin_detects_drift(tmp_path: Path) -> None:

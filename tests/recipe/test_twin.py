@@ -15,7 +15,7 @@ import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 from ruamel.yaml import YAML
 
-from .conda_build_render import RENDER_PKG_HASH, dependency_hash, render
+from .conda_build_render import RENDER_PKG_HASH, assert_same_tests, dependency_hash, render
 from .conda_build_render import v1_pin as _v1_pin
 
 VARIANT_FILES = ("variants.yaml", "variants-offline.yaml")
@@ -92,18 +92,7 @@ def test_same_build_environment(pairs) -> None:
 
 def test_same_tests(pairs) -> None:
     for _, v1, meta in pairs:
-        kinds = {next(iter(t)): t[next(iter(t))] for t in v1["tests"]}
-        assert meta["test"]["imports"] == kinds["python"]["imports"]
-        commands = "\n".join(meta["test"]["commands"])
-        for pattern in kinds["package_contents"]["files"]:
-            # rattler-build's `**/x` glob is a `find ${PREFIX} -path '*/x'` in conda-build's shell.
-            as_find = f"find ${{PREFIX}} -path '*/{pattern.removeprefix('**/')}'"
-            assert as_find in commands or "${PREFIX}/" + pattern in commands, pattern
-        for site_package in kinds["package_contents"].get("site_packages", []):
-            assert f"${{SP_DIR}}/{site_package}" in commands
-        script_test = next(t for t in v1["tests"] if "script" in t)
-        assert script_test["script"] in meta["test"]["commands"]
-        assert meta["test"]["files"] == script_test["files"]["recipe"]
+        assert_same_tests(v1, meta)
 
 
 def _copy(recipe_dir: Path, dest: Path) -> Path:
