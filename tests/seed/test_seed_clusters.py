@@ -81,15 +81,20 @@ def seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, seed_envs_root
              f'channels = ["{seed_builds.channel.resolve().as_uri()}", "{seed_channel.path.resolve().as_uri()}"]',
              'platforms = ["linux-64"]', "", "[system-requirements]", 'cuda = "13.0"', ""]
     for c in rows:
-        lines += [f"[feature.row{c.name}.dependencies]", f'python = "{c.python}.*"', f'pytorch = "=={c.torch}"',
+        lines += [f"[feature.{env_name(c.name)}.dependencies]", f'python = "{c.python}.*"', f'pytorch = "=={c.torch}"',
                   'demo-ext = "*"', ""]
     lines.append("[environments]")
-    lines += [f'row{c.name} = ["row{c.name}"]' for c in rows]
+    lines += [f'{env_name(c.name)} = ["{env_name(c.name)}"]' for c in rows]
     manifest = seed_envs_root / "pixi.toml"
     manifest.write_text("\n".join(lines) + "\n")
     proc = _cli("lock", "--manifest", str(manifest))
     assert proc.returncode == 0, proc.stderr
     return seed_envs_root / "pixi.lock"
+
+
+def env_name(row: str) -> str:
+    """The row's environment: pixi's names are lowercase letters, digits and dashes."""
+    return f"row-{row.lower()}"
 
 
 @pytest.mark.parametrize("name", ROW_IDS)
@@ -100,7 +105,7 @@ def test_each_rows_env_locks_to_its_own_build_installs_and_imports(name: str, se
     locked = seed_lock.read_text()
     assert seed_builds.packages[name].name in locked
     prefix = seed_lock.parent / f"env-{name}"
-    proc = _cli("install", f"row{name}", "--prefix", str(prefix), "--lock", str(seed_lock))
+    proc = _cli("install", env_name(name), "--prefix", str(prefix), "--lock", str(seed_lock))
     assert proc.returncode == 0, proc.stderr
     out = subprocess.run([str(prefix / "bin" / "python"), "-c",
                           "import torch, demo_ext; print(torch.__version__, demo_ext.rms_norm.__name__)"],
