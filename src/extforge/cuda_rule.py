@@ -51,6 +51,13 @@ def choose(torch_cuda: str, offers: list[Offer]) -> Offer:
         "Debian's non-free nvidia-cuda-toolkit for 12.x and 11.x)",
     )
 
+def fitting_toolkits(major: int, minor: int, toolkits: set[str]) -> list[str]:
+    """The toolkits (major.minor) that compile for a torch of CUDA major.minor: same major, minor at
+    most the asked one, oldest first."""
+    shorts = {".".join(v.split(".")[:2]) for v in toolkits}
+    return sorted((s for s in shorts if version_key(s)[0] == major and version_key(s)[1] <= minor), key=version_key)
+
+
 def missing_toolkit(specs: list[str], channel_toolkits: set[str]) -> ExtforgeError | None:
     """A build solve that failed on `${{ compiler('cuda') }}` because the channels hold no
     toolkit of that version: what would fit (same major, minor at most the asked one) and how to
@@ -62,7 +69,7 @@ def missing_toolkit(specs: list[str], channel_toolkits: set[str]) -> ExtforgeErr
     shorts = {".".join(v.split(".")[:2]) for v in channel_toolkits}
     if f"{major}.{minor}" in shorts:
         return None
-    fitting = sorted((s for s in shorts if version_key(s)[0] == major and version_key(s)[1] <= minor), key=version_key)
+    fitting = fitting_toolkits(major, minor, channel_toolkits)
     have = ", ".join(sorted(shorts, key=version_key)) or "none"
     return ExtforgeError(
         f"the channels have no CUDA {major}.{minor} toolkit (cuda-nvcc_linux-64 {major}.{minor}.*)",

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import engine
 from .channel_ref import local_folder
-from .cuda_rule import missing_toolkit, version_key
+from .cuda_rule import fitting_toolkits, missing_toolkit, version_key
 from .errors import ExtforgeError
 from .ui import log
 
@@ -173,9 +173,8 @@ def channel_lacks(source: str, asked: Mapping[str, Sequence[str]], rows: Sequenc
     if missing == ["cuda_compiler_version"]:
         # A toolkit of the same major and an older minor compiles for that torch: where the channel
         # has one, that is the answer, not a new mirror.
-        want = version_key(first[key])
         have_toolkits = {r[key] for r in rows if key in r}
-        fits = any(version_key(v)[0] == want[0] and version_key(v)[1] <= want[1] for v in have_toolkits)
+        fits = fitting_toolkits(*version_key(first[key]), have_toolkits)
         toolkit = missing_toolkit([f"cuda-nvcc_linux-64 {first[key]}.*"], have_toolkits) if fits else None
         if toolkit is not None:
             return ExtforgeError(f"{source} asks for {asked_text}: {toolkit.what}", f"{toolkit.why}; {holds}", toolkit.fix)
