@@ -42,6 +42,12 @@ def build_env_mismatch(prefix: Path, depends: list[str]) -> str | None:
     return None
 
 
+def _node_virtual_packages() -> list:
+    """What a GPU node offers the solve (a build host has no __cuda; CONDA_OVERRIDE_CUDA names one)."""
+    return virtual_packages("linux-64", linux="5.0", glibc="2.28",
+                            extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
+
+
 def channel_torches(channels: Sequence[str]) -> list[dict]:
     """Every torch build the channels' linux-64 indexes hold, newest first (one entry per build)."""
     found: dict[tuple[str, str, str], dict] = {}
@@ -66,11 +72,9 @@ def admits(depends: list[str], torch: dict, channels: Sequence[str]) -> str | No
     from rattler import solve
 
     specs = [d for d in depends if not d.startswith("__")] + [exact_spec(torch)]
-    virtual = virtual_packages("linux-64", linux="5.0", glibc="2.28",
-                               extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
     try:
         asyncio.run(solve([channel_url(c) for c in channels], specs, platforms=["linux-64", "noarch"],
-                          virtual_packages=virtual))
+                          virtual_packages=_node_virtual_packages()))
     except Exception as exc:  # rattler's SolverError: the message names the conflict
         return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     return None
@@ -108,10 +112,8 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
 async def _solve_install(specs: list[str], channels: list[str], prefix: Path) -> None:
     from rattler import install, solve
 
-    virtual = virtual_packages("linux-64", linux="5.0", glibc="2.28",
-                               extra={"__cuda": os.environ.get("CONDA_OVERRIDE_CUDA", DEFAULT_CUDA)})
     try:
-        records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=virtual)
+        records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=_node_virtual_packages())
         await install(records, target_prefix=prefix, cache_dir=rattler_pkgs_dir(), show_progress=False)
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError / InstallerError
         raise ExtforgeError(
