@@ -7,7 +7,8 @@ Run with the python of the environment under test (an installed prefix), on a GP
 
 For each case (bf16, batch 4, seq 4096, hidden 2048 as heads x head dim; causal and not, head
 dim 128 and 64) it times the forward and forward+backward of both implementations in the same
-process: CUDA events around every call, after a warm-up, median of --reps calls; inputs require
+process: CUDA events around every call, after a warm-up, median of --reps calls,
+the implementations taking turns in 10 blocks (GPU clock drift hits each alike); inputs require
 grad in both modes, as in flash-attn's benchmarks. FLOPs are
 counted as flash-attn's own benchmarks count them: 4*b*s*s*h*d for the forward, halved when
 causal; the backward is 2.5x the forward. SDPA gets its own (batch, heads, seq, dim) contiguous
@@ -53,6 +54,8 @@ FA3 = "fa3"
 # FlashAttention-3 over SDPA on the reference case, per mode, that the package must reach.
 FA3_GOALS = {"fwd": 1.15, "fwd_bwd": 1.10}
 MODES = ("fwd", "fwd_bwd")
+# Blocks the timed calls of each mode are cut into, the implementations taking turns.
+ROUNDS = 10
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ def render_docs(report: dict[str, Any]) -> list[str]:
         f"Machine: {env['gpu']}, {env['cpu_count']} CPU cores; torch {env['torch']} (CUDA {env['cuda']}), "
         f"flash-attn {env['flash_attn']} from `{env['flash_attn_path']}` "
         f"(conda package: {', '.join(env['flash_attn_package']) or 'none'}). `bench/attention_bench.py`: "
-        f"CUDA events, median of {report['reps']} calls after warm-up; FLOPs counted as flash-attn's "
+        f"CUDA events, median of {report['reps']} calls after warm-up, the implementations taking turns in {ROUNDS} blocks; FLOPs counted as flash-attn's "
         "benchmarks do (4·b·s²·h·d forward, /2 causal, backward 2.5x forward). "
         f"SDPA kernels: {', '.join(env['sdpa_kernels']) or 'unknown'}.",
         "",
@@ -207,19 +210,28 @@ def render_docs(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _time_ms(fn, *, reps: int, warmup: int) -> float:
+def _time_interleaved(calls: dict[str, Any], *, reps: int, warmup: int, rounds: int) -> dict[str, float]:
+    """Median ms per call of each callable. The callables take turns in `rounds` blocks of
+    reps/rounds calls, so a GPU whose clock drifts over the run (power, heat) slows each of them
+    alike instead of whichever happens to be timed last."""
     import torch
 
-    for _ in range(warmup):
-        fn()
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    per_round = max(1, reps // rounds)
+    events: dict[str, list] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_round)]
+            for start, end in pairs:
+                start.record()
+                fn()
+                end.record()
+            events[name] += pairs
+        torch.cuda.synchronize()
+    return {name: statistics.median(s.elapsed_time(e) for s, e in pairs) for name, pairs in events.items()}
 
 
 def _inputs(case: Case):
@@ -233,8 +245,9 @@ def _inputs(case: Case):
     return bshd, bhsd
 
 
-def measure(case: Case, *, reps: int = 100, warmup: int = 20) -> list[Timing]:
-    """Forward and forward+backward timings of flash_attn_func and SDPA for one case."""
+def measure(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUNDS) -> list[Timing]:
+    """Forward and forward+backward timings of flash_attn_func, SDPA (and FA3) for one case,
+    the implementations interleaved per mode."""
     import torch
     import torch.nn.functional as F
     from flash_attn import flash_attn_func
@@ -248,18 +261,16 @@ def measure(case: Case, *, reps: int = 100, warmup: int = 20) -> list[Timing]:
     fa3 = fa3_func()
     if fa3 is not None:
         calls[FA3] = lambda: fa3(*bshd, causal=case.causal)
-    timings = []
-    for impl, call in calls.items():
-        grad = torch.randn_like(call())
 
-        def fwd_bwd(call=call, impl=impl, grad=grad):
-            torch.autograd.grad(call(), leaves[impl], grad)
+    def fwd_bwd(impl: str):
+        call, grad = calls[impl], torch.randn_like(calls[impl]())
+        return lambda: torch.autograd.grad(call(), leaves[impl], grad)
 
-        fwd_ms = _time_ms(call, reps=reps, warmup=warmup)
-        fwd_bwd_ms = _time_ms(fwd_bwd, reps=reps, warmup=warmup)
-        timings.append(Timing(case, impl, "fwd", fwd_ms, tflops(case, "fwd", fwd_ms)))
-        timings.append(Timing(case, impl, "fwd_bwd", fwd_bwd_ms, tflops(case, "fwd_bwd", fwd_bwd_ms)))
-    return timings
+    per_mode = {
+        "fwd": _time_interleaved(calls, reps=reps, warmup=warmup, rounds=rounds),
+        "fwd_bwd": _time_interleaved({impl: fwd_bwd(impl) for impl in calls}, reps=reps, warmup=warmup, rounds=rounds),
+    }
+    return [Timing(case, impl, mode, ms[impl], tflops(case, mode, ms[impl])) for impl in calls for mode, ms in per_mode.items()]
 
 
 def fa3_func():
