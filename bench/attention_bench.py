@@ -83,13 +83,18 @@ CASES = (
 
 
 def built_head_dims() -> tuple[int, ...] | None:
-    """Head dims of the installed flash-attn build (None: every head dim), from the build record
-    the recipe writes; a head-dim subset build (flash_attn_head_dims) has only those kernels."""
-    record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn.json"
-    if not record.is_file():
-        return None
-    dims = str(json.loads(record.read_text()).get("head_dims") or "all")
-    return None if dims == "all" else tuple(int(d) for d in dims.split(";"))
+    """Head dims every installed build has kernels for (None: every head dim), from the build
+    records the recipes write: a head-dim subset of flash-attn (flash_attn_head_dims) or of
+    FlashAttention-3 (fa3_head_dims) has only those kernels."""
+    records = Path(sys.prefix) / "share" / "extforge" / "build"
+    built: set[int] | None = None
+    for name, dims_of in (("flash-attn.json", lambda r: str(r.get("head_dims") or "all")),
+                          ("flash-attn-3.json", lambda r: ";".join(map(str, r["subset"]["head_dims"])))):
+        record = records / name
+        if record.is_file() and (dims := dims_of(json.loads(record.read_text()))) != "all":
+            subset = {int(d) for d in dims.split(";")}
+            built = subset if built is None else built & subset
+    return None if built is None else tuple(sorted(built))
 
 
 def built_cases() -> tuple[Case, ...]:
@@ -119,14 +124,19 @@ def find(timings: list[Timing], case: Case, impl: str, mode: str) -> Timing:
     return next(t for t in timings if (t.case, t.impl, t.mode) == (case, impl, mode))
 
 
+def timed(timings: list[Timing], impl: str) -> bool:
+    return any(t.impl == impl for t in timings)
+
+
 def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
     """flash-attn/SDPA forward ratio of the reference case, against the plain build's; with FA3
-    timed, its ratios to SDPA per mode against FA3_GOALS."""
-    flash = find(timings, REFERENCE_CASE, "flash_attn", "fwd").tflops
+    timed, its ratios to SDPA per mode against FA3_GOALS. An implementation that is not
+    installed is not judged (its fields are None)."""
     sdpa = find(timings, REFERENCE_CASE, "sdpa", "fwd").tflops
-    ratio = flash / sdpa
+    flash = find(timings, REFERENCE_CASE, "flash_attn", "fwd").tflops if timed(timings, "flash_attn") else None
+    ratio = None if flash is None else flash / sdpa
     fa3 = {}
-    if any(t.impl == FA3 for t in timings):
+    if timed(timings, FA3):
         for mode, goal in FA3_GOALS.items():
             got = find(timings, REFERENCE_CASE, FA3, mode).tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
             fa3[mode] = {"ratio": got, "goal": goal, "met": got >= goal}
@@ -138,7 +148,7 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
         "ratio": ratio,
         "reference_ratio": REFERENCE_RATIO,
         "reference": f"{REFERENCE_FLASH_TFLOPS:g} / {REFERENCE_SDPA_TFLOPS:g} TFLOP/s",
-        "within_tolerance": abs(ratio / REFERENCE_RATIO - 1) <= RATIO_TOLERANCE,
+        "within_tolerance": None if ratio is None else abs(ratio / REFERENCE_RATIO - 1) <= RATIO_TOLERANCE,
         "tolerance": RATIO_TOLERANCE,
     }
 
@@ -146,12 +156,17 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
 def table_rows(timings: list[Timing]) -> list[list[str]]:
     """One row per case and mode: the speeds, flash-attn's ratio to SDPA (and FA3's, where timed)."""
     rows = []
-    with_fa3 = any(t.impl == FA3 for t in timings)
+    with_fa3 = timed(timings, FA3)
     for case in dict.fromkeys(t.case for t in timings):
         for mode in MODES:
-            flash, sdpa = (find(timings, case, impl, mode) for impl in IMPLS)
-            row = [case.label, mode, f"{flash.tflops:.0f}", f"{sdpa.tflops:.0f}",
-                   f"{flash.tflops / sdpa.tflops:.3f}", f"{flash.median_ms:.3f}", f"{sdpa.median_ms:.3f}"]
+            sdpa = find(timings, case, "sdpa", mode)
+            if timed(timings, "flash_attn"):
+                flash = find(timings, case, "flash_attn", mode)
+                fa2 = [f"{flash.tflops:.0f}", f"{sdpa.tflops:.0f}", f"{flash.tflops / sdpa.tflops:.3f}",
+                       f"{flash.median_ms:.3f}"]
+            else:
+                fa2 = ["not installed", f"{sdpa.tflops:.0f}", "-", "-"]
+            row = [case.label, mode, *fa2, f"{sdpa.median_ms:.3f}"]
             if with_fa3:
                 fa3 = find(timings, case, FA3, mode)
                 row += [f"{fa3.tflops:.0f}", f"{fa3.tflops / sdpa.tflops:.3f}"]
@@ -173,6 +188,16 @@ def render_text(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows])
 
 
+def flash_attn_sentence(verdict: dict[str, Any]) -> str:
+    """flash-attn 2's verdict on the reference case, in words."""
+    if verdict["ratio"] is None:
+        return f"flash-attn 2 is not installed, not judged (SDPA {verdict['sdpa_tflops']:.0f} TFLOP/s)"
+    return (f"flash-attn {verdict['flash_attn_tflops']:.0f} / SDPA {verdict['sdpa_tflops']:.0f} TFLOP/s = ratio "
+            f"{verdict['ratio']:.3f}; a plain setup.py build reached {verdict['reference_ratio']:.3f} "
+            f"({verdict['reference']}): {'within' if verdict['within_tolerance'] else 'NOT within'} "
+            f"{verdict['tolerance']:.0%}")
+
+
 def render_docs(report: dict[str, Any]) -> list[str]:
     """The dated section for docs/benchmarks.md."""
     env, verdict = report["environment"], report["verdict"]
@@ -190,11 +215,7 @@ def render_docs(report: dict[str, Any]) -> list[str]:
         "|" + "---|" * len(header(report["table"])),
         *("| " + " | ".join(row) + " |" for row in report["table"]),
         "",
-        f"Reference case ({verdict['case']}, forward): flash-attn {verdict['flash_attn_tflops']:.0f} / "
-        f"SDPA {verdict['sdpa_tflops']:.0f} TFLOP/s = ratio {verdict['ratio']:.3f}; a plain setup.py build "
-        f"reached {verdict['reference_ratio']:.3f} ({verdict['reference']}): "
-        + ("within" if verdict["within_tolerance"] else "NOT within")
-        + f" {verdict['tolerance']:.0%}.",
+        f"Reference case ({verdict['case']}, forward): {flash_attn_sentence(verdict)}.",
     ]
     if verdict.get("fa3"):
         fa3 = verdict["fa3"]
@@ -248,15 +269,17 @@ def _inputs(case: Case):
 def measure(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUNDS) -> list[Timing]:
     """Forward and forward+backward timings of flash_attn_func, SDPA (and FA3) for one case,
     the implementations interleaved per mode."""
+    import importlib.util
+
     import torch
     import torch.nn.functional as F
-    from flash_attn import flash_attn_func
 
     bshd, bhsd = _inputs(case)
-    calls = {
-        "flash_attn": lambda: flash_attn_func(*bshd, causal=case.causal),
-        "sdpa": lambda: F.scaled_dot_product_attention(*bhsd, is_causal=case.causal),
-    }
+    calls = {"sdpa": lambda: F.scaled_dot_product_attention(*bhsd, is_causal=case.causal)}
+    if importlib.util.find_spec("flash_attn") is not None:
+        from flash_attn import flash_attn_func
+
+        calls["flash_attn"] = lambda: flash_attn_func(*bshd, causal=case.causal)
     leaves = {"flash_attn": bshd, "sdpa": bhsd, FA3: bshd}
     fa3 = fa3_func()
     if fa3 is not None:
@@ -302,16 +325,19 @@ def _sdpa_kernels(case: Case) -> list[str]:
 
 
 def _environment() -> dict[str, Any]:
-    import flash_attn
     import torch
 
+    try:
+        import flash_attn
+    except ImportError:
+        flash_attn = None
     return {
         "gpu": torch.cuda.get_device_name(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "flash_attn": flash_attn.__version__,
-        "flash_attn_path": str(Path(flash_attn.__file__).parent),
+        "flash_attn": flash_attn.__version__ if flash_attn else "not installed",
+        "flash_attn_path": str(Path(flash_attn.__file__).parent) if flash_attn else "",
         # name-version-build of the conda package, when this python is a conda prefix's
         "flash_attn_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-2*.json")],
         "fa3_package": [p.stem for p in Path(sys.prefix, "conda-meta").glob("flash-attn-3-*.json")],
@@ -341,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        import flash_attn  # noqa: F401
         import torch
+        if fa3_func() is None:
+            import flash_attn  # noqa: F401
     except ImportError as exc:
         print(f"error: cannot benchmark: {exc}. Run this with the python of the environment under test.", file=sys.stderr)
         return 2
@@ -358,11 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_text(report["table"]))
     verdict = report["verdict"]
     print(
-        f"\nreference case: ratio {verdict['ratio']:.3f} (flash-attn {verdict['flash_attn_tflops']:.0f} / SDPA "
-        f"{verdict['sdpa_tflops']:.0f} TFLOP/s) vs {verdict['reference_ratio']:.3f} for a plain build: "
-        + ("within" if verdict["within_tolerance"] else "NOT within")
-        + f" {verdict['tolerance']:.0%}"
-    )
+        f"\nreference case: {flash_attn_sentence(verdict)}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     for mode, fa3 in verdict["fa3"].items():
@@ -370,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
               + ("met)" if fa3["met"] else "NOT met)"))
     if args.write_docs:
         append_section(render_docs(report))
-    return 0 if verdict["within_tolerance"] and all(f["met"] for f in verdict["fa3"].values()) else 3
+    judged = verdict["within_tolerance"] is not False and all(f["met"] for f in verdict["fa3"].values())
+    return 0 if judged else 3
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import compile_cache, engine, machine, paths, plan
 from .audit import audit_package
@@ -26,9 +27,9 @@ from .errors import ExtforgeError
 from .explain import explain_text
 from .stamp import stamp_package
 from .ui import log
+from .variants import Matrix, recipe_yaml_error
 from .variants import archs as variant_archs
 from .variants import head_dims as variant_head_dims
-from .variants import recipe_yaml_error
 from .variants import render as render_variants
 from .variants import resolve as resolve_variants
 
@@ -92,6 +93,14 @@ def environment(extra: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def render_in(env: Mapping[str, str], recipe_file: Path, matrix: Matrix) -> list[Any]:
+    """The recipe's variants rendered inside the build's variables: a recipe reads the planner's
+    MAX_JOBS, NVCC_THREADS and unit order (and the compile cache) with `env.get` when it is
+    rendered, so a render outside them bakes in the recipe's defaults (2 jobs, upstream order)."""
+    with environment(env):
+        return render_variants(recipe_file, matrix)
 
 
 SPEC_LINE = re.compile(r"^\s*-\s+(\S.*)$")
@@ -271,12 +280,12 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
-    # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
-    rendered = render_variants(recipe_file, matrix)
     env = build_environment(
         recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name,
         profile_explicit=bool(options.profile),
     )
+    # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
+    rendered = render_in(env, recipe_file, matrix)
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"

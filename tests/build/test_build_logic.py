@@ -1,5 +1,6 @@
 """extforge build's pure parts: solve-failure extraction, variant overrides, recipe/channel checks."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from extforge.engine import engine_failure, find_recipe
 from extforge.errors import ExtforgeError
 from extforge.explain import explain_text
 from extforge.variants import parse_variant_overrides
+
+REPO = Path(__file__).resolve().parents[2]
 
 LOG = [
     "info: Starting build of 1 outputs",
@@ -79,6 +82,33 @@ def test_planner_gets_the_head_dims_of_a_subset_variant():
                             profile_explicit=True)
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
     assert "flash_api" in order and {u.split("_hdim")[1][:3] for u in order if "_hdim" in u} == {"128"}
+
+
+def test_the_recipe_is_rendered_with_the_planners_variables(tmp_path, monkeypatch):
+    """flash-attn's recipe reads MAX_JOBS, NVCC_THREADS and the unit order with env.get when it is
+    rendered. Rendered outside them (a regression an H100 node caught: 2 jobs, upstream order,
+    a 13-unit build at 3 units in 14 min) the build gets the recipe's defaults."""
+    from test_variant_requests import channel_of
+
+    from extforge import machine
+    from extforge.build import build_environment, render_in
+    from extforge.variants import resolve
+
+    for name in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER"):
+        monkeypatch.delenv(name, raising=False)
+    # A node whose plan differs from the recipe's defaults (2 jobs, 1 thread, upstream order).
+    monkeypatch.setattr(machine, "detect", lambda: machine.Machine(16, 128 * 2**30, "2.39", "test", "test"))
+    recipe = REPO / "recipe" / "flash-attn" / "recipe.yaml"
+    channel = channel_of(tmp_path / "mirror", [("3.11", "2.14.1", "13.0", "cxx11")])
+    matrix = resolve(recipe, [str(channel)], [recipe.parent / "variants-offline.yaml"],
+                     {"flash_attn_head_dims": ["128"], "flash_attn_cuda_archs": ["80;90"]})
+    env = build_environment(recipe.read_text(), [str(channel)], matrix.values, "flash-attn")
+    assert (env["MAX_JOBS"], env["NVCC_THREADS"]) == ("8", "2")
+    (variant,) = render_in(env, recipe, matrix)
+    script_env = variant.recipe.build.script["env"]
+    assert {k: script_env[k] for k in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER")} == {
+        k: env[k] for k in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER")}
+    assert "MAX_JOBS" not in os.environ
 
 
 def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):

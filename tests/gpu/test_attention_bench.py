@@ -113,3 +113,27 @@ def test_without_fa3_the_report_is_unchanged():
     timings = _timings(2.0, 1.0)
     assert bench.ratio_verdict(timings)["fa3"] == {}
     assert bench.header(bench.table_rows(timings)) == bench.HEADER
+
+
+def test_without_flash_attn_2_only_fa3_is_judged():
+    """A node with FlashAttention-3 alone: flash-attn 2 is said to be missing, never given numbers."""
+    timings = [bench.Timing(case, impl, mode, ms, bench.tflops(case, mode, ms))
+               for case in bench.CASES for impl, ms in (("sdpa", 1.2), (bench.FA3, 1.0)) for mode in bench.MODES]
+    verdict = bench.ratio_verdict(timings)
+    assert verdict["ratio"] is None and verdict["within_tolerance"] is None and verdict["fa3"]["fwd"]["met"]
+    row = bench.table_rows(timings)[0]
+    assert row[2:5] == ["not installed", f"{bench.tflops(bench.REFERENCE_CASE, 'fwd', 1.2):.0f}", "-"]
+    assert row[-1] == "1.200"
+    assert "flash-attn 2 is not installed, not judged" in bench.flash_attn_sentence(verdict)
+
+
+def test_a_case_is_timed_only_where_every_installed_build_has_its_head_dim(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench.sys, "prefix", str(tmp_path))
+    records = tmp_path / "share" / "extforge" / "build"
+    records.mkdir(parents=True)
+    (records / "flash-attn-3.json").write_text('{"subset": {"head_dims": [64, 128]}}')
+    assert bench.built_cases() == bench.CASES
+    (records / "flash-attn.json").write_text('{"head_dims": "128"}')
+    assert {c.headdim for c in bench.built_cases()} == {128}
+    (records / "flash-attn-3.json").write_text('{"subset": {"head_dims": [64]}}')
+    assert bench.built_cases() == ()
