@@ -262,3 +262,16 @@ def test_build_prints_the_audit_verdict(tmp_path, verdict, shown):
 
     pkg = BuiltPackage(tmp_path / "demo-ext-0.1.0-x_0.conda", "demo-ext", "0.1.0", "x_0", "linux-64", verdict)
     assert built_line(pkg).startswith(f"built {pkg.path}; {shown}")
+
+
+@pytest.mark.parametrize(("verdicts", "code"), [(["pass"], 0), ([None], 0), (["pass", "fail"], 1), (["fail"], 1)])
+def test_build_exits_1_when_a_package_fails_its_audit(tmp_path, monkeypatch, capsys, verdicts, code):
+    """A failed audit is a finding: CI that reads only the exit code must not go on to publish."""
+    import extforge.build
+    from extforge.build import BuiltPackage
+
+    built = [BuiltPackage(tmp_path / f"demo-ext-0.1.0-x{i}_0.conda", "demo-ext", "0.1.0", f"x{i}_0", "linux-64", v)
+             for i, v in enumerate(verdicts)]
+    monkeypatch.setattr(extforge.build, "build_recipe", lambda options, on_step=None: built)
+    assert main(["build", str(DEMO), "-c", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == code
+    assert capsys.readouterr().err.count("\nbuilt ") == len(verdicts)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
+from ..errors import EXIT_FINDINGS, EXIT_OK
 
 if TYPE_CHECKING:
     from ..build import BuiltPackage
@@ -84,4 +85,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         for p in built:
             ui.console.print(built_line(p), markup=False)
-    return 0
+    return build_exit_code(built)
+
+
+def build_exit_code(built: list[BuiltPackage]) -> int:
+    """A package that fails its audit is built but must not be published: a script or CI job that
+    only reads the exit code has to stop there too."""
+    return EXIT_FINDINGS if any(p.audit_verdict not in (None, "pass") for p in built) else EXIT_OK
