@@ -53,3 +53,29 @@ def test_channel_kinds():
     assert parse_channel("quetz+https://q.example/ch") == ("quetz", "https://q.example/ch")
     with pytest.raises(ExtforgeError, match="cannot publish"):
         parse_channel("http://127.0.0.1:8000/channel")
+
+
+def test_a_planted_file_that_is_no_package_is_not_served_and_blocks_no_publish(tiny_packages, tmp_path):
+    """Anyone who can write a shared channel folder can put files in it; rattler's indexer
+    panicked on the first unreadable one ("Could not find EOCD") and failed every publish."""
+    channel = tmp_path / "ch"
+    publish(tiny_packages.distinct[:1], channel, audit=False)
+    noarch = channel / "noarch"
+    (noarch / "junk-1.0-0.conda").write_bytes(b"junk")
+    real = tiny_packages.distinct[2].read_bytes()
+    (noarch / "cut-1.0-h0_0.conda").write_bytes(real[: len(real) // 2])
+    (noarch / "junk-1.0-0.tar.bz2").write_bytes(b"BZh9 not really")
+    out = subprocess.run([*extforge_cmd(), "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
+                          "--no-audit", "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [p["status"] for p in result["packages"]] == ["published"]
+    assert sorted(i.split(":")[0] for i in result["ignored"]) == [
+        "noarch/cut-1.0-h0_0.conda", "noarch/junk-1.0-0.conda", "noarch/junk-1.0-0.tar.bz2"]
+    served = json.loads((noarch / "repodata.json").read_text())
+    assert sorted(served["packages.conda"]) == sorted(p.name for p in tiny_packages.distinct[:2])
+    assert served["packages"] == {}
+    text = subprocess.run([*extforge_cmd(), "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
+                           "--no-audit"], capture_output=True, text=True)
+    assert text.returncode == 0 and "3 file(s) in the channel are no readable package and are not served" in text.stderr
+    assert "Traceback" not in text.stderr + text.stdout

@@ -105,15 +105,23 @@ def test_the_publish_lock_is_never_created_through_a_symlink(tiny_packages, tmp_
     assert not (channel / "noarch").exists()
 
 
-def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path):
+def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path, monkeypatch):
+    from extforge.channel import index
+
     channel = tmp_path / "ch"
     publish(tiny_packages.distinct[12:13], channel, audit=False)
-    # A file with a package's name but no package inside, copied in by hand: the indexer fails on it.
-    (channel / "linux-64" / "junk-1.0-0.conda").write_bytes(b"not a zip archive")
+    # A package copied in by hand (the publish log gets a repair entry for it), then an indexer
+    # that fails (unreadable files no longer make it fail: they are left out).
+    craft_package(channel / "linux-64", "by-hand")
     before = _listing(channel)
+
+    def failing_indexer(folder):
+        raise ExtforgeError(f"could not index the channel folder {folder}", "the indexer exited with 1", "")
+
+    monkeypatch.setattr(index, "index_fs", failing_indexer)
     with pytest.raises(ExtforgeError, match="could not index the channel folder"):
         publish(tiny_packages.distinct[13:14], channel, audit=False)
-    # Neither the package nor the log entries (its own, and the repair entry for junk) stay behind.
+    # Neither the package nor the log entries (its own, and the repair entry) stay behind.
     assert _listing(channel) == before
 
 

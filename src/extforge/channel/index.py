@@ -5,6 +5,10 @@ may read while we write, so we index a shadow copy of the channel (the package f
 the current repodata.json so indexing stays incremental) and rename each finished
 repodata.json over the live one: a reader sees the old file or the new one.
 
+Anyone who can write the channel folder can put a file there. A package file rattler cannot
+read (junk, a truncated copy) would make its indexer panic and fail every publish; it is left
+out of the shadow instead, so it is not served, and named to whoever re-indexes.
+
 A channel is shared by a Unix group: the shadow hard-links only the files this user owns
 (Linux's fs.protected_hardlinks refuses links to another user's file) and clones or copies
 the others; a package nobody in the group can read is named before anything changes.
@@ -19,10 +23,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Literal
+
+import zstandard
 
 from ..errors import ExtforgeError
 from ..safe_files import make_dir
+from ..ui import log
 from .hashing import fsync_dir
 
 # Every channel needs these two even when empty; conda clients ask for both.
@@ -117,6 +128,43 @@ def carry_fresh_entries(live: Path, dest: Path) -> bool:
     return True
 
 
+def _index_json_problem(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> str | None:
+    with tarfile.open(fileobj=fileobj, mode=mode) as tar:
+        for member in tar:
+            if member.name == "info/index.json":
+                raw = tar.extractfile(member)
+                data = json.loads(raw.read(1 << 20)) if raw else None
+                if not isinstance(data, dict) or not {"name", "version", "build"} <= data.keys():
+                    return "its info/index.json names no name, version and build"
+                return None
+    return "it holds no info/index.json"
+
+
+def unindexable(path: Path) -> str | None:
+    """Why rattler's indexer could not read this package's info/index.json, or None. Only the
+    info part is read (for a .tar.bz2, up to info/index.json, which conda tools write first)."""
+    try:
+        if path.name.endswith(".conda"):
+            with zipfile.ZipFile(path) as zf:
+                info = next((i for i in zf.infolist() if i.filename.startswith("info-") and i.filename.endswith(".tar.zst")), None)
+                if info is None:
+                    return "it holds no info-*.tar.zst"
+                with zf.open(info) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
+                    return _index_json_problem(zr, "r|")
+        with path.open("rb") as fh:
+            return _index_json_problem(fh, "r|bz2")
+    except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError, EOFError, OSError, ValueError) as exc:
+        return f"it is not a readable package ({type(exc).__name__}: {exc})"
+
+
+def _carried_names(repodata: Path) -> set[str]:
+    try:
+        data = json.loads(repodata.read_bytes())
+        return {n for key in ("packages", "packages.conda") for n in data.get(key) or {}}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
 def unreadable_packages(channel: Path) -> list[str]:
     """`subdir/file` of every package this user cannot read (the re-index must copy them)."""
     found = []
@@ -165,14 +213,20 @@ def _shadow_entry(entry: os.DirEntry, dest: Path) -> None:
         _clone_or_copy(entry.path, dest)  # another user's file, or a symlink to a package: its bytes
 
 
-def reindex(channel: Path) -> list[str]:
+@dataclass
+class Reindexed:
+    rebuilt: list[str] = field(default_factory=list)  # subdirs whose damaged repodata.json was rebuilt
+    ignored: list[str] = field(default_factory=list)  # "subdir/file: why": package files not served
+
+
+def reindex(channel: Path) -> Reindexed:
     """Index every subdir of a channel folder and atomically replace its repodata.json files.
 
-    Returns the subdirs whose repodata.json was damaged (empty, truncated, not an object) and
-    was rebuilt from the package files."""
+    A subdir's repodata.json that is damaged (empty, truncated, not an object) is rebuilt from
+    the package files; a package file the indexer could not read is left out (not served)."""
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
     shutil.rmtree(shadow, ignore_errors=True)
-    rebuilt = []
+    done = Reindexed()
     try:
         names = subdirs(channel)
         make_dir(shadow, like=channel)
@@ -181,11 +235,17 @@ def reindex(channel: Path) -> list[str]:
             make_dir(live, like=channel)
             # group bits too: another member removes what a killed publisher left here
             make_dir(shadow / sd, like=channel)
-            for entry in os.scandir(live):
-                if is_package_file(entry.name) and entry.is_file():
-                    _shadow_entry(entry, shadow / sd / entry.name)
             if (live / "repodata.json").exists() and not carry_fresh_entries(live, shadow / sd / "repodata.json"):
-                rebuilt.append(sd)
+                done.rebuilt.append(sd)
+            # Entries carried over were read when they were indexed: only new files are checked.
+            carried = _carried_names(shadow / sd / "repodata.json")
+            for entry in os.scandir(live):
+                if not (is_package_file(entry.name) and entry.is_file()):
+                    continue
+                if entry.name not in carried and (why := unindexable(Path(entry.path))):
+                    done.ignored.append(f"{sd}/{entry.name}: {why}")
+                    continue
+                _shadow_entry(entry, shadow / sd / entry.name)
         index_fs(shadow)
         for sd in names:
             new = shadow / sd / "repodata.json"
@@ -200,7 +260,7 @@ def reindex(channel: Path) -> list[str]:
             fsync_dir(channel / sd)
     finally:
         shutil.rmtree(shadow, ignore_errors=True)
-    return rebuilt
+    return done
 
 
 def index_channel(channel: Path) -> None:
@@ -208,7 +268,8 @@ def index_channel(channel: Path) -> None:
     channel.mkdir(parents=True, exist_ok=True)
     for sub in REQUIRED_SUBDIRS:
         make_dir(channel / sub, like=channel)
-    reindex(channel)
+    for ignored in reindex(channel).ignored:
+        log.warning("not indexed (not served): %s/%s", channel, ignored)
     for sub in REQUIRED_SUBDIRS:
         for f in (channel / sub).iterdir():
             # Another member's files keep the mode they were published with (we may not chmod them).

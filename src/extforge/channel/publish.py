@@ -68,6 +68,7 @@ class PublishResult:
     leftovers_removed: int = 0
     log_repaired: list[str] = field(default_factory=list)  # package files the log lacked (a killed run)
     repodata_rebuilt: list[str] = field(default_factory=list)  # subdirs whose repodata.json was damaged
+    ignored: list[str] = field(default_factory=list)  # "subdir/file: why": files in the channel not served
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -261,7 +262,8 @@ def publish(
             # Logged before the re-index serves them: the log never lacks a served package.
             # One append, so a failed re-index undoes the repair entries with ours.
             log_size = _append_log(root, log)
-            result.repodata_rebuilt = reindex(root)
+            reindexed = reindex(root)
+            result.repodata_rebuilt, result.ignored = reindexed.rebuilt, reindexed.ignored
         except BaseException:
             _undo(root, copied, made, log_size, had_log)
             raise
