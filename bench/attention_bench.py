@@ -88,11 +88,13 @@ def built_head_dims() -> tuple[int, ...] | None:
     FlashAttention-3 (fa3_head_dims) has only those kernels."""
     records = Path(sys.prefix) / "share" / "extforge" / "build"
     built: set[int] | None = None
-    for name, dims_of in (("flash-attn.json", lambda r: str(r.get("head_dims") or "all")),
-                          ("flash-attn-3.json", lambda r: ";".join(map(str, r["subset"]["head_dims"])))):
+    # flash-attn's record says "all" or "64;128", FlashAttention-3's holds a list.
+    for name, dims_of in (("flash-attn.json", lambda r: None if str(r.get("head_dims") or "all") == "all"
+                           else str(r["head_dims"]).split(";")),
+                          ("flash-attn-3.json", lambda r: r["subset"]["head_dims"])):
         record = records / name
-        if record.is_file() and (dims := dims_of(json.loads(record.read_text()))) != "all":
-            subset = {int(d) for d in dims.split(";")}
+        if record.is_file() and (dims := dims_of(json.loads(record.read_text()))) is not None:
+            subset = {int(d) for d in dims}
             built = subset if built is None else built & subset
     return None if built is None else tuple(sorted(built))
 

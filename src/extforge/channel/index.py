@@ -98,15 +98,17 @@ def index_fs(folder: Path) -> None:
         )
 
 
-def carry_fresh_entries(live: Path, dest: Path) -> bool:
-    """The subdir's repodata.json without the entries of files rewritten since it was written;
-    False (nothing carried, so the indexer rebuilds every entry) when it is damaged.
+def carry_fresh_entries(live: Path, dest: Path) -> set[str] | None:
+    """The subdir's repodata.json without the entries of files rewritten since it was written,
+    written to `dest`; returns the file names carried, or None (nothing carried, so the indexer
+    rebuilds every entry) when it is damaged.
 
     rattler's indexer keeps every entry it finds and indexes only new file names, so a package
     rewritten in place under the same name (the audit stamps built packages after rattler-build
     indexed them) would keep its old sha256, and a lock taken from the channel would then refuse
     the file."""
     repodata = live / "repodata.json"
+    carried: set[str] = set()
     try:
         written = repodata.stat().st_mtime_ns
         data = json.loads(repodata.read_bytes())
@@ -121,11 +123,13 @@ def carry_fresh_entries(live: Path, dest: Path) -> bool:
                     continue  # gone: the indexer drops it
                 if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
                     del entries[name]
+                else:
+                    carried.add(name)
     except (OSError, ValueError, AttributeError, TypeError):
         # Empty, truncated, a JSON list, entries that are no objects: nothing in it is trusted.
-        return False
+        return None
     dest.write_text(json.dumps(data))
-    return True
+    return carried
 
 
 def _index_json_problem(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> str | None:
@@ -155,14 +159,6 @@ def unindexable(path: Path) -> str | None:
             return _index_json_problem(fh, "r|bz2")
     except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError, EOFError, OSError, ValueError) as exc:
         return f"it is not a readable package ({type(exc).__name__}: {exc})"
-
-
-def _carried_names(repodata: Path) -> set[str]:
-    try:
-        data = json.loads(repodata.read_bytes())
-        return {n for key in ("packages", "packages.conda") for n in data.get(key) or {}}
-    except (OSError, ValueError, AttributeError):
-        return set()
 
 
 def unreadable_packages(channel: Path) -> list[str]:
@@ -235,10 +231,14 @@ def reindex(channel: Path) -> Reindexed:
             make_dir(live, like=channel)
             # group bits too: another member removes what a killed publisher left here
             make_dir(shadow / sd, like=channel)
-            if (live / "repodata.json").exists() and not carry_fresh_entries(live, shadow / sd / "repodata.json"):
-                done.rebuilt.append(sd)
+            carried: set[str] = set()
+            if (live / "repodata.json").exists():
+                fresh = carry_fresh_entries(live, shadow / sd / "repodata.json")
+                if fresh is None:
+                    done.rebuilt.append(sd)
+                else:
+                    carried = fresh
             # Entries carried over were read when they were indexed: only new files are checked.
-            carried = _carried_names(shadow / sd / "repodata.json")
             for entry in os.scandir(live):
                 if not (is_package_file(entry.name) and entry.is_file()):
                     continue
