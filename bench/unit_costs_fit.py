@@ -27,12 +27,20 @@ from extforge.plan import load_profiles
 
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
-# Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link included, what).
+# A build whose node speed is measured but that the fit leaves out: on a node of another speed, its
+# units would pass for a concurrency effect (16 compiles at once, yet faster than 13 on run J's node).
+RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
+# Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link
+# included, what, the log whose node speed scales the prediction or None).
 MEASURED = [
     (32, "log", 958.0, False, "the 32-core build of 2026-11-25 in bench/data, its compile span (1101 s from start to "
-     "package); in-sample: the unit costs are this build's own log"),
+     "package); in-sample: the unit costs are this build's own log", None),
     (16, "name", 1407.0, True, "run G on a 16-core node, 2026-11-23, `setup.py build_ext` compile + link with the same "
-     "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it"),
+     "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it", None),
+    (16, "longest first", 850.0, False, "run P on a 16-core node, 2026-11-26, `extforge build`, its compile span (first "
+     "to last nvcc; 946 s from start to package); out of sample", None),
+    (16, "longest first", 850.0, False, "run P, with that node's speed from its own first 32 units (in-sample for the "
+     "speed, out of sample for the order and the concurrency model)", RUN_P),
 ]
 
 
@@ -63,23 +71,31 @@ def main() -> int:
     orders = {"name": sorted(seconds), "log": [e.unit for e in edges], "longest first": unit_costs.longest_first(seconds)}
     link = load_profiles()["flash-attn"].link_seconds
 
-    def predict(order: list[str], jobs: int, with_link: bool = True) -> float:
-        return unit_costs.list_schedule([(u, seconds[u]) for u in order], jobs, concurrency).makespan + (link if with_link else 0)
+    speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
+              for p in [*logs, RUN_P]}
+
+    def predict(order: list[str], jobs: int, with_link: bool = True, speed: float = 1.0) -> float:
+        return (unit_costs.list_schedule([(u, seconds[u] * speed) for u in order], jobs, concurrency).makespan
+                + (link if with_link else 0))
 
     out = [f"slowdown per extra compile: {concurrency.per_compile:.4f} (a unit takes "
            f"{concurrency.factor(32) / concurrency.factor(13):.2f}x as long at 32 compiles at once as at 13)",
            f"sum of unit seconds at {args.reference} compiles at once: {sum(seconds.values()):.0f} "
-           f"(the log's own: {sum(e.seconds for e in edges):.0f})", "",
+           f"(the log's own: {sum(e.seconds for e in edges):.0f})",
+           *(f"node speed of {p.name}: {speed:.3f} (median over {n} units; `extforge plan --node-speed`)"
+             for p, (speed, n) in speeds.items()), "",
            "| jobs | order | what | predicted s | measured s | error | measured build |", "|---:|---|---|---:|---:|---:|---|"]
     errors = []
-    for jobs, order, measured, with_link, what in MEASURED:
-        p = predict(orders[order], jobs, with_link)
-        out.append(f"| {jobs} | {order} | compile{' + link' if with_link else ''} | {p:.0f} | {measured:.0f} | "
+    for jobs, order, measured, with_link, what, speed_log in MEASURED:
+        speed = speeds[speed_log][0] if speed_log else 1.0
+        p = predict(orders[order], jobs, with_link, speed)
+        scaled = f" x {speed:.3f}" if speed_log else ""
+        out.append(f"| {jobs} | {order}{scaled} | compile{' + link' if with_link else ''} | {p:.0f} | {measured:.0f} | "
                    f"{100 * (p - measured) / measured:+.1f}% | {what} |")
-        errors.append(f"planner error {jobs} cores: {100 * (p - measured) / measured:+.1f}% (full build, sm_90, {order} order: "
-                      f"{p:.0f} s predicted vs {measured:.0f} s measured, {what})")
-    for jobs in (16, 32):
-        out.append(f"| {jobs} | longest first | compile + link | {predict(orders['longest first'], jobs):.0f} | - | - | not measured |")
+        errors.append(f"planner error {jobs} cores: {100 * (p - measured) / measured:+.1f}% (full build, sm_90, {order} order"
+                      f"{', node speed ' + format(speed, '.3f') if speed_log else ''}: {p:.0f} s predicted vs "
+                      f"{measured:.0f} s measured, {what})")
+    out.append(f"| 32 | longest first | compile + link | {predict(orders['longest first'], 32):.0f} | - | - | not measured |")
     out += ["", *errors]
     print("\n".join(out))
     if args.emit_costs:

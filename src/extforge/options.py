@@ -35,6 +35,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text} is not a positive number")
+    return value
+
+
 def positive_size(parse: Callable[[str], int]) -> Callable[[str], int]:
     """A size parser that also refuses zero, nan and infinity."""
 

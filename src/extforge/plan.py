@@ -130,7 +130,13 @@ def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, c
 
 
 def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
-               head_dims: tuple[int, ...] = ()) -> BuildPlan:
+               head_dims: tuple[int, ...] = (), node_speed: float = 1.0) -> BuildPlan:
+    """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
+    a unit in 0.7 of the time). Nodes of one kind differ (~1.4x between two 16-core H100 nodes on
+    the same unit), so a site that has one build's ninja log from a node type passes its speed
+    (bench/unit_costs_fit.py prints it) to predict that node type within a few percent."""
+    if node_speed <= 0:
+        raise ValueError("node_speed must be positive")
     profiles = load_profiles()
     if profile not in profiles:
         raise ExtforgeError(f"no build profile '{profile}'", f"known: {', '.join(sorted(profiles))}",
@@ -146,7 +152,7 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         jobs = min(max_jobs_memory, max(1, machine.cores // threads), p.translation_units)
         if jobs < 1:
             continue
-        candidates.append((wall_seconds(p, jobs, threads, n_archs, machine.cores), jobs * peak_one, jobs, threads))
+        candidates.append((wall_seconds(p, jobs, threads, n_archs, machine.cores) * node_speed, jobs * peak_one, jobs, threads))
     if not candidates:
         need = job_peak_bytes(p, 1, n_archs) + headroom_bytes(machine.memory_bytes)
         raise ExtforgeError(
@@ -161,7 +167,8 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     split: list[str] = []
     costs = unit_costs.load(profile)
     if costs:
-        per_unit = unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims)
+        per_unit = {u: s * node_speed for u, s in
+                    unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims).items()}
         # What a plain build does: no unit split, and the units in name order (setuptools sorts an
         # extension's sources before torch writes build.ninja). Every schedule paces the units by
         # the compiles running beside them (costs.concurrency).
@@ -185,6 +192,8 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         cc, busy = costs.concurrency, min(jobs, len(per_unit))
         reasons.append(f"with {busy} compiles at once a unit takes {cc.factor(busy):.2f}x as long as with {cc.reference} "
                        f"(+{100 * cc.per_compile:.2f}% per compile, fitted from {cc.measured or 'node builds'})")
+    if node_speed != 1.0:
+        reasons.append(f"this node compiles a unit in {node_speed:.2f}x the data's seconds (--node-speed)")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")

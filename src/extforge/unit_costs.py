@@ -316,6 +316,20 @@ def at_reference(edges: Sequence[NinjaEdge], concurrency: Concurrency,
     return out
 
 
+def node_speed(edges: Sequence[NinjaEdge], data: Mapping[str, float], concurrency: Concurrency,
+               load: Sequence[tuple[float, float]] = ()) -> tuple[float, int]:
+    """How fast the node of a log compiles against the data: the median, over the units both
+    name, of the log's seconds (brought to the data's compiles at once) over the data's; and how
+    many units that is. The median, so that a unit slowed by something else running does not
+    move it."""
+    mine = at_reference(edges, concurrency, load)
+    ratios = sorted(mine[u] / data[u] for u in mine if data.get(u))
+    if not ratios:
+        raise ValueError("the log names none of the data's units")
+    mid = len(ratios) // 2
+    return (ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2), len(ratios)
+
+
 def fit_concurrency(runs: Sequence[tuple[Sequence[NinjaEdge], Sequence[tuple[float, float]]]], reference: int,
                     measured: str = "") -> Concurrency:
     """The slowdown per extra compile that makes the units two or more builds share (run at

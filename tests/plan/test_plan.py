@@ -92,3 +92,31 @@ def test_cli_json_for_both_reference_nodes(capsys) -> None:
         assert out["plan"]["predicted_peak_bytes"] <= out["plan"]["memory_limit_bytes"]
         assert out["env"]["MAX_JOBS"] == str(out["plan"]["max_jobs"])
         assert out["slurm"]["sbatch_args"][0] == f"--cpus-per-task={out['slurm']['cpus_per_task']}"
+
+
+def test_node_speed_scales_the_compiles_not_the_settings() -> None:
+    # Run P (a 16-core H100 node, 2026-11-26): the full sm_90 build compiled in 850 s; its units
+    # ran at 0.70 of the data's seconds. Scaled so, the plan is within 10% of it.
+    base = plan_build(node(16, 125.9), "flash-attn", ("90",))
+    fast = plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.70)
+    assert (fast.max_jobs, fast.nvcc_threads, fast.unit_order) == (base.max_jobs, base.nvcc_threads, base.unit_order)
+    link = load_profiles()["flash-attn"].link_seconds
+    assert fast.expected_wall_seconds - link == pytest.approx(0.70 * (base.expected_wall_seconds - link), abs=2)
+    assert abs(fast.expected_wall_seconds - link - 850) < 0.1 * 850
+    assert any("--node-speed" in r for r in fast.reasons)
+    with pytest.raises(ValueError):
+        plan_build(node(16, 128), "flash-attn", ("90",), node_speed=0.0)
+
+
+@pytest.mark.parametrize("speed", ["0", "-1", "nan", "fast"])
+def test_a_node_speed_that_is_no_positive_number_is_refused(speed: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--node-speed", speed]) == 2
+    assert "argument --node-speed" in capsys.readouterr().err
+
+
+def test_two_arch_peak_covers_the_measured_build() -> None:
+    # The head-dim-128 subset for sm_80 + sm_90, MAX_JOBS=8 NVCC_THREADS=2, peaked at 61.9 GiB
+    # above idle on a 16-core, 125.9 GiB H100 node (2026-11-26); the plan before said 47.2.
+    plan = plan_build(node(16, 125.9), "flash-attn", ("80", "90"), head_dims=(128,))
+    assert (plan.max_jobs, plan.nvcc_threads) == (8, 2)
+    assert plan.predicted_peak_bytes >= 61.9 * GIB

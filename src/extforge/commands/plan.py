@@ -9,7 +9,7 @@ import re
 from ..errors import EXIT_OK
 from ..fatbin import arch_number
 from ..machine import parse_memory
-from ..options import option_type, positive_int, positive_size
+from ..options import option_type, positive_float, positive_int, positive_size
 from ..ui import console, emit_json
 
 HELP = "choose MAX_JOBS/NVCC_THREADS that cannot OOM, predict the build time, print a Slurm request"
@@ -29,6 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
     parser.add_argument("--archs", type=option_type(parse_archs), default="80,90", help="GPU archs, comma separated (default 80,90)")
     parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
+    parser.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
+                        help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
+                             "build's ninja log on it (bench/unit_costs_fit.py --log LOG prints it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
     head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip())
-    plan = plan_build(machine, args.profile, args.archs, head_dims)
+    plan = plan_build(machine, args.profile, args.archs, head_dims, args.node_speed)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
