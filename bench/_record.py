@@ -8,5 +8,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
 def append_section(lines: list[str]) -> None:
+    # A section starts after a blank line whatever the file ended with (a hand edit, a trimmed end).
+    ends = BENCHMARKS.read_text()[-2:] if BENCHMARKS.exists() else "\n\n"
+    lead = "" if ends == "\n\n" else ("\n" if ends.endswith("\n") else "\n\n")
     with BENCHMARKS.open("a") as fh:
-        fh.write("\n".join(lines) + "\n\n")
+        fh.write(lead + "\n".join(lines) + "\n\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ DATA = Path(__file__).resolve().parent / "data"
 LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
 # A build whose node speed is measured but that the fit leaves out: on a node of another speed, its
 # units would pass for a concurrency effect (16 compiles at once, yet faster than 13 on run J's node).
+# The slowdown measured on one node (bench/compile_concurrency.py): the same unit 32 and 16 at once.
+SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
 RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
 # Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link
 # included, what, the log whose node speed scales the prediction or None).
@@ -60,10 +63,17 @@ def main() -> int:
     ap.add_argument("--reference", type=int, default=16, help="compiles at once the data's seconds are for")
     ap.add_argument("--emit-costs", type=Path, help="write the flash-attn entry of unit-costs.yaml here")
     ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--across-nodes", action="store_true",
+                    help="fit the slowdown from the logs (their nodes' speeds count as slowdown) instead of taking "
+                         "the one measured on one node")
     args = ap.parse_args()
     logs = args.log or LOGS
     runs = [(unit_costs.parse_ninja_log(p.read_text()), load_samples(p)) for p in logs]
-    concurrency = unit_costs.fit_concurrency(runs, args.reference, measured=", ".join(p.name for p in logs))
+    across = unit_costs.fit_concurrency(runs, args.reference, measured=", ".join(p.name for p in logs))
+    same = json.loads(SAME_NODE.read_text())
+    concurrency = across if args.across_nodes else unit_costs.Concurrency(
+        args.reference, same["per_compile"], f"{SAME_NODE.name}: {same['unit']} "
+        + ", ".join(f"{n} at once {v['median_s']} s" for n, v in same["levels"].items()))
     edges, load = runs[0]
     seconds = unit_costs.at_reference(edges, concurrency, load)
     previous = unit_costs.load("flash-attn")
@@ -79,7 +89,10 @@ def main() -> int:
                 + (link if with_link else 0))
 
     out = [f"slowdown per extra compile: {concurrency.per_compile:.4f} (a unit takes "
-           f"{concurrency.factor(32) / concurrency.factor(13):.2f}x as long at 32 compiles at once as at 13)",
+           f"{concurrency.factor(32) / concurrency.factor(16):.2f}x as long at 32 compiles at once as at 16), "
+           f"from {concurrency.measured}",
+           f"(fitted across the logs' nodes instead: {across.per_compile:.4f}, "
+           f"{across.factor(32) / across.factor(16):.2f}x: the nodes' own speeds count in it)",
            f"sum of unit seconds at {args.reference} compiles at once: {sum(seconds.values()):.0f} "
            f"(the log's own: {sum(e.seconds for e in edges):.0f})",
            *(f"node speed of {p.name}: {speed:.3f} (median over {n} units; `extforge plan --node-speed`)"
@@ -101,7 +114,7 @@ def main() -> int:
     if args.emit_costs:
         entry = unit_costs.to_yaml_entry("flash-attn", {u: seconds[u] for u in upstream}, ["90"],
                                          "an H100 node (32 cores), sm_90, 2026-11-25 (bench/data), at "
-                                         f"{args.reference} compiles at once",
+                                         f"{args.reference} compiles at once by the slowdown below",
                                          {"concurrency": {"reference": args.reference, "per_compile": concurrency.per_compile,
                                                           "measured": concurrency.measured}})
         with args.emit_costs.open("w") as fh:

@@ -14,7 +14,7 @@ heuristic weight stands in for it, scaled so the profile's total matches its mea
 (build-profiles.yaml).
 
 A unit compiles slower the more compile beside it (memory bandwidth, last-level cache, SMT
-siblings): flash-attn's head-dim-128 units took 1.28x as long with 32 compiles at once as with 13.
+siblings): one flash-attn unit took 1.35x as long with 32 copies at once as with 16 on one node.
 The data's seconds are therefore seconds at a reference number of compiles at once, and
 `Concurrency` scales them to the number running at each moment of a schedule.
 """

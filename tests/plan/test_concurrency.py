@@ -4,6 +4,7 @@ from two builds that ran the same units at different concurrency."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,10 +85,13 @@ def test_shipped_data_is_what_the_fit_makes_of_the_node_logs(tmp_path: Path) -> 
     assert shipped is not None and shipped.concurrency is not None
     assert fitted["concurrency"]["per_compile"] == shipped.concurrency.per_compile
     assert fitted["units"] == shipped.units
-    # The head-dim-128 units took ~1.28x as long with 32 compiles at once as with 13.
     log = parse_ninja_log((BENCH / "data" / "2026-11-25-h100-32cores-flash-attn-full.ninja_log").read_text())
     assert sum(e.seconds for e in log) == pytest.approx(21889, abs=1)
-    assert 0.01 < shipped.concurrency.per_compile < 0.03
+    # The slowdown is the one measured on one node, not one fitted across nodes of other speeds:
+    # the same unit, 32 copies at once against 16.
+    same_node = json.loads((BENCH / "data" / "2026-11-26-h200x2-32cores-compile-concurrency.json").read_text())
+    ratio = same_node["levels"]["32"]["median_s"] / same_node["levels"]["16"]["median_s"]
+    assert shipped.concurrency.factor(32) / shipped.concurrency.factor(16) == pytest.approx(ratio, rel=0.01)
 
 
 def test_a_node_that_compiles_faster_reads_as_its_speed() -> None:

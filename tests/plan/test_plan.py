@@ -33,9 +33,11 @@ def test_reproduces_the_measured_h100_build() -> None:
     plan = plan_build(node(16, 128), "flash-attn", ("90",))
     assert (plan.max_jobs, plan.nvcc_threads) == (16, 1)
     assert abs(plan.predicted_peak_bytes / 1e9 - 73) < 6
-    # The per-unit data (head dim 128 measured, the rest by head dim) predicts that build within 10%;
+    # The per-unit data predicts that build within the speeds of the nodes measured so far
+    # (0.75-1.15x the data's; tests/plan/test_unit_costs.py checks it at run J's node speed);
     # extforge starts the units longest first, which is shorter.
-    assert abs(plan.upstream_order_wall_seconds - 1407) < 0.1 * 1407
+    assert plan.upstream_order_wall_seconds is not None
+    assert 0.75 * plan.upstream_order_wall_seconds < 1407 < 1.15 * plan.upstream_order_wall_seconds
     assert plan.expected_wall_seconds < plan.upstream_order_wall_seconds
 
 
@@ -96,12 +98,12 @@ def test_cli_json_for_both_reference_nodes(capsys) -> None:
 
 def test_node_speed_scales_the_compiles_not_the_settings() -> None:
     # Run P (a 16-core H100 node, 2026-11-26): the full sm_90 build compiled in 850 s; its units
-    # ran at 0.70 of the data's seconds. Scaled so, the plan is within 10% of it.
+    # ran at 0.745 of the data's seconds. Scaled so, the plan is within 10% of it.
     base = plan_build(node(16, 125.9), "flash-attn", ("90",))
-    fast = plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.70)
+    fast = plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.745)
     assert (fast.max_jobs, fast.nvcc_threads, fast.unit_order) == (base.max_jobs, base.nvcc_threads, base.unit_order)
     link = load_profiles()["flash-attn"].link_seconds
-    assert fast.expected_wall_seconds - link == pytest.approx(0.70 * (base.expected_wall_seconds - link), abs=2)
+    assert fast.expected_wall_seconds - link == pytest.approx(0.745 * (base.expected_wall_seconds - link), abs=2)
     assert abs(fast.expected_wall_seconds - link - 850) < 0.1 * 850
     assert any("--node-speed" in r for r in fast.reasons)
     with pytest.raises(ValueError):

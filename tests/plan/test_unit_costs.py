@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +131,12 @@ def test_unmeasured_head_dims_follow_their_measured_twins() -> None:
         heuristic_weight("flash_bwd_hdim64_fp16_causal_sm80") * 700.0 / measured_weight)
 
 
+def run_j_node_speed(costs: unit_costs.UnitCosts) -> float:
+    assert costs.concurrency is not None
+    log = Path(__file__).resolve().parents[2] / "bench" / "data" / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"
+    return unit_costs.node_speed(parse_ninja_log(log.read_text()), costs.seconds(), costs.concurrency)[0]
+
+
 def test_shipped_flash_attn_data_measures_every_unit() -> None:
     costs = unit_costs.load("flash-attn")
     assert costs is not None and len(costs.units) == load_profiles()["flash-attn"].translation_units == 73
@@ -138,9 +145,11 @@ def test_shipped_flash_attn_data_measures_every_unit() -> None:
     profile = load_profiles()["flash-attn"]
     per_unit = unit_seconds(profile, costs, 1, 1)
     # Run G took 1407 s (16 jobs, compile + link; setuptools' name order) on a 16-core node; the
-    # costs come from a 32-core node's build, paced at 16 compiles at once.
-    upstream = list_schedule(sorted(per_unit.items()), 16, costs.concurrency).makespan + profile.link_seconds
-    assert upstream == pytest.approx(1407, rel=0.1)
+    # costs come from a 32-core node's build, paced at 16 compiles at once. Nodes differ in speed:
+    # at the speed of run J's node (16 cores, the same day; its log in bench/data) it is within 5%.
+    speed = run_j_node_speed(costs)
+    upstream = list_schedule(sorted((u, s * speed) for u, s in per_unit.items()), 16, costs.concurrency).makespan
+    assert upstream + profile.link_seconds == pytest.approx(1407, rel=0.05)
     assert lpt_makespan(per_unit, 16, costs.concurrency) + profile.link_seconds < upstream
     slim = unit_costs.with_head_dims(per_unit, [128])
     assert len(slim) == 13 and "flash_api" in slim
