@@ -117,3 +117,32 @@ def test_the_fresh_16_core_node_of_the_bench_data_is_faster_than_the_datas() -> 
     log = BENCH / "data" / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
     speed, units = unit_costs.node_speed(parse_ninja_log(log.read_text()), data.seconds(), data.concurrency)
     assert 0.6 < speed < 0.8 and units == 32
+
+
+def load_compile_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compile_concurrency", BENCH / "compile_concurrency.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_compile_bench_fits_the_slope_back_from_its_levels() -> None:
+    bench = load_compile_bench()
+    truth = 0.03
+    medians = {c: 70.0 * (1 + truth * (c - 1)) for c in (32, 16, 1)}
+    assert bench.fit_per_compile(medians) == pytest.approx(truth, abs=1e-4)
+    # Levels that need not start at one: 16 and 32 alone give the same slope.
+    assert bench.fit_per_compile({32: medians[32], 16: medians[16]}) == pytest.approx(truth, abs=1e-4)
+    assert bench.fit_per_compile({16: 90.0}) is None
+
+
+def test_the_compile_bench_compiles_with_upstreams_flags(tmp_path: Path) -> None:
+    bench = load_compile_bench()
+    cmd = bench.nvcc_command(tmp_path / "u.cu", tmp_path / "u.o", tmp_path, "90", ["/torch/include"],
+                             "-D_GLIBCXX_USE_CXX11_ABI=0", "c++20")
+    assert "-std=c++20" in cmd and "-std=c++17" not in cmd
+    assert cmd[cmd.index("-gencode") + 1] == "arch=compute_90,code=sm_90"
+    assert "-I/torch/include" in cmd and "-D_GLIBCXX_USE_CXX11_ABI=0" in cmd and "--use_fast_math" in cmd
