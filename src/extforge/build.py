@@ -42,8 +42,10 @@ class BuiltPackage:
     build_string: str
     subdir: str
     audit_verdict: str | None = None  # None: not audited (--no-audit)
+    # This machine's compile speed against the planner's unit costs (None: no costs or no log).
+    node_speed: float | None = None
 
-    def to_json(self) -> dict[str, str | None]:
+    def to_json(self) -> dict[str, str | float | None]:
         return {
             "path": str(self.path),
             "name": self.name,
@@ -51,6 +53,7 @@ class BuiltPackage:
             "build_string": self.build_string,
             "subdir": self.subdir,
             "audit_verdict": self.audit_verdict,
+            "node_speed": self.node_speed,
         }
 
 
@@ -261,6 +264,19 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
 
 
+def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mapping[str, list[str]],
+                        env: Mapping[str, str]) -> float | None:
+    """This machine's compile speed in the build just done, read from ninja's log in its work
+    folder before the folder is removed (`extforge plan --node-speed` for the next build here)."""
+    log = next((f for w in work_dirs for f in w.rglob(".ninja_log")), None)
+    if log is None:
+        return None
+    with contextlib.suppress(ExtforgeError, OSError, ValueError):
+        return plan.build_node_speed(profile, log.read_text(errors="replace"),
+                                     variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")))
+    return None
+
+
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None) -> list[BuiltPackage]:
     """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages it made."""
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
@@ -321,6 +337,9 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             for pkg in packages:
                 pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
+            speed = measured_node_speed(options.profile or recipe_file.parent.name, work_dirs, merged, env)
+            for pkg in packages:
+                pkg.node_speed = speed
             try:
                 if options.audit:
                     after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None))

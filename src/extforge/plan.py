@@ -9,6 +9,7 @@ headroom for the final link and the OS), the fastest; ties go to the lower peak.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -201,6 +202,23 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
                      None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split))
+
+
+def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int) -> float | None:
+    """How fast the machine of a finished build compiled against the planner's costs for it
+    (`plan_build(node_speed=...)`), from the build's ninja log; None without costs for the profile
+    or units to compare. A unit split in two is left out: its first half bears the unit's name."""
+    profiles, costs = load_profiles(), unit_costs.load(profile)
+    if profile not in profiles or not costs or not costs.concurrency:
+        return None
+    expected = unit_seconds(profiles[profile], costs, len(archs) or 1, max(1, threads))
+    edges = unit_costs.parse_ninja_log(ninja_log)
+    split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
+    try:
+        speed, _ = unit_costs.node_speed(edges, {u: s for u, s in expected.items() if u not in split}, costs.concurrency)
+    except ValueError:
+        return None
+    return round(speed, 3)
 
 
 def slurm_request(plan: BuildPlan) -> SlurmRequest:

@@ -162,3 +162,44 @@ def test_build_passes_the_longest_first_unit_order():
     assert len(order) == 73 and order[0].startswith("flash_fwd_split_") and "_causal" not in order[0]
     assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")
     assert "EXTFORGE_UNIT_ORDER" not in build_environment("", [], {}, "no-such-profile")
+
+
+def ninja_log_text(costs: dict[str, float], jobs: int, speed: float) -> str:
+    """A ninja log of a build whose machine compiles every unit in `speed` of `costs`."""
+    from extforge.unit_costs import list_schedule, load
+
+    data = load("flash-attn")
+    assert data is not None
+    spans = list_schedule([(u, s * speed) for u, s in costs.items()], jobs, data.concurrency).spans
+    return "# ninja log v7\n" + "".join(f"{round(a * 1000)}\t{round(b * 1000)}\t0\tsrc/{u}.o\th\n" for u, (a, b) in spans.items())
+
+
+@pytest.mark.parametrize(("archs", "threads"), [(["90"], 1), (["80", "90"], 2)])
+def test_a_finished_build_reports_its_machines_speed(tmp_path: Path, archs: list[str], threads: int) -> None:
+    """The build's ninja log, read before its work folder goes, gives the speed the next plan
+    on this machine takes (`extforge plan --node-speed`)."""
+    from extforge.build import measured_node_speed
+    from extforge.plan import load_profiles, unit_seconds
+    from extforge.unit_costs import load, with_head_dims
+
+    per_unit = with_head_dims(unit_seconds(load_profiles()["flash-attn"], load("flash-attn"), len(archs), threads), [128])
+    work = tmp_path / "rattler-build_flash-attn_1" / "work" / "build" / "temp.linux-x86_64-cpython-312"
+    work.mkdir(parents=True)
+    (work / ".ninja_log").write_text(ninja_log_text(per_unit, 8, 0.8))
+    variants = {"flash_attn_cuda_archs": [";".join(archs)]}
+    speed = measured_node_speed("flash-attn", [tmp_path / "rattler-build_flash-attn_1"], variants,
+                                {"NVCC_THREADS": str(threads)})
+    assert speed == pytest.approx(0.8, abs=0.01)
+    # A recipe without unit costs, or a build that left no log, reports nothing.
+    assert measured_node_speed("demo-ext", [tmp_path / "rattler-build_flash-attn_1"], variants, {}) is None
+    assert measured_node_speed("flash-attn", [tmp_path / "elsewhere"], variants, {}) is None
+
+
+def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
+    from extforge.build import BuiltPackage
+    from extforge.commands.build import built_line
+
+    pkg = BuiltPackage(tmp_path / "flash-attn-2.8.3-x_0.conda", "flash-attn", "2.8.3", "x_0", "linux-64", "pass", 0.745)
+    assert "extforge plan --node-speed 0.745" in built_line(pkg)
+    assert pkg.to_json()["node_speed"] == 0.745
+    assert "--node-speed" not in built_line(BuiltPackage(pkg.path, "demo-ext", "0.1", "x_0", "linux-64", "pass"))
