@@ -49,6 +49,8 @@ class BuildPlan:
     # The translation units, longest first (empty: no per-unit data), and those split in two.
     unit_order: tuple[str, ...] = ()
     split_units: tuple[str, ...] = ()
+    # The wall time on the slowest and fastest nodes measured (None: no node speeds, or --node-speed).
+    wall_range_seconds: tuple[int, int] | None = None
 
     def job_env(self) -> dict[str, str]:
         """The settings any torch extension build takes (pip, setup.py)."""
@@ -164,6 +166,7 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         )
     wall, peak, jobs, threads = min(candidates, key=lambda c: (round(c[0]), c[1]))
     upstream_wall: float | None = None
+    wall_range: tuple[int, int] | None = None
     order: tuple[str, ...] = ()
     split: list[str] = []
     costs = unit_costs.load(profile)
@@ -177,6 +180,10 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
         wall = unit_costs.lpt_makespan(per_unit, jobs, costs.concurrency) + p.link_seconds
         order = tuple(unit_costs.longest_first(per_unit))
+        if costs.node_speeds and node_speed == 1.0:
+            spans = [unit_costs.lpt_makespan({u: sec * speed for u, sec in per_unit.items()}, jobs, costs.concurrency)
+                     for speed in (min(costs.node_speeds.values()), max(costs.node_speeds.values()))]
+            wall_range = (int(round(spans[0] + p.link_seconds)), int(round(spans[1] + p.link_seconds)))
     reasons = [
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
         f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
@@ -195,13 +202,17 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
                        f"(+{100 * cc.per_compile:.2f}% per compile, fitted from {cc.measured or 'node builds'})")
     if node_speed != 1.0:
         reasons.append(f"this node compiles a unit in {node_speed:.2f}x the data's seconds (--node-speed)")
+    elif wall_range and costs:
+        reasons.append(f"nodes measured so far compile at {min(costs.node_speeds.values()):.2f}-"
+                       f"{max(costs.node_speeds.values()):.2f}x the data's seconds ({'; '.join(costs.node_speeds)}): "
+                       "pass --node-speed for a node type measured once")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
     if jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
-                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split))
+                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range)
 
 
 def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int) -> float | None:

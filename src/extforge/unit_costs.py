@@ -110,6 +110,7 @@ class UnitCosts:
     measured: str | None = None  # where and when, for the measured ones
     shards: ShardModel | None = None  # None: the recipe cannot split its units
     concurrency: Concurrency | None = None  # None: units take their seconds whatever runs beside them
+    node_speeds: dict[str, float] = field(default_factory=dict)  # measured nodes against `units`
 
     @property
     def any_measured(self) -> bool:
@@ -367,7 +368,9 @@ def load(profile: str) -> UnitCosts | None:
                         {str(k): float(v) for k, v in sh["twin_share"].items()}, str(sh.get("measured", ""))) if sh else None
     cc = d.get("concurrency")
     concurrency = Concurrency(int(cc["reference"]), float(cc["per_compile"]), str(cc.get("measured", ""))) if cc else None
-    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards, concurrency)
+    speeds = {str(k): float(v) for k, v in (d.get("node_speeds") or {}).items()}
+    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards, concurrency,
+                     speeds)
 
 
 def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:

@@ -122,3 +122,21 @@ def test_two_arch_peak_covers_the_measured_build() -> None:
     plan = plan_build(node(16, 125.9), "flash-attn", ("80", "90"), head_dims=(128,))
     assert (plan.max_jobs, plan.nvcc_threads) == (8, 2)
     assert plan.predicted_peak_bytes >= 61.9 * GIB
+
+
+def test_the_plan_shows_the_wall_time_over_the_measured_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    # Run P's full build (16 cores, longest first) compiled for 850 s: within the range the
+    # measured node speeds give, though 24% under the nominal prediction.
+    plan = plan_build(node(16, 125.9), "flash-attn", ("90",))
+    assert plan.wall_range_seconds is not None
+    fastest, slowest = plan.wall_range_seconds
+    link = load_profiles()["flash-attn"].link_seconds
+    assert fastest < 850 + link < plan.expected_wall_seconds < slowest
+    # The Slurm request covers the slowest node measured.
+    h, m, s = map(int, slurm_request(plan).time.split(":"))
+    assert h * 3600 + m * 60 + s > slowest
+    # A node type measured once has its own speed: no range.
+    assert plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.745).wall_range_seconds is None
+    assert main(["plan", "--cores", "16", "--memory", "125.9G", "--archs", "90"]) == 0
+    shown = capsys.readouterr()
+    assert "on the nodes measured so far" in shown.out + shown.err

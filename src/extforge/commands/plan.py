@@ -34,6 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "build's ninja log on it (bench/unit_costs_fit.py --log LOG prints it)")
 
 
+def minutes(seconds: int) -> str:
+    return f"{seconds // 60} min {seconds % 60} s"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..machine import detect
     from ..plan import plan_build, slurm_request
@@ -51,13 +55,15 @@ def run(args: argparse.Namespace) -> int:
                    "slurm": dataclasses.asdict(slurm) | {"sbatch_args": slurm.sbatch_args()}})
         return EXIT_OK
     gib = 1024**3
+    spread = (f" ({minutes(plan.wall_range_seconds[0])} to {minutes(plan.wall_range_seconds[1])} on the nodes "
+              "measured so far)" if plan.wall_range_seconds else "")
     console.print(
         f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
         f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
-        f"  expected wall time ~{plan.expected_wall_seconds // 60} min {plan.expected_wall_seconds % 60} s (compile + link)"
-        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}; "
-           f"in upstream's order ~{plan.upstream_order_wall_seconds // 60} min {plan.upstream_order_wall_seconds % 60} s\n"
+        f"  expected wall time ~{minutes(plan.expected_wall_seconds)} (compile + link)"
+        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}{spread}; "
+           f"in upstream's order ~{minutes(plan.upstream_order_wall_seconds)}\n"
            if plan.upstream_order_wall_seconds else "\n") +
         f"  sbatch {' '.join(slurm.sbatch_args())}",
         markup=False,
