@@ -135,8 +135,8 @@ def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, c
 def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
                head_dims: tuple[int, ...] = (), node_speed: float = 1.0) -> BuildPlan:
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
-    a unit in 0.7 of the time). Nodes of one kind differ (~1.4x between two 16-core H100 nodes on
-    the same unit), so a site that has one build's ninja log from a node type passes its speed
+    a unit in 0.7 of the time). Nodes of one kind differ (up to 1.5x between two 16-core H100
+    nodes on the same unit), so a site that has one build's ninja log from a node type passes its speed
     (bench/unit_costs_fit.py prints it) to predict that node type within a few percent."""
     if node_speed <= 0:
         raise ValueError("node_speed must be positive")
