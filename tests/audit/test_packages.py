@@ -239,6 +239,23 @@ def test_every_torch_admitted_must_pass(elfs, tmp_path, monkeypatch, capsys):
     assert "narrow the package's run requirement on pytorch" in out
 
 
+def test_every_torch_extracts_the_package_once(elfs, tmp_path, monkeypatch):
+    """Each torch is its own target env; the package is unpacked once for all of them."""
+    import extforge.audit
+    from extforge.audit import audit_every_torch
+
+    channel = _torches_channel(elfs, tmp_path, monkeypatch)
+    payload = {"lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["skew"].read_bytes()}
+    pkg = make_conda(tmp_path, "greeter", payload, ["pytorch >=2.9 cuda13*"])
+    opened = []
+    real = extforge.audit.open_target
+    monkeypatch.setattr(extforge.audit, "open_target", lambda path: opened.append(path) or real(path))
+    verdicts = audit_every_torch(pkg, [channel.as_uri()])
+    assert len(verdicts) == 3 and opened == [pkg]
+    # Each verdict is audited against its own torch, not the first one's.
+    assert len({v.report.against for v in verdicts}) == 3 and all(v.report.modules for v in verdicts)
+
+
 def test_every_torch_needs_a_channel_and_a_package(elfs, tmp_path, capsys):
     assert main(["audit", str(elfs["good"]), "--every-torch"]) == 2
     assert "--every-torch needs --channel" in capsys.readouterr().err

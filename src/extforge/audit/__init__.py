@@ -47,54 +47,71 @@ def audit_target(
     """
     start = time.monotonic()
     target = Path(target)
+    archs, glibc = _checked_options(archs, glibc)
+    with open_target(target) as payload:
+        return _audit_payload(payload, target, start, against=against, archs=archs, glibc=glibc, channel=channel,
+                              build_env=build_env)
+
+
+def _checked_options(archs: list[str] | None, glibc: str | None) -> tuple[list[str] | None, str | None]:
     try:
-        archs = parse_archs(",".join(archs)) if archs else archs
-        glibc = parse_glibc(glibc) if glibc else glibc
+        return (parse_archs(",".join(archs)) if archs else archs), (parse_glibc(glibc) if glibc else glibc)
     except ValueError as exc:
         raise ExtforgeError("invalid audit options", str(exc), "pass --archs like sm_80,sm_90 and --glibc like 2.28") from exc
-    with open_target(target) as payload:
-        source, pin_findings = ("given" if against else None), []
-        if against is None and payload.kind == "prefix":
-            against, source = payload.root, "prefix"
-        if against is None and payload.kind == "conda" and build_env is not None:
 
-            if mismatch := build_env_mismatch(build_env, payload.depends):
-                pin_findings.append(Finding(
-                    "error", "packaging", mismatch,
-                    cause="the run requirement on pytorch is not taken from the host pytorch, so users "
-                          "get a torch the module was never linked against",
-                    fix="pin it from the host in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}"))
-            else:
-                against, source = build_env, "build"
-        if against is None and payload.kind == "conda" and channel:
 
-            # A package that pins no torch (pure Python, a plain C library) has no torch to fetch.
-            if torch_specs(payload.depends):
-                against, source = pinned_torch_prefix(payload.depends, channel), "channel"
-        env = target_env(Path(against) if against else None)
-        report = AuditReport(
-            target=str(target), against=str(against) if against else None, against_source=source,
-            name=payload.name, version=payload.version, build=payload.build, torch=env.torch,
-            cuda_version=env.cuda_version,
-        )
-        report.extend(pin_findings)
-        report.extend(packaging_findings(payload))
-        floor = glibc or pinned_glibc(payload.depends)
-        resolver = Resolver(env, payload.root)
-        subdir = report.platform = _target_subdir(payload, env, resolver)
-        report.extend(_platform_findings(payload, subdir))
-        ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor, subdir=subdir)
-        try:
-            for path in payload.elf_files:
-                rel = payload.relative(path)
-                where = placement(payload.kind, rel, payload.root, env.root, payload.placeholders.get(rel))
-                result = audit_module(ctx, resolver.load(path), rel, is_extension_module(path), where)
-                report.modules.append(result.facts)
-                report.extend(result.findings)
-                if report.target_cxx11_abi is None:
-                    report.target_cxx11_abi = result.target_cxx11_abi
-        finally:
-            resolver.close()
+def _audit_payload(
+    payload: Payload,
+    target: Path,
+    start: float,
+    *,
+    against: Path | None,
+    archs: list[str] | None,
+    glibc: str | None,
+    channel: str | Sequence[str] | None,
+    build_env: Path | None,
+) -> AuditReport:
+    """audit_target on a target already opened (extracted once, audited against several envs)."""
+    source, pin_findings = ("given" if against else None), []
+    if against is None and payload.kind == "prefix":
+        against, source = payload.root, "prefix"
+    if against is None and payload.kind == "conda" and build_env is not None:
+        if mismatch := build_env_mismatch(build_env, payload.depends):
+            pin_findings.append(Finding(
+                "error", "packaging", mismatch,
+                cause="the run requirement on pytorch is not taken from the host pytorch, so users "
+                      "get a torch the module was never linked against",
+                fix="pin it from the host in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}"))
+        else:
+            against, source = build_env, "build"
+    if against is None and payload.kind == "conda" and channel:
+        # A package that pins no torch (pure Python, a plain C library) has no torch to fetch.
+        if torch_specs(payload.depends):
+            against, source = pinned_torch_prefix(payload.depends, channel), "channel"
+    env = target_env(Path(against) if against else None)
+    report = AuditReport(
+        target=str(target), against=str(against) if against else None, against_source=source,
+        name=payload.name, version=payload.version, build=payload.build, torch=env.torch,
+        cuda_version=env.cuda_version,
+    )
+    report.extend(pin_findings)
+    report.extend(packaging_findings(payload))
+    floor = glibc or pinned_glibc(payload.depends)
+    resolver = Resolver(env, payload.root)
+    subdir = report.platform = _target_subdir(payload, env, resolver)
+    report.extend(_platform_findings(payload, subdir))
+    ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor, subdir=subdir)
+    try:
+        for path in payload.elf_files:
+            rel = payload.relative(path)
+            where = placement(payload.kind, rel, payload.root, env.root, payload.placeholders.get(rel))
+            result = audit_module(ctx, resolver.load(path), rel, is_extension_module(path), where)
+            report.modules.append(result.facts)
+            report.extend(result.findings)
+            if report.target_cxx11_abi is None:
+                report.target_cxx11_abi = result.target_cxx11_abi
+    finally:
+        resolver.close()
     if archs and report.modules and not any(m.sass_archs or m.ptx_archs for m in report.modules):
         report.add(Finding("error", "gpu", f"promised {', '.join(archs)} but no module contains GPU code",
                            cause="the extension was compiled without CUDA (no .nv_fatbin section)",
@@ -169,21 +186,24 @@ def audit_every_torch(
     """The package audited against every torch build the channels hold, each beside whether its
     run requirements admit that torch: the proof that one build (a stable-ABI extension) serves
     exactly the torches it says it serves."""
+    archs, glibc = _checked_options(archs, glibc)
+    # Extracted once for all torches (flash-attn's package is ~0.5 GB unpacked).
     with open_target(package) as payload:
         if payload.kind != "conda":
             raise ExtforgeError(f"--every-torch needs a conda package, not {package.name}",
                                 "only a package has run requirements that admit or exclude a torch",
                                 "pass the built .conda file")
-        depends = list(payload.depends)
-    torches = channel_torches(channels)
-    if not torches:
-        raise ExtforgeError(f"no pytorch package in {', '.join(channels)}",
-                            "there is no torch build to audit the package against",
-                            "pass the channel(s) your users install torch from (e.g. the mirror channel)")
-    verdicts = []
-    for torch in torches:
-        prefix = pinned_torch_prefix([exact_spec(torch)], channels)
-        verdicts.append(TorchVerdict(
-            f"{torch['name']} {torch['version']} {torch['build']}", admits(depends, torch, channels),
-            audit_target(package, against=prefix, archs=archs, glibc=glibc)))
-    return verdicts
+        torches = channel_torches(channels)
+        if not torches:
+            raise ExtforgeError(f"no pytorch package in {', '.join(channels)}",
+                                "there is no torch build to audit the package against",
+                                "pass the channel(s) your users install torch from (e.g. the mirror channel)")
+        verdicts = []
+        for torch in torches:
+            start = time.monotonic()
+            prefix = pinned_torch_prefix([exact_spec(torch)], channels)
+            verdicts.append(TorchVerdict(
+                f"{torch['name']} {torch['version']} {torch['build']}", admits(payload.depends, torch, channels),
+                _audit_payload(payload, package, start, against=prefix, archs=archs, glibc=glibc, channel=None,
+                               build_env=None)))
+        return verdicts
