@@ -339,6 +339,20 @@ def _tar_members(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> Iterator[t
             yield tar, member
 
 
+def package_tars(archive: Path, part: Literal["info", "pkg"]) -> Iterator[tarfile.TarFile]:
+    """Stream-mode tarballs of a package: part "info" or "pkg" of a .conda, the one of a .tar.bz2."""
+    if archive.name.endswith(".tar.bz2"):
+        with archive.open("rb") as fh, tarfile.open(fileobj=fh, mode="r|bz2") as tar:
+            yield tar
+        return
+    with zipfile.ZipFile(archive) as zf:
+        for inner in zf.namelist():
+            if inner.startswith(f"{part}-") and inner.endswith(".tar.zst"):
+                with zf.open(inner) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr, \
+                        tarfile.open(fileobj=zr, mode="r|") as tar:
+                    yield tar
+
+
 def check_package(path: Path) -> PackageMeta:
     """Check every path a package names; raise ExtforgeError naming the first unsafe one."""
     check = PackageCheck(path)

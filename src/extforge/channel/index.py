@@ -27,10 +27,10 @@ import tarfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
 
 import zstandard
 
+from ..archive import package_tars
 from ..errors import ExtforgeError
 from ..safe_files import make_dir
 from ..ui import log
@@ -132,15 +132,14 @@ def carry_fresh_entries(live: Path, dest: Path) -> set[str] | None:
     return carried
 
 
-def _index_json_problem(fileobj: IO[bytes], mode: Literal["r|bz2", "r|"]) -> str | None:
-    with tarfile.open(fileobj=fileobj, mode=mode) as tar:
-        for member in tar:
-            if member.name == "info/index.json":
-                raw = tar.extractfile(member)
-                data = json.loads(raw.read(1 << 20)) if raw else None
-                if not isinstance(data, dict) or not {"name", "version", "build"} <= data.keys():
-                    return "its info/index.json names no name, version and build"
-                return None
+def _index_json_problem(tar: tarfile.TarFile) -> str | None:
+    for member in tar:
+        if member.name == "info/index.json":
+            raw = tar.extractfile(member)
+            data = json.loads(raw.read(1 << 20)) if raw else None
+            if not isinstance(data, dict) or not {"name", "version", "build"} <= data.keys():
+                return "its info/index.json names no name, version and build"
+            return None
     return "it holds no info/index.json"
 
 
@@ -148,15 +147,9 @@ def unindexable(path: Path) -> str | None:
     """Why rattler's indexer could not read this package's info/index.json, or None. Only the
     info part is read (for a .tar.bz2, up to info/index.json, which conda tools write first)."""
     try:
-        if path.name.endswith(".conda"):
-            with zipfile.ZipFile(path) as zf:
-                info = next((i for i in zf.infolist() if i.filename.startswith("info-") and i.filename.endswith(".tar.zst")), None)
-                if info is None:
-                    return "it holds no info-*.tar.zst"
-                with zf.open(info) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr:
-                    return _index_json_problem(zr, "r|")
-        with path.open("rb") as fh:
-            return _index_json_problem(fh, "r|bz2")
+        for tar in package_tars(path, "info"):
+            return _index_json_problem(tar)
+        return "it holds no info-*.tar.zst"
     except (zipfile.BadZipFile, tarfile.TarError, zstandard.ZstdError, EOFError, OSError, ValueError) as exc:
         return f"it is not a readable package ({type(exc).__name__}: {exc})"
 

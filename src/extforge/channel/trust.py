@@ -21,14 +21,13 @@ import json
 import os
 import re
 import stat
-import tarfile
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
+from ..archive import package_tars
 from ..errors import ExtforgeError
 from ..paths import cache_root
 from .mirrors import Mirrors
@@ -107,25 +106,9 @@ def read_signed(path: Path) -> dict | None:
 
 # --- reading a verified archive -------------------------------------------------------------
 
-def _tars(archive: Path, part: str) -> Iterator[tarfile.TarFile]:
-    """Stream-mode tarballs of a package: part "info" or "pkg" of a .conda, the one of a .tar.bz2."""
-    if archive.name.endswith(".tar.bz2"):
-        with archive.open("rb") as fh, tarfile.open(fileobj=fh, mode="r|bz2") as tar:
-            yield tar
-        return
-    import zstandard
-
-    with zipfile.ZipFile(archive) as zf:
-        for inner in zf.namelist():
-            if inner.startswith(f"{part}-") and inner.endswith(".tar.zst"):
-                with zf.open(inner) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zr, \
-                        tarfile.open(fileobj=zr, mode="r|") as tar:
-                    yield tar
-
-
-def _read_members(archive: Path, part: str, names: set[str]) -> dict[str, bytes]:
+def _read_members(archive: Path, part: Literal["info", "pkg"], names: set[str]) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
-    for tar in _tars(archive, part):
+    for tar in package_tars(archive, part):
         for m in tar:
             if m.name in names and m.isfile():
                 found[m.name] = tar.extractfile(m).read()  # type: ignore[union-attr]
@@ -205,7 +188,7 @@ def _payload_facts(archive: Path, placeholders: set[str]) -> tuple[dict[str, int
     modes: dict[str, int] = {}
     targets: dict[str, str] = {}
     data: dict[str, bytes] = {}
-    for tar in _tars(archive, "pkg"):
+    for tar in package_tars(archive, "pkg"):
         for m in tar:
             modes[m.name] = m.mode & 0o7777
             if m.issym():
