@@ -28,10 +28,10 @@ from extforge.plan import load_profiles
 
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
-# A build whose node speed is measured but that the fit leaves out: on a node of another speed, its
-# units would pass for a concurrency effect (16 compiles at once, yet faster than 13 on run J's node).
 # The slowdown measured on one node (bench/compile_concurrency.py): the same unit 32 and 16 at once.
 SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
+# A build whose node speed is measured but whose units the costs leave out: they come from a node
+# of another speed (16 compiles at once, yet faster than 13 on run J's node).
 RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
 # Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link
 # included, what, the log whose node speed scales the prediction or None).
@@ -83,6 +83,8 @@ def main() -> int:
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
               for p in [*logs, RUN_P]}
+    # The concurrency bench's node, from its one unit at the reference's compiles at once.
+    bench_speed = same["levels"][str(args.reference)]["median_s"] / seconds[same["unit"]]
 
     def predict(order: list[str], jobs: int, with_link: bool = True, speed: float = 1.0) -> float:
         return (unit_costs.list_schedule([(u, seconds[u] * speed) for u in order], jobs, concurrency).makespan
@@ -96,7 +98,8 @@ def main() -> int:
            f"sum of unit seconds at {args.reference} compiles at once: {sum(seconds.values()):.0f} "
            f"(the log's own: {sum(e.seconds for e in edges):.0f})",
            *(f"node speed of {p.name}: {speed:.3f} (median over {n} units; `extforge plan --node-speed`)"
-             for p, (speed, n) in speeds.items()), "",
+             for p, (speed, n) in speeds.items()),
+           f"node speed of {SAME_NODE.name}: {bench_speed:.3f} ({same['unit']} alone)", "",
            "| jobs | order | what | predicted s | measured s | error | measured build |", "|---:|---|---|---:|---:|---:|---|"]
     errors = []
     for jobs, order, measured, with_link, what, speed_log in MEASURED:
@@ -116,7 +119,9 @@ def main() -> int:
                                          "an H100 node (32 cores), sm_90, 2026-11-25 (bench/data), at "
                                          f"{args.reference} compiles at once by the slowdown below",
                                          {"concurrency": {"reference": args.reference, "per_compile": concurrency.per_compile,
-                                                          "measured": concurrency.measured}})
+                                                          "measured": concurrency.measured},
+                                          "node_speeds": {p.name: round(speed, 3) for p, (speed, _) in speeds.items()}
+                                          | {SAME_NODE.name: round(bench_speed, 3)}})
         with args.emit_costs.open("w") as fh:
             YAML().dump(entry, fh)
     if not args.no_record:

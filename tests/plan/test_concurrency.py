@@ -84,7 +84,9 @@ def test_shipped_data_is_what_the_fit_makes_of_the_node_logs(tmp_path: Path) -> 
     shipped = unit_costs.load("flash-attn")
     assert shipped is not None and shipped.concurrency is not None
     assert fitted["concurrency"]["per_compile"] == shipped.concurrency.per_compile
+    assert fitted["concurrency"]["measured"] == shipped.concurrency.measured
     assert fitted["units"] == shipped.units
+    assert fitted["node_speeds"] == shipped.node_speeds
     log = parse_ninja_log((BENCH / "data" / "2026-11-25-h100-32cores-flash-attn-full.ninja_log").read_text())
     assert sum(e.seconds for e in log) == pytest.approx(21889, abs=1)
     # The slowdown is the one measured on one node, not one fitted across nodes of other speeds:
