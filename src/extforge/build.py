@@ -268,7 +268,8 @@ def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mappi
                         env: Mapping[str, str]) -> float | None:
     """This machine's compile speed in the build just done, read from ninja's log in its work
     folder before the folder is removed (`extforge plan --node-speed` for the next build here)."""
-    log = next((f for w in work_dirs for f in w.rglob(".ninja_log")), None)
+    # Under work/ only: the rest of the folder is the build and host envs (a torch env is ~20k files).
+    log = next((f for w in work_dirs for f in (w / "work").rglob(".ninja_log")), None)
     if log is None:
         return None
     with contextlib.suppress(ExtforgeError, OSError, ValueError):

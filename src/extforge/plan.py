@@ -199,7 +199,7 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     if costs and costs.concurrency and costs.concurrency.per_compile:
         cc, busy = costs.concurrency, min(jobs, len(per_unit))
         reasons.append(f"with {busy} compiles at once a unit takes {cc.factor(busy):.2f}x as long as with {cc.reference} "
-                       f"(+{100 * cc.per_compile:.2f}% per compile, fitted from {cc.measured or 'node builds'})")
+                       f"(+{100 * cc.per_compile:.2f}% per compile, from {cc.measured or 'node builds'})")
     if node_speed != 1.0:
         reasons.append(f"this node compiles a unit in {node_speed:.2f}x the data's seconds (--node-speed)")
     elif wall_range and costs:
