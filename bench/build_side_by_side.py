@@ -21,8 +21,8 @@ Phases (seconds from the start of each build):
   tests       rattler-build's test step (recipe)
   audit       extforge's audit of the built package (recipe)
 
-Both builds rarely fit one node allocation: run `--only plain --json-out plain.json` and
-`--only recipe --json-out recipe.json` in consecutive ones and `--merge` them; the summed
+Where both builds do not fit one node allocation, run `--only recipe --json-out recipe.json` and
+`--only plain --json-out plain.json` one after the other and `--merge` them; the summed
 per-unit compile seconds compare them with less noise than wall time. The table and the line
 `recipe/plain wall ratio: X.XX (node, date)` are appended to docs/benchmarks.md unless
 --no-record; --emit-costs writes the per-unit seconds in extforge's data format
@@ -162,11 +162,14 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
 
     engine.LogSink.on_log, build_mod.after_build = timed_on_log, timed_after_build
     try:
-        build_mod.build_recipe(BuildOptions.make(recipe, [channel], output_dir, variant_configs=variant_configs,
-                                                 variants=parse_variant_overrides(variants)))
+        built = build_mod.build_recipe(BuildOptions.make(recipe, [channel], output_dir, variant_configs=variant_configs,
+                                                         variants=parse_variant_overrides(variants)))
     finally:
         engine.LogSink.on_log, build_mod.after_build = on_log, after_build
     wall = time.monotonic() - t0
+    for speed in {p.node_speed for p in built if p.node_speed}:
+        print(f"this machine compiled at {speed}x the planner's unit costs (`extforge plan --node-speed {speed}`)",
+              file=sys.stderr)
     if not saved:
         raise SystemExit("the recipe build left no .ninja_log (did setup.py build through ninja?)")
     return wall, lines, parse_ninja_log(saved[0].read_text()), marks
@@ -186,8 +189,10 @@ def ratio_line(sides: Sequence[Side]) -> str | None:
     by = {s.side: s for s in sides}
     if {"plain", "recipe"} <= by.keys():
         r = by["recipe"]
-        subset = f"head dims {r.settings['FLASH_ATTN_HEAD_DIMS']}, " if r.settings.get("FLASH_ATTN_HEAD_DIMS") else ""
-        return f"recipe/plain wall ratio: {r.wall / by['plain'].wall:.2f} ({subset}{r.node}, {r.date})"
+        if r.settings.get("FLASH_ATTN_HEAD_DIMS"):
+            return (f"recipe/plain wall ratio: {r.wall / by['plain'].wall:.2f} (head dims "
+                    f"{r.settings['FLASH_ATTN_HEAD_DIMS']}, {r.node}, {r.date})")
+        return f"full recipe/plain wall ratio: {r.wall / by['plain'].wall:.2f} (every head dim, {r.node}, {r.date})"
     return None
 
 

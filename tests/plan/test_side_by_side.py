@@ -76,7 +76,10 @@ def test_two_runs_merge_into_one_report(bench, tmp_path: Path) -> None:
     (tmp_path / "recipe.json").write_text(json.dumps([bench.asdict(_side(bench, "recipe", 1034.1, a=310.0, b=190.0))]))
     sides = bench.load_sides([tmp_path / "recipe.json", tmp_path / "plain.json"])
     assert [s.side for s in sides] == ["plain", "recipe"]
-    assert bench.ratio_line(sides) == "recipe/plain wall ratio: 1.03 (H100 node (16 cores, 125.9 GiB), 2026-11-23)"
+    assert bench.ratio_line(sides) == ("full recipe/plain wall ratio: 1.03 (every head dim, H100 node (16 cores, "
+                                       "125.9 GiB), 2026-11-23)")
+    sides[1].settings["FLASH_ATTN_HEAD_DIMS"] = "128"
+    assert bench.ratio_line(sides) == "recipe/plain wall ratio: 1.03 (head dims 128, H100 node (16 cores, 125.9 GiB), 2026-11-23)"
     rows = bench.table(sides)
     assert rows[0] == "| phase | plain s | recipe s |"
     assert "| summed per-unit compile s | 500 | 500 |" in rows
