@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import tarfile
 import tempfile
 import zipfile
@@ -84,6 +85,31 @@ def test_conda_package_is_audited_and_stamped(elfs, tmp_path):
     # Stamping again replaces the record rather than adding a second one.
     stamp_package(pkg, report.to_stamp(pkg))
     assert audit_target(pkg, against=elfs["v1"]).ok
+
+
+def _members(pkg: Path) -> dict[str, bytes]:
+    out = {}
+    with zipfile.ZipFile(pkg) as zf:
+        for member in zf.namelist()[1:]:
+            with zf.open(member) as raw, tarfile.open(fileobj=zstandard.ZstdDecompressor().stream_reader(raw),
+                                                      mode="r|") as tar:
+                out |= {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    return out
+
+
+def test_stamping_on_several_threads_writes_the_same_files(elfs, tmp_path):
+    """The payload is recompressed on several threads (one thread took 42 s for the full
+    flash-attn package): the files inside must not depend on how many."""
+    payload = {**_ext_payload(elfs), "lib/big.bin": os.urandom(1 << 20) * 24}  # 24 MiB: several zstd jobs
+    stamped = []
+    for threads in (1, 4):
+        (tmp_path / str(threads)).mkdir()
+        pkg = make_conda(tmp_path / str(threads), "greeter", payload, ["python"])
+        stamp_package(pkg, audit_target(pkg, against=elfs["v1"]).to_stamp(pkg), threads=threads)
+        stamped.append(_members(pkg))
+    one, four = stamped
+    assert one == four and one["lib/big.bin"] == payload["lib/big.bin"]
+    assert json.loads(one["share/extforge/audit/greeter.json"])["verdict"] == "pass"
 
 
 def test_tar_bz2_package_is_stamped(elfs, tmp_path):
