@@ -33,6 +33,9 @@ SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
 # A build whose node speed is measured but whose units the costs leave out: they come from a node
 # of another speed (16 compiles at once, yet faster than 13 on run J's node).
 RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
+# Run Q, the full side by side on one 32-core node: the recipe, then upstream's setup.py.
+RUN_Q = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-recipe.ninja_log"
+RUN_Q_PLAIN = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-plain.ninja_log"
 # Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link
 # included, what, the log whose node speed scales the prediction or None).
 MEASURED = [
@@ -44,6 +47,14 @@ MEASURED = [
      "to last nvcc; 946 s from start to package); out of sample", None),
     (16, "longest first", 850.0, False, "run P, with that node's speed from its own first 32 units (in-sample for the "
      "speed, out of sample for the order and the concurrency model)", RUN_P),
+    (32, "longest first", 469.7, False, "run Q on a 32-core node (two H200s), 2026-11-26, `extforge build`, its compile "
+     "span (558 s from start to audit end); out of sample", None),
+    (32, "longest first", 469.7, False, "run Q, with that node's speed from its own log (in-sample for the speed, out "
+     "of sample for the order and the concurrency model)", RUN_Q),
+    (32, "name", 577.1, False, "run Q's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
+     "the recipe (ninja starts its units in name order), its compile span (595 s in all); out of sample", None),
+    (32, "name", 577.1, False, "run Q's plain build at the speed the recipe's log measured on that node (the speed from "
+     "the other build, the order out of sample)", RUN_Q),
 ]
 
 
@@ -82,7 +93,7 @@ def main() -> int:
     link = load_profiles()["flash-attn"].link_seconds
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
-              for p in [*logs, RUN_P]}
+              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN]}
     # The concurrency bench's node, from its one unit at the reference's compiles at once.
     bench_speed = same["levels"][str(args.reference)]["median_s"] / seconds[same["unit"]]
 
@@ -111,7 +122,6 @@ def main() -> int:
         errors.append(f"planner error {jobs} cores: {100 * (p - measured) / measured:+.1f}% (full build, sm_90, {order} order"
                       f"{', node speed ' + format(speed, '.3f') if speed_log else ''}: {p:.0f} s predicted vs "
                       f"{measured:.0f} s measured, {what})")
-    out.append(f"| 32 | longest first | compile + link | {predict(orders['longest first'], 32):.0f} | - | - | not measured |")
     out += ["", *errors]
     print("\n".join(out))
     if args.emit_costs:
