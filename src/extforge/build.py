@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -264,12 +265,53 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
             log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
 
 
+def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:
+    # Under work/ only: the rest of the folder is the build and host envs (a torch env is ~20k files).
+    return next((f for w in work_dirs for f in (w / "work").rglob(".ninja_log")), None)
+
+
+@contextlib.contextmanager
+def progress_reports(bld: Path, before: set[Path], profile: str, variants: Mapping[str, list[str]],
+                     report: Callable[[str], None], interval: float = 10.0) -> Iterator[None]:
+    """While the body runs (one variant's build), report every `interval` s how far its compile
+    has come and the time left at the speed this machine shows (plan.build_progress): the long
+    step of a flash-attn build is otherwise one silent "running build script" of 8-25 minutes."""
+    if profile not in plan.load_profiles():
+        yield
+        return
+    machine_now, archs = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = ""
+        while not stop.wait(interval):
+            log = ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
+            # ninja creates its log when it starts and appends a line as each unit ends; a report
+            # that fails (a line half written) waits for the next one.
+            with contextlib.suppress(ExtforgeError, OSError, ValueError):
+                if log is None:
+                    continue
+                progress = plan.build_progress(machine_now, profile, archs, variant_head_dims(variants),
+                                               log.read_text(errors="replace"), time.time() - log.stat().st_mtime)
+                line = progress.describe() if progress else ""
+                if line and line != last:
+                    report(line)
+                    last = line
+
+    thread = threading.Thread(target=poll, name="extforge-build-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mapping[str, list[str]],
                         env: Mapping[str, str]) -> float | None:
     """This machine's compile speed in the build just done, read from ninja's log in its work
     folder before the folder is removed (`extforge plan --node-speed` for the next build here)."""
-    # Under work/ only: the rest of the folder is the build and host envs (a torch env is ~20k files).
-    log = next((f for w in work_dirs for f in (w / "work").rglob(".ninja_log")), None)
+    log = ninja_log_in(work_dirs)
     if log is None:
         return None
     with contextlib.suppress(ExtforgeError, OSError, ValueError):
@@ -318,7 +360,8 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             before = set(bld.glob("rattler-build_*"))
             tests_before = set(rattler_test_envs(output_dir))
             try:
-                result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
+                with progress_reports(bld, before, options.profile or recipe_file.parent.name, merged, sink.note):
+                    result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except BaseException as exc:
                 if not engine.engine_failure(exc):
                     raise

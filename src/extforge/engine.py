@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -53,18 +54,27 @@ class LogSink:
         self.fh = fh
         self.lines: list[str] = []
         self.on_step = on_step
+        # rattler-build's callbacks and the progress reports of a running build write from two threads.
+        self.lock = threading.Lock()
 
     def on_log(self, event: Any) -> None:
         line = f"{event.level}: {event.message}"
-        self.lines.append(line)
-        if self.fh:
-            self.fh.write(line + "\n")
+        with self.lock:
+            self.lines.append(line)
+            if self.fh:
+                self.fh.write(line + "\n")
 
     def on_build_step(self, event: Any) -> None:
-        if self.fh:
-            self.fh.write(f"== {event.step_name}: {event.message}\n")
+        self.note(event.message or event.step_name, f"{event.step_name}: {event.message}")
+
+    def note(self, message: str, logged: str | None = None) -> None:
+        """A step or progress line of the build: to the screen, and to the log as `logged`."""
+        with self.lock:
+            if self.fh:
+                self.fh.write(f"== {logged or message}\n")
+                self.fh.flush()
         if self.on_step:
-            self.on_step(event.message or event.step_name)
+            self.on_step(message)
 
     def on_download_start(self, event: Any) -> None:
         pass

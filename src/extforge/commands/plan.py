@@ -34,13 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "build's ninja log on it (bench/unit_costs_fit.py --log LOG prints it)")
 
 
-def minutes(seconds: int) -> str:
-    return f"{seconds // 60} min {seconds % 60} s"
-
-
 def run(args: argparse.Namespace) -> int:
     from ..machine import detect
-    from ..plan import plan_build, slurm_request
+    from ..plan import minutes, plan_build, slurm_request
 
     machine = detect()
     if args.cores:
