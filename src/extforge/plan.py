@@ -215,10 +215,12 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
                      None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range)
 
 
-def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int) -> float | None:
+def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int,
+                     load: Sequence[tuple[float, float]] = ()) -> float | None:
     """How fast the machine of a finished build compiled against the planner's costs for it
-    (`plan_build(node_speed=...)`), from the build's ninja log; None without costs for the profile
-    or units to compare. A unit split in two is left out: its first half bears the unit's name."""
+    (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
+    log does not show, see unit_costs.at_reference); None without costs for the profile or units
+    to compare. A unit split in two is left out: its first half bears the unit's name."""
     profiles, costs = load_profiles(), unit_costs.load(profile)
     if profile not in profiles or not costs or not costs.concurrency:
         return None
@@ -226,7 +228,8 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     edges = unit_costs.parse_ninja_log(ninja_log)
     split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
     try:
-        speed, _ = unit_costs.node_speed(edges, {u: s for u, s in expected.items() if u not in split}, costs.concurrency)
+        speed, _ = unit_costs.node_speed(edges, {u: s for u, s in expected.items() if u not in split}, costs.concurrency,
+                                         load)
     except ValueError:
         return None
     return round(speed, 3)
@@ -267,9 +270,18 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
     if not base.unit_order:
         return None
     edges = unit_costs.parse_ninja_log(ninja_log)
+    total = len(base.unit_order)
     elapsed = max((e.end_ms for e in edges), default=0) / 1000 + max(0.0, log_age_seconds)
-    progress = BuildProgress(len(edges), len(base.unit_order), elapsed)
-    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads) if len(edges) >= MIN_UNITS_FOR_SPEED else None
+    progress = BuildProgress(len(edges), total, elapsed)
+    if len(edges) < MIN_UNITS_FOR_SPEED:
+        return progress
+    # The log shows only finished units; the ones still compiling slowed them too. ninja keeps
+    # every job slot busy while units wait, so after the i-th unit ends min(jobs, total - i) run.
+    t0 = min(e.start_ms for e in edges) / 1000
+    ends = sorted(e.end_ms / 1000 - t0 for e in edges)
+    load = [(0.0, float(min(base.max_jobs, total)))] + [(t, float(min(base.max_jobs, total - i)))
+                                                         for i, t in enumerate(ends, 1)]
+    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load)
     if not speed:
         return progress
     expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed).expected_wall_seconds
