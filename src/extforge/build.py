@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -271,40 +270,37 @@ def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:
 
 
 @contextlib.contextmanager
-def progress_reports(bld: Path, before: set[Path], profile: str, variants: Mapping[str, list[str]],
-                     report: Callable[[str], None], interval: float = 10.0) -> Iterator[None]:
-    """While the body runs (one variant's build), report every `interval` s how far its compile
-    has come and the time left at the speed this machine shows (plan.build_progress): the long
-    step of a flash-attn build is otherwise one silent "running build script" of 8-25 minutes."""
+def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile: str,
+                     variants: Mapping[str, list[str]], interval: float = 10.0) -> Iterator[None]:
+    """While the body runs (one variant's build), note on `sink` at most every `interval` s how
+    far its compile has come and the time left at the speed this machine shows
+    (plan.build_progress): the long step of a flash-attn build is otherwise one silent
+    "running build script" of 8-25 minutes. It runs from the sink's log callback, as ninja and
+    nvcc print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
     if profile not in plan.load_profiles():
         yield
         return
-    machine_now, archs = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS
-    stop = threading.Event()
+    machine_now, archs, last = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, [""]
 
-    def poll() -> None:
-        last = ""
-        while not stop.wait(interval):
-            log = ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
-            # ninja creates its log when it starts and appends a line as each unit ends; a report
-            # that fails (a line half written) waits for the next one.
-            with contextlib.suppress(ExtforgeError, OSError, ValueError):
-                if log is None:
-                    continue
-                progress = plan.build_progress(machine_now, profile, archs, variant_head_dims(variants),
-                                               log.read_text(errors="replace"), time.time() - log.stat().st_mtime)
-                line = progress.describe() if progress else ""
-                if line and line != last:
-                    report(line)
-                    last = line
+    def report() -> None:
+        log = ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
+        # ninja creates its log when it starts and appends a line as each unit ends; a report
+        # that fails (a line half written) waits for the next one.
+        with contextlib.suppress(ExtforgeError, OSError, ValueError):
+            if log is None:
+                return
+            progress = plan.build_progress(machine_now, profile, archs, variant_head_dims(variants),
+                                           log.read_text(errors="replace"), time.time() - log.stat().st_mtime)
+            line = progress.describe() if progress else ""
+            if line and line != last[0]:
+                sink.note(line)
+                last[0] = line
 
-    thread = threading.Thread(target=poll, name="extforge-build-progress", daemon=True)
-    thread.start()
+    sink.tick, sink.tick_every = report, interval
     try:
         yield
     finally:
-        stop.set()
-        thread.join()
+        sink.tick = None
 
 
 def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mapping[str, list[str]],
@@ -360,7 +356,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             before = set(bld.glob("rattler-build_*"))
             tests_before = set(rattler_test_envs(output_dir))
             try:
-                with progress_reports(bld, before, options.profile or recipe_file.parent.name, merged, sink.note):
+                with progress_reports(sink, bld, before, options.profile or recipe_file.parent.name, merged):
                     result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except BaseException as exc:
                 if not engine.engine_failure(exc):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -48,31 +48,35 @@ def find_recipe(recipe: Path) -> Path:
 
 class LogSink:
     """rattler-build's progress callback: every log line kept (and written to `fh`), the step
-    names to `on_step` (the screen)."""
+    names to `on_step` (the screen), and `tick` called at most every `tick_every` seconds of
+    log lines: rattler-build holds the GIL while it builds (no Python thread runs meanwhile),
+    so whatever reports on a running build runs from here."""
 
     def __init__(self, fh: IO[str] | None = None, on_step: Callable[[str], None] | None = None):
         self.fh = fh
         self.lines: list[str] = []
         self.on_step = on_step
-        # rattler-build's callbacks and the progress reports of a running build write from two threads.
-        self.lock = threading.Lock()
+        self.tick: Callable[[], None] | None = None
+        self.tick_every = 10.0
+        self._ticked = 0.0
 
     def on_log(self, event: Any) -> None:
         line = f"{event.level}: {event.message}"
-        with self.lock:
-            self.lines.append(line)
-            if self.fh:
-                self.fh.write(line + "\n")
+        self.lines.append(line)
+        if self.fh:
+            self.fh.write(line + "\n")
+        if self.tick is not None and time.monotonic() - self._ticked >= self.tick_every:
+            self._ticked = time.monotonic()
+            self.tick()
 
     def on_build_step(self, event: Any) -> None:
         self.note(event.message or event.step_name, f"{event.step_name}: {event.message}")
 
     def note(self, message: str, logged: str | None = None) -> None:
         """A step or progress line of the build: to the screen, and to the log as `logged`."""
-        with self.lock:
-            if self.fh:
-                self.fh.write(f"== {logged or message}\n")
-                self.fh.flush()
+        if self.fh:
+            self.fh.write(f"== {logged or message}\n")
+            self.fh.flush()
         if self.on_step:
             self.on_step(message)
 

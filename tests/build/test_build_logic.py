@@ -206,12 +206,14 @@ def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
 
 
 def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path) -> None:
-    """The compile of a flash-attn build reports units done and the time left while it runs,
+    """The compile of a flash-attn build reports units done and the time left while it runs, from
+    rattler-build's log callback (it holds the GIL while building: no thread of ours would run),
     read from the log ninja appends to in the variant's work folder, which appears after the
-    build started; a recipe without unit costs reports nothing."""
-    import time
+    build started; to the screen and the build log. A recipe without unit costs reports nothing."""
+    from types import SimpleNamespace
 
     from extforge.build import progress_reports
+    from extforge.engine import LogSink
     from extforge.plan import load_profiles, unit_seconds
     from extforge.unit_costs import load
 
@@ -220,22 +222,23 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path) ->
     (bld / "rattler-build_earlier_1" / "work").mkdir(parents=True)  # an earlier variant's folder is not read
     (bld / "rattler-build_earlier_1" / "work" / ".ninja_log").write_text(ninja_log_text(per_unit, 16, 0.8))
     before = set(bld.glob("rattler-build_*"))
-    lines: list[str] = []
-    variants = {"flash_attn_cuda_archs": ["90"]}
-    with progress_reports(bld, before, "flash-attn", variants, lines.append, interval=0.05):
-        time.sleep(0.3)
-        assert lines == []
-        temp = bld / "rattler-build_flash-attn_2" / "work" / "build" / "temp.linux-x86_64-cpython-312"
-        temp.mkdir(parents=True)
-        first_ten = ninja_log_text(dict(list(per_unit.items())[:10]), 16, 0.8)
-        (temp / ".ninja_log").write_text(first_ten)
-        deadline = time.monotonic() + 10
-        while not lines and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert lines and lines[0].startswith("compiling: 10 of 73 units, ~") and "0.80x" in lines[0]
-    assert len(set(lines)) == len(lines)  # a line is reported when it changes
-    with progress_reports(bld, set(), "demo-ext", variants, lines.append, interval=0.05):
-        time.sleep(0.3)
-    with progress_reports(bld, set(), "no-such-profile", variants, lines.append, interval=0.05):
-        pass
-    assert all(line.startswith("compiling: 10 of 73") for line in lines)
+    screen: list[str] = []
+    with (tmp_path / "build.log").open("w") as fh:
+        sink = LogSink(fh, screen.append)
+        line = SimpleNamespace(level="info", message="[10/73] nvcc ...")
+        variants = {"flash_attn_cuda_archs": ["90"]}
+        with progress_reports(sink, bld, before, "flash-attn", variants, interval=0):
+            sink.on_log(line)
+            assert screen == []
+            temp = bld / "rattler-build_flash-attn_2" / "work" / "build" / "temp.linux-x86_64-cpython-312"
+            temp.mkdir(parents=True)
+            (temp / ".ninja_log").write_text(ninja_log_text(dict(list(per_unit.items())[:10]), 16, 0.8))
+            sink.on_log(line)
+            sink.on_log(line)  # the same estimate is not said twice
+        sink.on_log(line)  # nor after the variant's build
+        with progress_reports(sink, bld, set(), "demo-ext", variants, interval=0):
+            sink.on_log(line)
+        with progress_reports(sink, bld, set(), "flash-attn", variants, interval=3600):
+            sink.on_log(line)  # at most one report an interval: the last was moments ago
+    assert len(screen) == 1 and screen[0].startswith("compiling: 10 of 73 units, ~") and "0.80x" in screen[0]
+    assert f"== {screen[0]}" in (tmp_path / "build.log").read_text().splitlines()

@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
     with ui.step(f"building {args.recipe}", quiet=args.json), ui.progress() as bar:
         task = bar.add_task("rattler-build", total=None)
-        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80]))
+        # Redrawn at once: rattler-build holds the GIL while it builds, so the bar's own refresh
+        # thread waits until it is done.
+        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80], refresh=True))
     if args.json:
         ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built]})
     else:
