@@ -289,7 +289,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
 
 
 def minutes(seconds: int) -> str:
-    return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
 def slurm_request(plan: BuildPlan) -> SlurmRequest:
