@@ -36,25 +36,19 @@ RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
 # Run Q, the full side by side on one 32-core node: the recipe, then upstream's setup.py.
 RUN_Q = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-recipe.ninja_log"
 RUN_Q_PLAIN = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-plain.ninja_log"
-# Full builds measured on H100 nodes, sm_90, every head dim: (jobs, which order, seconds, link
-# included, what, the log whose node speed scales the prediction or None).
+# Full builds measured on nodes, sm_90, every head dim: (jobs, which order, seconds, link included,
+# what, the log whose node speed also scales a second prediction, or None).
 MEASURED = [
     (32, "log", 958.0, False, "the 32-core build of 2026-11-25 in bench/data, its compile span (1101 s from start to "
      "package); in-sample: the unit costs are this build's own log", None),
     (16, "name", 1407.0, True, "run G on a 16-core node, 2026-11-23, `setup.py build_ext` compile + link with the same "
      "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it", None),
     (16, "longest first", 850.0, False, "run P on a 16-core node, 2026-11-26, `extforge build`, its compile span (first "
-     "to last nvcc; 946 s from start to package); out of sample", None),
-    (16, "longest first", 850.0, False, "run P, with that node's speed from its own first 32 units (in-sample for the "
-     "speed, out of sample for the order and the concurrency model)", RUN_P),
+     "to last nvcc; 946 s from start to package); out of sample", RUN_P),
     (32, "longest first", 469.7, False, "run Q on a 32-core node (two H200s), 2026-11-26, `extforge build`, its compile "
-     "span (558 s from start to audit end); out of sample", None),
-    (32, "longest first", 469.7, False, "run Q, with that node's speed from its own log (in-sample for the speed, out "
-     "of sample for the order and the concurrency model)", RUN_Q),
+     "span (558 s from start to audit end); out of sample", RUN_Q),
     (32, "name", 577.1, False, "run Q's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
-     "the recipe (ninja starts its units in name order), its compile span (595 s in all); out of sample", None),
-    (32, "name", 577.1, False, "run Q's plain build at the speed the recipe's log measured on that node (the speed from "
-     "the other build, the order out of sample)", RUN_Q),
+     "the recipe (ninja starts its units in name order), its compile span (595 s in all); out of sample", RUN_Q),
 ]
 
 
@@ -113,7 +107,12 @@ def main() -> int:
            f"node speed of {SAME_NODE.name}: {bench_speed:.3f} ({same['unit']} alone)", "",
            "| jobs | order | what | predicted s | measured s | error | measured build |", "|---:|---|---|---:|---:|---:|---|"]
     errors = []
-    for jobs, order, measured, with_link, what, speed_log in MEASURED:
+    # Each build predicted at the data's speed, then (where a log measured its node) at that node's
+    # speed: in-sample for the speed where the log is the build's own, out of sample for the rest.
+    rows = [(jobs, order, measured, with_link, what, None) for jobs, order, measured, with_link, what, _ in MEASURED]
+    rows += [(jobs, order, measured, with_link, f"{what.split(',')[0]}, at the node speed {log.name} measured", log)
+             for jobs, order, measured, with_link, what, log in MEASURED if log]
+    for jobs, order, measured, with_link, what, speed_log in rows:
         speed = speeds[speed_log][0] if speed_log else 1.0
         p = predict(orders[order], jobs, with_link, speed)
         scaled = f" x {speed:.3f}" if speed_log else ""
