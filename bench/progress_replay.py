@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 
-from extforge import plan, unit_costs
+from extforge import plan
 from extforge.machine import GIB, Machine
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -32,10 +32,14 @@ BUILDS = [
 FRACTIONS = (0.25, 0.5, 0.75)
 
 
-def replay(log_text: str, machine: Machine, end: float, at: float) -> plan.BuildProgress | None:
-    """What the build reported `at` seconds after ninja started."""
+def logged_lines(log_text: str) -> tuple[str, list[tuple[str, float]]]:
+    """A ninja log's header, and each unit's line with the second it ended (after ninja started)."""
     header, *lines = log_text.splitlines()
-    edges = [(line, int(line.split("\t")[1]) / 1000) for line in lines if line.count("\t") >= 4]
+    return header, [(line, int(line.split("\t")[1]) / 1000) for line in lines if line.count("\t") >= 4]
+
+
+def replay(header: str, edges: list[tuple[str, float]], machine: Machine, at: float) -> plan.BuildProgress | None:
+    """What the build reported `at` seconds after ninja started."""
     done = [(line, t) for line, t in edges if t <= at]
     text = "\n".join([header, *(line for line, _ in done)]) + "\n"
     age = at - max((t for _, t in done), default=0.0)
@@ -50,15 +54,15 @@ def main() -> int:
     rows = ["| build | at (s after ninja started) | units done | speed | predicted end s | measured end s | error |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for what, log, cores, gib, known_end in BUILDS:
-        text = log.read_text()
-        end = known_end or max(e.end_ms for e in unit_costs.parse_ninja_log(text)) / 1000
+        header, edges = logged_lines(log.read_text())
+        last_logged = max(t for _, t in edges)
+        end = known_end or last_logged
         machine = Machine(cores=cores, memory_bytes=gib * GIB, glibc=None, cores_source="replay", memory_source="replay")
-        last_logged = max(e.end_ms for e in unit_costs.parse_ninja_log(text)) / 1000
         for fraction in FRACTIONS:
             at = fraction * end
             if at > last_logged:
                 continue  # past what the partial log holds
-            progress = replay(text, machine, end, at)
+            progress = replay(header, edges, machine, at)
             if progress is None or progress.remaining_seconds is None:
                 rows.append(f"| {what} | {at:.0f} | {progress.done if progress else 0} | - | - | {end + link:.0f} | - |")
                 continue

@@ -280,21 +280,25 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
     if profile not in plan.load_profiles():
         yield
         return
-    machine_now, archs, last = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, [""]
+    machine_now, archs, head_dims = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, variant_head_dims(variants)
+    log: Path | None = None
+    last = ""
 
     def report() -> None:
-        log = ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
+        nonlocal log, last
+        # Looked for until found: the variant's work folder appears once its build has started.
+        log = log or ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
         # ninja creates its log when it starts and appends a line as each unit ends; a report
         # that fails (a line half written) waits for the next one.
         with contextlib.suppress(ExtforgeError, OSError, ValueError):
             if log is None:
                 return
-            progress = plan.build_progress(machine_now, profile, archs, variant_head_dims(variants),
-                                           log.read_text(errors="replace"), time.time() - log.stat().st_mtime)
+            progress = plan.build_progress(machine_now, profile, archs, head_dims, log.read_text(errors="replace"),
+                                           time.time() - log.stat().st_mtime)
             line = progress.describe() if progress else ""
-            if line and line != last[0]:
+            if line and line != last:
                 sink.note(line)
-                last[0] = line
+                last = line
 
     sink.tick, sink.tick_every = report, interval
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from ruamel.yaml import YAML
@@ -285,7 +285,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
     if not speed:
         return progress
     expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed).expected_wall_seconds
-    return BuildProgress(progress.done, progress.total, elapsed, speed, max(0, int(round(expected - elapsed))))
+    return replace(progress, node_speed=speed, remaining_seconds=max(0, int(round(expected - elapsed))))
 
 
 def minutes(seconds: int) -> str:
