@@ -4,10 +4,11 @@
 set -euo pipefail
 
 # --- What the host torch needs: stable ABI (torch >= 2.9) and a C++ standard ------------------
-# One import of torch (seconds): its version, and whether it has the stable ABI of 2.9.
-read -r torch_version stable_ok < <("${PYTHON}" -c '
+# One import of torch (seconds): its version, whether it has the stable ABI of 2.9, and its CUDA
+# (for the build record).
+read -r torch_version stable_ok torch_cuda < <("${PYTHON}" -c '
 import re, torch
-print(torch.__version__, int(tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)))')
+print(torch.__version__, int(tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)), torch.version.cuda)')
 if [[ -z "${torch_version:-}" ]]; then
     echo "error: the host env's python cannot import torch (see above)" >&2
     exit 1
@@ -33,7 +34,10 @@ echo "flash-attn-3 build: torch ${torch_version}, ${EXTFORGE_CXX_STD}, MAX_JOBS=
      "disabled: ${FA3_DISABLED:-none}" >&2
 
 cd "${SRC_DIR}/hopper"
-"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+# pip builds a wheel only to unpack it into ${PREFIX}: stored, not deflated (rattler-build
+# compresses the package itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
+printf '[bdist_wheel]\ncompression = stored\n' > "${SRC_DIR}/.extforge-wheel.cfg"
+DIST_EXTRA_CONFIG="${SRC_DIR}/.extforge-wheel.cfg" "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 # Out of hopper/: its source folder flash_attn_3/ (no _C) would shadow the installed package.
 cd "${SRC_DIR}"
 
@@ -43,16 +47,15 @@ ninja_log=$(find hopper/build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn-3.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${SRC_DIR}/fa3-subset.json" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn-3.json"
+"${PYTHON}" - "${ext}" "${SRC_DIR}/fa3-subset.json" "${torch_version}" "${torch_cuda}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn-3.json"
 import json, os, sys
-import torch
-ext, subset = sys.argv[1:]
+ext, subset, torch_version, torch_cuda = sys.argv[1:]
 print(json.dumps({
     "schema": 1,
     "name": "flash-attn-3",
     "extension": os.path.basename(ext),
-    "torch": torch.__version__,
-    "torch_cuda": torch.version.cuda,
+    "torch": torch_version,
+    "torch_cuda": None if torch_cuda == "None" else torch_cuda,
     "stable_abi_floor": "2.9",
     "cuda_archs": ["90a"] + (["80"] if "sm80" in json.load(open(subset))["features"] else []),
     "subset": json.load(open(subset)),

@@ -8,15 +8,16 @@ py_tag=$("${PYTHON}" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_
 # --- C++ ABI: the host torch decides, never the compiler's default -------------------------
 # Older torch adds -D_GLIBCXX_USE_CXX11_ABI=<n> itself; newer torch passes nothing and relies
 # on the compiler. Either way, what reaches the compilers must equal torch's ABI. One python
-# run for both answers: importing torch takes seconds, all of them before the first compile.
-read -r torch_abi cpp_ext_abi < <("${PYTHON}" - <<'PY'
+# run for every answer the build needs from torch (its version and CUDA go into the build
+# record): importing torch takes seconds, all of them before the first compile.
+read -r torch_abi torch_version torch_cuda cpp_ext_abi < <("${PYTHON}" - <<'PY'
 import torch
 from torch.utils import cpp_extension as ce
 flags: list[str] = []
 add = getattr(ce, "_add_gnu_cpp_abi_flag", None)
 if add is not None:
     add(flags)
-print(int(torch._C._GLIBCXX_USE_CXX11_ABI),
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__version__, torch.version.cuda,
       next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
 PY
 )
@@ -87,7 +88,11 @@ echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler defau
 # --- Which kernels, in which order (select_sources.py) ------------------------------------------
 "${PYTHON}" "${RECIPE_DIR}/select_sources.py" .
 
-"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+# pip builds a wheel only to unpack it into ${PREFIX}: deflating the full kernel set's 200+ MiB
+# module took ~10 s of a 32-core node's build for an archive that lives seconds (rattler-build
+# compresses the package itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
+printf '[bdist_wheel]\ncompression = stored\n' > "${SRC_DIR}/.extforge-wheel.cfg"
+DIST_EXTRA_CONFIG="${SRC_DIR}/.extforge-wheel.cfg" "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
 # Where the interpreter finds it (found, not loaded): site-packages on conda-forge's python,
 # a dist-packages folder on a Debian/Ubuntu python mirrored from a node.
@@ -104,10 +109,10 @@ ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${EXTFORGE_CXX_STD}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
+"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${EXTFORGE_CXX_STD}" \
+    "${torch_version}" "${torch_cuda}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
 import json, os, sys
-import torch
-ext, abi, compiler_default, libpython, cxx_std = sys.argv[1:]
+ext, abi, compiler_default, libpython, cxx_std, torch_version, torch_cuda = sys.argv[1:]
 print(json.dumps({
     "schema": 1,
     "name": "flash-attn",
@@ -115,8 +120,8 @@ print(json.dumps({
     "cxx11_abi": abi == "1",
     "cxx_std": cxx_std,
     "compiler_default_cxx11_abi": compiler_default == "1" if compiler_default else None,
-    "torch": torch.__version__,
-    "torch_cuda": torch.version.cuda,
+    "torch": torch_version,
+    "torch_cuda": None if torch_cuda == "None" else torch_cuda,
     "cuda_archs": os.environ["FLASH_ATTN_CUDA_ARCHS"].split(";"),
     "head_dims": os.environ.get("FLASH_ATTN_HEAD_DIMS") or "all",
     "linked_no_undefined": bool(libpython),

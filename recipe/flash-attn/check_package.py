@@ -18,6 +18,9 @@ assert spec is not None and spec.origin and spec.origin.endswith(".so"), spec
 assert Path(spec.origin).stat().st_size > 1_000_000, f"{spec.origin} is suspiciously small"
 
 info = json.loads((Path(sys.prefix) / "share/extforge/build/flash-attn.json").read_text())
+# The package's imports: the recipe's only import test (one test env, torch imported once).
+import flash_attn  # noqa: E402, F401
+import flash_attn_2_cuda  # noqa: E402, F401
 import torch  # noqa: E402  (after the cheap checks)
 
 assert info["cxx11_abi"] == bool(torch._C._GLIBCXX_USE_CXX11_ABI), info

@@ -194,7 +194,7 @@ def v1_pin(dep: object) -> str:
 def assert_same_tests(v1: dict, meta: dict) -> None:
     """meta.yaml's test section runs what the v1 recipe's tests run."""
     kinds = {next(iter(t)): t[next(iter(t))] for t in v1["tests"]}
-    assert meta["test"]["imports"] == kinds["python"]["imports"]
+    assert meta["test"].get("imports", []) == kinds.get("python", {}).get("imports", [])
     commands = "\n".join(meta["test"]["commands"])
     for pattern in kinds["package_contents"]["files"]:
         # rattler-build's `**/x` glob is a `find ${PREFIX} -path '*/x'` in conda-build's shell.

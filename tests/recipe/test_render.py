@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -99,10 +100,13 @@ def test_source_cache_location_comes_from_environment(recipe_dir: Path, monkeypa
 def test_recipe_tests_check_import_extension_and_wheel_tag(rendered, recipe_dir: Path) -> None:
     _, r = rendered[0]
     kinds = {next(iter(t)): t[next(iter(t))] for t in r["tests"]}
-    assert {"flash_attn", "flash_attn_2_cuda"} <= set(kinds["python"]["imports"])
     assert any("flash_attn_2_cuda" in f and f.endswith(".so") for f in kinds["package_contents"]["files"])
     assert "check_package.py" in str(kinds["script"])
-    assert "none-any" in (recipe_dir / "check_package.py").read_text()
+    script = (recipe_dir / "check_package.py").read_text()
+    assert "none-any" in script
+    # The one test env imports the package (no separate python test: one env, one torch import).
+    imported = {a.name for node in ast.walk(ast.parse(script)) if isinstance(node, ast.Import) for a in node.names}
+    assert {"flash_attn", "flash_attn_2_cuda"} <= imported
 
 
 def test_head_dim_subset_is_named_and_down_prioritised(recipe_dir: Path, tmp_path: Path) -> None:
