@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from . import __version__
-from .errors import EXIT_CANNOT_RUN, ExtforgeError
+from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError
 from .paths import cache_root
 from .ui import console, emit_json, setup_logging
 
@@ -146,6 +146,13 @@ def _run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except BrokenPipeError:
+        # The reader went away (`extforge plan --json | head`): nothing is wrong and nobody is
+        # left to tell. Later writes and the flush at exit go to /dev/null instead of raising.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)

@@ -6,6 +6,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # the command ran and found problems (audit errors, verify failures, stale lock)
 EXIT_CANNOT_RUN = 2  # bad input or an environment the command could not work in
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (what a shell reports for SIGPIPE)
 
 
 class ExtforgeError(Exception):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from extforge.channel.index import reindex
@@ -90,3 +92,15 @@ def test_a_recipe_yaml_error_names_its_line(sandbox):
     doc = _json_error(res)
     assert doc["error"].startswith(f"{recipe / 'recipe.yaml'} is not valid YAML: line 6, column 5")
     assert doc["why"] == "line 6 reads: '    - echo'" and "see the log" not in res.output
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(sandbox):
+    """`extforge plan --json | head -1`: the pipe closes before the JSON is written; the command
+    ends quietly with 141, as a shell reports a process that SIGPIPE ended."""
+    proc = subprocess.Popen([sys.executable, "-m", "extforge", "plan", "--cores", "32", "--memory", "256G", "--json"],
+                            cwd=sandbox.root, env=sandbox.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has started: every write meets a closed pipe
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "unexpectedly" not in stderr and "Exception ignored" not in stderr, stderr
