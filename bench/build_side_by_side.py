@@ -175,6 +175,14 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
     return wall, lines, parse_ninja_log(saved[0].read_text()), marks
 
 
+def write_timeline(json_out: Path | None, side: str, lines: Sequence[tuple[float, str]]) -> None:
+    """Every output line with its second since the build started, beside --json-out: where a
+    phase's seconds went (the env set-up's steps, say) is read from it after the node is gone."""
+    if json_out:
+        json_out.with_name(f"{json_out.stem}-{side}.timeline").write_text(
+            "".join(f"{t:8.2f} {line}\n" for t, line in sorted(lines, key=lambda tl: tl[0])))
+
+
 def table(sides: Sequence[Side]) -> list[str]:
     head = "| phase | " + " | ".join(f"{s.side} s" for s in sides) + " |"
     rows = [head, "|---|" + "---:|" * len(sides)]
@@ -256,6 +264,7 @@ def main() -> int:
                                                  args.head_dims)
             sides.append(Side("plain", round(wall, 1), phases(wall, lines, edges), unit_costs.unit_seconds(edges),
                               node, today, env))
+            write_timeline(args.json_out, "plain", lines)
         if args.only in (None, "recipe"):
             if not args.channel:
                 ap.error("--channel is needed for the recipe build")
@@ -273,6 +282,7 @@ def main() -> int:
             recipe_env = env | ({"MAX_JOBS": used[0], "NVCC_THREADS": used[1]} if used else {})
             sides.append(Side("recipe", round(wall, 1), phases(wall, lines, edges, marks), unit_costs.unit_seconds(edges),
                               node, today, recipe_env))
+            write_timeline(args.json_out, "recipe", [*lines, *((t, f"== {m}") for m, t in marks.items())])
         print(f"build folders and logs: {base}", file=sys.stderr)
     if args.json_out:
         args.json_out.write_text(json.dumps([asdict(s) for s in sides], indent=2))

@@ -36,6 +36,9 @@ RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
 # Run Q, the full side by side on one 32-core node: the recipe, then upstream's setup.py.
 RUN_Q = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-recipe.ninja_log"
 RUN_Q_PLAIN = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-plain.ninja_log"
+# Run S, the same side by side at once on one 64-core node, each build pinned to 32 of its cores.
+RUN_S = DATA / "2026-11-26-h200x4-halves-flash-attn-full-recipe.ninja_log"
+RUN_S_PLAIN = DATA / "2026-11-26-h200x4-halves-flash-attn-full-plain.ninja_log"
 # Full builds measured on nodes, sm_90, every head dim: (jobs, which order, seconds, link included,
 # what, the log whose node speed also scales a second prediction, or None).
 MEASURED = [
@@ -49,6 +52,11 @@ MEASURED = [
      "span (558 s from start to audit end); out of sample", RUN_Q),
     (32, "name", 577.1, False, "run Q's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
      "the recipe (ninja starts its units in name order), its compile span (595 s in all); out of sample", RUN_Q),
+    (32, "longest first", 667.8, False, "run S on 32 of a 64-core node's cores (four H200s), 2026-11-26, `extforge "
+     "build`, its compile span (700 s from start to audit end), the plain build on the other 32 at the same time; "
+     "out of sample", RUN_S),
+    (32, "name", 769.9, False, "run S's plain build, upstream's `setup.py bdist_wheel` on the other 32 cores at the "
+     "same time, its compile span (786 s in all); out of sample", RUN_S),
 ]
 
 
@@ -87,7 +95,7 @@ def main() -> int:
     link = load_profiles()["flash-attn"].link_seconds
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
-              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN]}
+              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN, RUN_S, RUN_S_PLAIN]}
     # The concurrency bench's node, from its one unit at the reference's compiles at once.
     bench_speed = same["levels"][str(args.reference)]["median_s"] / seconds[same["unit"]]
 

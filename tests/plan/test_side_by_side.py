@@ -99,3 +99,14 @@ def test_emitted_costs_are_what_the_planner_reads(bench, tmp_path: Path, monkeyp
     costs = unit_costs.load("flash-attn")
     assert costs is not None and costs.archs == ("90",) and "H100 node" in (costs.measured or "")
     assert costs.seconds() == {"flash_bwd_hdim128_fp16_sm80": 250.0, "flash_fwd_hdim128_fp16_sm80": 100.0}
+
+
+def test_the_timeline_keeps_every_line_and_mark_in_time_order(bench, tmp_path: Path) -> None:
+    """Where the env set-up's seconds went is read from this file once the node is gone."""
+    bench.write_timeline(tmp_path / "recipe-side.json", "recipe", [*LINES, (960.0, "== tests"), (2.5, "== solve")])
+    text = (tmp_path / "recipe-side-recipe.timeline").read_text().splitlines()
+    assert len(text) == len(LINES) + 2
+    assert [float(line.split()[0]) for line in text] == sorted(float(line.split()[0]) for line in text)
+    assert text[1] == "    2.50 == solve" and text[-3:] == ["  960.00 == tests", *(f"{t:8.2f} {line}" for t, line in LINES[-2:])]
+    bench.write_timeline(None, "plain", LINES)  # no --json-out: nothing written, nothing fails
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe-side-recipe.timeline"]
