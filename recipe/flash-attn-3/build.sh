@@ -34,10 +34,8 @@ echo "flash-attn-3 build: torch ${torch_version}, ${EXTFORGE_CXX_STD}, MAX_JOBS=
      "disabled: ${FA3_DISABLED:-none}" >&2
 
 cd "${SRC_DIR}/hopper"
-# pip builds a wheel only to unpack it into ${PREFIX}: stored, not deflated (rattler-build
-# compresses the package itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
-printf '[bdist_wheel]\ncompression = stored\n' > "${SRC_DIR}/.extforge-wheel.cfg"
-DIST_EXTRA_CONFIG="${SRC_DIR}/.extforge-wheel.cfg" "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+# compiler_checks.sh has set pip's wheel to stored (DIST_EXTRA_CONFIG).
+"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 # Out of hopper/: its source folder flash_attn_3/ (no _C) would shadow the installed package.
 cd "${SRC_DIR}"
 

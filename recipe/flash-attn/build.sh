@@ -88,11 +88,8 @@ echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler defau
 # --- Which kernels, in which order (select_sources.py) ------------------------------------------
 "${PYTHON}" "${RECIPE_DIR}/select_sources.py" .
 
-# pip builds a wheel only to unpack it into ${PREFIX}: deflating the full kernel set's 200+ MiB
-# module took ~10 s of a 32-core node's build for an archive that lives seconds (rattler-build
-# compresses the package itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
-printf '[bdist_wheel]\ncompression = stored\n' > "${SRC_DIR}/.extforge-wheel.cfg"
-DIST_EXTRA_CONFIG="${SRC_DIR}/.extforge-wheel.cfg" "${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
+# compiler_checks.sh has set pip's wheel to stored (DIST_EXTRA_CONFIG).
+"${PYTHON}" -m pip install . --no-deps --no-build-isolation --no-index -vv
 
 # Where the interpreter finds it (found, not loaded): site-packages on conda-forge's python,
 # a dist-packages folder on a Debian/Ubuntu python mirrored from a node.

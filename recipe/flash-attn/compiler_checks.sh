@@ -1,5 +1,6 @@
 # Sourced by the build.sh of recipes that compile against torch's headers (flash-attn,
-# flash-attn-3): the C++ standard and C++ runtime every such build needs, checked before any compile.
+# flash-attn-3): the C++ standard and C++ runtime every such build needs, checked before any compile,
+# and how their `pip install .` packs the wheel it builds.
 
 # --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
 EXTFORGE_CXX_STD=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
@@ -13,3 +14,10 @@ if [[ ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
          "C++ runtime beside torch's libstdc++.so.6); build with conda's gxx or a g++ that has libstdc++.so" >&2
     exit 1
 fi
+
+# --- pip's wheel: stored, not deflated ---------------------------------------------------------
+# pip builds a wheel only to unpack it into ${PREFIX}: deflating the full kernel set's 200+ MiB
+# module took ~10 s of a 32-core node's build for an archive that lives seconds (rattler-build
+# compresses the package itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
+printf '[bdist_wheel]\ncompression = stored\n' > "${SRC_DIR}/.extforge-wheel.cfg"
+export DIST_EXTRA_CONFIG="${SRC_DIR}/.extforge-wheel.cfg"
