@@ -39,6 +39,9 @@ RUN_Q_PLAIN = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-plain.ninja_log"
 # Run S, the same side by side at once on one 64-core node, each build pinned to 32 of its cores.
 RUN_S = DATA / "2026-11-26-h200x4-halves-flash-attn-full-recipe.ninja_log"
 RUN_S_PLAIN = DATA / "2026-11-26-h200x4-halves-flash-attn-full-plain.ninja_log"
+# Run T, run Q's side by side again on another 32-core node, with the recipe's fixed steps cut.
+RUN_T = DATA / "2026-11-26-run-t-h200x2-32cores-flash-attn-full-recipe.ninja_log"
+RUN_T_PLAIN = DATA / "2026-11-26-run-t-h200x2-32cores-flash-attn-full-plain.ninja_log"
 # Full builds measured on nodes, sm_90, every head dim: (jobs, which order, seconds, link included,
 # what, the log whose node speed also scales a second prediction, or None).
 MEASURED = [
@@ -57,6 +60,10 @@ MEASURED = [
      "out of sample", RUN_S),
     (32, "name", 769.9, False, "run S's plain build, upstream's `setup.py bdist_wheel` on the other 32 cores at the "
      "same time, its compile span (786 s in all); out of sample", RUN_S),
+    (32, "longest first", 483.7, False, "run T on a 32-core node (two H200s), 2026-11-26, `extforge build`, its "
+     "compile span (520 s from start to audit end); out of sample", RUN_T),
+    (32, "name", 666.0, False, "run T's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
+     "the recipe, its compile span (684 s in all); out of sample", RUN_T),
 ]
 
 
@@ -95,7 +102,7 @@ def main() -> int:
     link = load_profiles()["flash-attn"].link_seconds
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
-              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN, RUN_S, RUN_S_PLAIN]}
+              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN, RUN_S, RUN_S_PLAIN, RUN_T, RUN_T_PLAIN]}
     # The concurrency bench's node, from its one unit at the reference's compiles at once.
     bench_speed = same["levels"][str(args.reference)]["median_s"] / seconds[same["unit"]]
 
