@@ -33,15 +33,24 @@ SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
 # A build whose node speed is measured but whose units the costs leave out: they come from a node
 # of another speed (16 compiles at once, yet faster than 13 on run J's node).
 RUN_P = DATA / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
-# Run Q, the full side by side on one 32-core node: the recipe, then upstream's setup.py.
-RUN_Q = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-recipe.ninja_log"
-RUN_Q_PLAIN = DATA / "2026-11-26-h200x2-32cores-flash-attn-full-plain.ninja_log"
-# Run S, the same side by side at once on one 64-core node, each build pinned to 32 of its cores.
-RUN_S = DATA / "2026-11-26-h200x4-halves-flash-attn-full-recipe.ninja_log"
-RUN_S_PLAIN = DATA / "2026-11-26-h200x4-halves-flash-attn-full-plain.ninja_log"
-# Run T, run Q's side by side again on another 32-core node, with the recipe's fixed steps cut.
-RUN_T = DATA / "2026-11-26-run-t-h200x2-32cores-flash-attn-full-recipe.ninja_log"
-RUN_T_PLAIN = DATA / "2026-11-26-run-t-h200x2-32cores-flash-attn-full-plain.ninja_log"
+
+
+def side_by_side(run: str, recipe_log: Path, where: str, recipe: tuple[float, int], plain: tuple[float, int],
+                 plain_when: str, beside: str = "") -> list[tuple[int, str, float, bool, str, Path]]:
+    """The MEASURED rows of one side by side on a node (docs/gpu-e2e/): the recipe's build, then
+    upstream's setup.py with the same settings, each as (compile span, seconds in all). Both are
+    predicted at the speed of the recipe's log; the plain build's log lies beside it."""
+    return [(32, "longest first", recipe[0], False, f"run {run} {where}, 2026-11-26, `extforge build`, its compile span "
+             f"({recipe[1]} s from start to audit end){beside}; out of sample", recipe_log),
+            (32, "name", plain[0], False, f"run {run}'s plain build, upstream's `setup.py bdist_wheel` {plain_when}, its "
+             f"compile span ({plain[1]} s in all); out of sample", recipe_log)]
+
+
+def plain_log(log: Path) -> Path | None:
+    """The plain build's log beside a side by side's recipe log; None for any other log."""
+    return log.with_name(log.name.replace("-recipe.", "-plain.")) if "-recipe." in log.name else None
+
+
 # Full builds measured on nodes, sm_90, every head dim: (jobs, which order, seconds, link included,
 # what, the log whose node speed also scales a second prediction, or None).
 MEASURED = [
@@ -51,19 +60,16 @@ MEASURED = [
      "compilers (setuptools compiles the sources in name order); out of sample: no unit cost comes from it", None),
     (16, "longest first", 850.0, False, "run P on a 16-core node, 2026-11-26, `extforge build`, its compile span (first "
      "to last nvcc; 946 s from start to package); out of sample", RUN_P),
-    (32, "longest first", 469.7, False, "run Q on a 32-core node (two H200s), 2026-11-26, `extforge build`, its compile "
-     "span (558 s from start to audit end); out of sample", RUN_Q),
-    (32, "name", 577.1, False, "run Q's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
-     "the recipe (ninja starts its units in name order), its compile span (595 s in all); out of sample", RUN_Q),
-    (32, "longest first", 667.8, False, "run S on 32 of a 64-core node's cores (four H200s), 2026-11-26, `extforge "
-     "build`, its compile span (700 s from start to audit end), the plain build on the other 32 at the same time; "
-     "out of sample", RUN_S),
-    (32, "name", 769.9, False, "run S's plain build, upstream's `setup.py bdist_wheel` on the other 32 cores at the "
-     "same time, its compile span (786 s in all); out of sample", RUN_S),
-    (32, "longest first", 483.7, False, "run T on a 32-core node (two H200s), 2026-11-26, `extforge build`, its "
-     "compile span (520 s from start to audit end); out of sample", RUN_T),
-    (32, "name", 666.0, False, "run T's plain build, upstream's `setup.py bdist_wheel` on the same node right after "
-     "the recipe, its compile span (684 s in all); out of sample", RUN_T),
+    *side_by_side("Q", DATA / "2026-11-26-h200x2-32cores-flash-attn-full-recipe.ninja_log",
+                  "on a 32-core node (two H200s)", (469.7, 558), (577.1, 595),
+                  "on the same node right after the recipe (ninja starts its units in name order)"),
+    *side_by_side("S", DATA / "2026-11-26-h200x4-halves-flash-attn-full-recipe.ninja_log",
+                  "on 32 of a 64-core node's cores (four H200s)", (667.8, 700), (769.9, 786),
+                  "on the other 32 cores at the same time", beside=", the plain build on the other 32 at the same time"),
+    # Run Q's setting again on another node of that kind, with the recipe's fixed steps cut.
+    *side_by_side("T", DATA / "2026-11-26-run-t-h200x2-32cores-flash-attn-full-recipe.ninja_log",
+                  "on a 32-core node (two H200s)", (483.7, 520), (666.0, 684),
+                  "on the same node right after the recipe"),
 ]
 
 
@@ -102,7 +108,7 @@ def main() -> int:
     link = load_profiles()["flash-attn"].link_seconds
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
-              for p in [*logs, RUN_P, RUN_Q, RUN_Q_PLAIN, RUN_S, RUN_S_PLAIN, RUN_T, RUN_T_PLAIN]}
+              for log in dict.fromkeys([*logs, *(m[5] for m in MEASURED if m[5])]) for p in (log, plain_log(log)) if p}
     # The concurrency bench's node, from its one unit at the reference's compiles at once.
     bench_speed = same["levels"][str(args.reference)]["median_s"] / seconds[same["unit"]]
 
