@@ -19,7 +19,7 @@ if [[ "${stable_ok}" != "1" ]]; then
     exit 1
 fi
 # The C++ standard torch's headers demand (c++20 for torch 2.14), and a shared libstdc++.
-source "${RECIPE_DIR}/compiler_checks.sh"
+source "${BUILD_PREFIX}/share/extforge-torch-build/compiler_checks.sh"
 
 # --- Sources: pinned trees, no network, no git, the subset's switches --------------------------
 "${PYTHON}" "${RECIPE_DIR}/prepare_sources.py" "${SRC_DIR}" \

@@ -42,7 +42,7 @@ fi
 
 # Upstream compiles host and device code with -std=c++17; select_sources.py raises it to the
 # standard compiler_checks.sh reads from torch's headers.
-source "${RECIPE_DIR}/compiler_checks.sh"
+source "${BUILD_PREFIX}/share/extforge-torch-build/compiler_checks.sh"
 
 # --- Link: a symbol missing from the build-time libtorch fails here, not on a user's node ----
 libpython=""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import compile_cache, engine, machine, paths, plan
+from . import build_layer, compile_cache, engine, machine, paths, plan, stopping
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -351,7 +351,10 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     log.info("build log: %s; variant files: %s; env: %s", log_file, [str(f) for f in files], env)
     bld = output_dir / "bld"
     built: list[BuiltPackage] = []
-    with log_file.open("w") as fh, environment(env):
+    # rattler-build starts build scripts with a clean environment: the layer reads these from a file.
+    layer_settings = {k: v for k, v in env.items() if k != "CONDA_OVERRIDE_CUDA"}
+    uses_layer = build_layer.uses_layer(recipe_file.read_text())
+    with log_file.open("w") as fh, environment(env), stopping.stoppable() as stop:
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against
@@ -359,13 +362,22 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             tests_before = set(rattler_test_envs(output_dir))
+            if uses_layer:
+                build_layer.write_settings(output_dir, layer_settings)
             try:
-                with progress_reports(sink, bld, before, options.profile or recipe_file.parent.name, merged):
+                with progress_reports(sink, bld, before, options.profile or recipe_file.parent.name, merged), stop.engine():
                     result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except BaseException as exc:
                 if not engine.engine_failure(exc):
                     raise
                 kept = sorted(set(bld.glob("rattler-build_*")) - before)
+                if stop.signal:
+                    # Not a failure to diagnose: the compilers died because they were told to.
+                    for work in kept:
+                        shutil.rmtree(work, ignore_errors=True)
+                    fh.write(f"extforge: build stopped by {stop.name}; its work folders were removed\n")
+                    fh.flush()
+                    stop.check()
                 if failed_solve(exc):
                     # Nothing ran yet: the work folder holds only a copy of the sources.
                     for work in kept:

@@ -19,6 +19,8 @@ from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine
 from extforge.paths import cache_root
 
+LAYER = Path(__file__).resolve().parents[2] / "src" / "extforge" / "data" / "torch-build"
+
 SDIST_NAME = "flash_attn-2.8.3"
 
 
@@ -118,9 +120,9 @@ def torch_headers(*versions: str) -> Path | None:
     return None
 
 
-def cxx_std(recipe_dir: Path, torch: Path) -> str:
-    """What build.sh passes on: the standard torch_cxx_std.py derives from these headers."""
-    return subprocess.run([sys.executable, str(recipe_dir / "torch_cxx_std.py"), "g++"], capture_output=True, text=True,
+def cxx_std(torch: Path) -> str:
+    """What build.sh passes on: the standard the build layer's torch_cxx_std.py derives from these headers."""
+    return subprocess.run([sys.executable, str(LAYER / "torch_cxx_std.py"), "g++"], capture_output=True, text=True,
                           check=True, env={**os.environ, "PYTHONPATH": str(torch)}).stdout.strip()
 
 
@@ -168,7 +170,7 @@ def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
                f"{torch}/torch/include/torch/csrc/api/include", "/usr/local/cuda/include", f"{torch}/nvidia/cu13/include",
                sysconfig.get_paths()["include"]]
-    subprocess.run(["g++", "-c", "-O0", f"-std={cxx_std(recipe_dir, torch)}", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
+    subprocess.run(["g++", "-c", "-O0", f"-std={cxx_std(torch)}", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
                     *[f"-I{i}" for i in include], "csrc/flash_attn/flash_api.cpp", "-o", "flash_api.o"],
                    cwd=work, check=True)
     syms = subprocess.run(["nm", "-uC", "flash_api.o"], cwd=work, capture_output=True, text=True, check=True).stdout
@@ -238,7 +240,7 @@ def test_a_split_unit_compiles_each_side_of_its_switch_once(recipe_dir: Path, sd
         pytest.skip("no torch 2.14.1 wheel in the cache (tests/audit installs one)")
     unit = "flash_fwd_hdim32_fp16_causal_sm80"
     work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="32", EXTFORGE_SHARD_UNITS=unit,
-                      EXTFORGE_CXX_STD=cxx_std(recipe_dir, torch))
+                      EXTFORGE_CXX_STD=cxx_std(torch))
     assert std_flags(work / "setup.py")[0] == "-std=c++20"
     syms = _nvcc_objects(work, torch, [unit, unit + "_shard1"])
     side1 = "run_mha_fwd_hdim32<cutlass::half_t, true, 1>(flash::Flash_fwd_params&, CUstream_st*)"

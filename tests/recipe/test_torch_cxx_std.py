@@ -1,4 +1,4 @@
-"""recipe/flash-attn/torch_cxx_std.py (demo-ext links it): the C++ standard a torch's headers
+"""torch_cxx_std.py of the build layer (extforge-torch-build): the C++ standard a torch's headers
 require, read from their `__cplusplus` guard, else probed with a real g++."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from .test_select_sources import torch_headers
 
-SCRIPT = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn" / "torch_cxx_std.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "src" / "extforge" / "data" / "torch-build" / "torch_cxx_std.py"
 # The head of torch 2.14.1's ATen/ATen.h, verbatim.
 ATEN_2_14 = """#pragma once
 

@@ -4,8 +4,6 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 nvcc_threads = os.environ.get("NVCC_THREADS", "1")
-# The standard the host torch's headers require (the recipe derives it); unset: torch's default.
-std = [f"-std={os.environ['EXTFORGE_CXX_STD']}"] if os.environ.get("EXTFORGE_CXX_STD") else []
 
 setup(
     name="demo-ext",
@@ -15,7 +13,7 @@ setup(
         CUDAExtension(
             name="demo_ext._C",
             sources=["demo_ext/csrc/rmsnorm.cpp", "demo_ext/csrc/rmsnorm_kernel.cu"],
-            extra_compile_args={"cxx": ["-O3", *std], "nvcc": ["-O3", *std, "--threads", nvcc_threads]},
+            extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--threads", nvcc_threads]},
         )
     ],
     cmdclass={"build_ext": BuildExtension},

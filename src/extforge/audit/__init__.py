@@ -6,6 +6,7 @@ extforge.stamp holds the audit metadata written into packages.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,7 +101,9 @@ def _audit_payload(
     resolver = Resolver(env, payload.root)
     subdir = report.platform = _target_subdir(payload, env, resolver)
     report.extend(_platform_findings(payload, subdir))
-    ctx = Context(env=env, resolver=resolver, archs=archs, glibc=floor, subdir=subdir)
+    recorded = recorded_archs(payload.root) if archs is None and payload.kind == "conda" else None
+    ctx = Context(env=env, resolver=resolver, archs=archs or recorded, glibc=floor, subdir=subdir,
+                  exact_archs=recorded is not None)
     try:
         for path in payload.elf_files:
             rel = payload.relative(path)
@@ -123,6 +126,19 @@ def _audit_payload(
                                                "pass --glibc to check a node's floor"))
     report.seconds = time.monotonic() - start
     return report
+
+
+def recorded_archs(root: Path) -> list[str] | None:
+    """The exact code list ("sm_90", "compute_90") a package's build record says extforge's build
+    layer compiled for (share/extforge/build/<name>.json, key `layer`); None: no such record."""
+    for record in sorted((root / "share" / "extforge" / "build").glob("*.json")):
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("layer") and isinstance(data.get("cuda_archs"), list):
+            return [str(a) for a in data["cuda_archs"] if a] or None
+    return None
 
 
 def _target_subdir(payload: Payload, env: TargetEnv, resolver: Resolver) -> str | None:

@@ -33,6 +33,9 @@ class Context:
     archs: list[str] | None  # promised GPU archs ("sm_90"); None: report only
     glibc: str | None  # the node's glibc floor; None: report only
     subdir: str | None = None  # the platform the modules must run on ("linux-64"); None: unknown
+    # The archs are the build's exact code list (the build record of extforge's build layer):
+    # code for any other arch is a finding too (upstream's own -gencode got through).
+    exact_archs: bool = False
 
 
 @dataclass
@@ -249,6 +252,18 @@ def gpu_findings(ctx: Context, obj: ElfObject, rel: str, facts: ModuleFacts) -> 
                 "warning", "gpu", f"{rel}: {arch} is served only by PTX (has {has})", module=rel, arch=arch,
                 cause="the driver JIT-compiles the PTX at first use: a slow first start, maybe slower kernels",
                 fix=f"add SASS for it: {gencode(arch)}",
+            ))
+    if ctx.exact_archs:
+        extra = [a for a in facts.sass_archs + facts.ptx_archs if a not in ctx.archs]
+        if extra:
+            findings.append(Finding(
+                "error", "gpu", f"{rel}: has code for {', '.join(extra)}, which the build's arch list "
+                                f"({', '.join(ctx.archs)}) does not name",
+                module=rel, arch=extra[0],
+                cause="a -gencode/-arch flag other than the variant's reached nvcc (upstream's build files, or a "
+                      "compiler outside the build layer), so the package's build string and variant lie about its code",
+                fix="build with the extforge-torch-build layer (it replaces upstream's arch flags), or add these archs "
+                    "to the variant's cuda_archs",
             ))
     return findings
 

@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import __version__
+from ..build_layer import LAYER_PACKAGE, layer_files
 from ..doctor.compiler import parse_print_file_name
 from ..errors import ExtforgeError
 from ..ui import log
@@ -112,7 +114,23 @@ def compiler_jobs(tc: Toolchain) -> list[PackageJob]:
         ),
     ]
     patchelf = patchelf_job()
-    return jobs + ([patchelf] if patchelf else [])
+    return jobs + ([patchelf] if patchelf else []) + [layer_job()]
+
+
+def layer_job() -> PackageJob:
+    """The build layer every torch extension recipe lists (extforge.build_layer): extforge's own
+    files, so every channel `extforge mirror` writes can build any such recipe."""
+    texts = [list(f) for f in layer_files()]
+    return PackageJob(
+        name=LAYER_PACKAGE,
+        version=__version__,
+        build_string="h${{ hash }}_0",
+        manifest={"texts": texts},
+        identity=text_identity(*(f"{path}:{mode}:{body}" for path, body, mode in texts)),
+        summary="extforge's build layer for torch extensions: no network, the variant's GPU archs, torch's C++ ABI "
+                "and standard, planned jobs, compile cache, build record",
+        license="BSD-3-Clause",
+    )
 
 
 def patchelf_job() -> PackageJob | None:

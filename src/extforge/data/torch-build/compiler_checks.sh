@@ -1,9 +1,10 @@
-# Sourced by the build.sh of recipes that compile against torch's headers (flash-attn,
-# flash-attn-3): the C++ standard and C++ runtime every such build needs, checked before any compile,
-# and how their `pip install .` packs the wheel it builds.
+# Part of extforge-torch-build, for recipes with a build script of their own (flash-attn,
+# flash-attn-3 list the package with EXTFORGE_LAYER=files and source this from build.sh): the
+# C++ standard and C++ runtime every such build needs, checked before any compile, and how their
+# `pip install .` packs the wheel it builds.
 
 # --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
-EXTFORGE_CXX_STD=$("${PYTHON}" "${RECIPE_DIR}/torch_cxx_std.py" "${CXX}")
+EXTFORGE_CXX_STD=$("${PYTHON}" "${BUILD_PREFIX}/share/extforge-torch-build/torch_cxx_std.py" "${CXX}")
 export EXTFORGE_CXX_STD
 
 # --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------

@@ -1,1 +1,0 @@
-../flash-attn/compiler_checks.sh

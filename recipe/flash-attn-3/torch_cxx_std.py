@@ -1,1 +1,0 @@
-../flash-attn/torch_cxx_std.py

@@ -1,0 +1,107 @@
+"""The build layer every torch extension recipe gets: the `extforge-torch-build` package.
+
+A recipe lists `extforge-torch-build` in its build requirements (as a conda-forge recipe lists
+its compilers); the package's activation script (data/torch-build/activate.sh) then applies
+extforge's guarantees to whatever the recipe's script runs: no network, the variant's GPU archs
+enforced on nvcc, torch's C++ ABI and standard, MAX_JOBS/NVCC_THREADS, the compile cache, a
+build record. What `extforge build` decides for one variant (the planner's job counts, the
+compile cache) reaches the activation through a settings file beside rattler-build's work
+folders: rattler-build starts build scripts with a clean environment.
+
+Public API: LAYER_PACKAGE, layer_files(), switches(), switch_for(text), uses_layer(text),
+write_settings(output_dir, values).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from ruamel.yaml import YAML
+
+LAYER_PACKAGE = "extforge-torch-build"
+SHARE = "share/extforge-torch-build"
+# Beside rattler-build's work folders (<output>/bld/rattler-build_<name>_<time>): the activation
+# reads $BUILD_DIR/../ this file.
+SETTINGS_FILE = "extforge-build-settings.sh"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An upstream setup.py's own switch between compiling and downloading a prebuilt wheel."""
+
+    package: str
+    wheel: str  # the wheel file name's start, as in the URL upstream guesses
+    values: dict[str, str]
+
+    def assignment(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values.items())
+
+
+def _data(name: str) -> str:
+    return resources.files("extforge").joinpath(f"data/{name}").read_text(encoding="utf-8")
+
+
+@cache
+def switches() -> tuple[Switch, ...]:
+    rows = YAML(typ="safe").load(_data("download-switches.yaml"))["switches"]
+    return tuple(Switch(r["package"], r["wheel"], {str(k): str(v) for k, v in r["set"].items()}) for r in rows)
+
+
+def switch_for(text: str) -> Switch | None:
+    """The switch of the package whose wheel a download URL or log line names (longest name first:
+    `flash_attn_3` before `flash_attn`)."""
+    for sw in sorted(switches(), key=lambda s: -len(s.wheel)):
+        if re.search(rf"(?<![\w]){re.escape(sw.wheel)}-\d", text):
+            return sw
+    return None
+
+
+def switches_sh() -> str:
+    lines = ["# Generated from extforge's download-switches.yaml: every known switch to build, not download."]
+    lines += [f"export {k}={shlex.quote(v)}" for sw in switches() for k, v in sw.values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def layer_files() -> list[tuple[str, str, str]]:
+    """The package's files as (path in the prefix, content, octal mode)."""
+    root = resources.files("extforge").joinpath("data/torch-build")
+    out = [("etc/conda/activate.d/extforge-torch-build.sh", root.joinpath("activate.sh").read_text(), "644"),
+           ("bin/extforge-nvcc", root.joinpath("extforge-nvcc").read_text(), "755"),
+           (f"{SHARE}/switches.sh", switches_sh(), "644")]
+    for name in ("in-build.sh", "cxx-wrapper.sh", "compiler_checks.sh", "torch_facts.py", "torch_cxx_std.py", "archs.py",
+                 "scan_flags.py", "record.py", "python/sitecustomize.py"):
+        mode = "755" if name.endswith("-wrapper.sh") else "644"
+        out.append((f"{SHARE}/{name}", root.joinpath(name).read_text(), mode))
+    return out
+
+
+LISTED = re.compile(rf"^\s*-\s*{re.escape(LAYER_PACKAGE)}\b", re.M)
+
+
+def uses_layer(recipe_text: str) -> bool:
+    """Whether a recipe lists the layer package (in its build requirements)."""
+    return bool(LISTED.search(recipe_text))
+
+
+def settings_text(values: Mapping[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(values.items()))
+
+
+def write_settings(output_dir: Path, values: Mapping[str, str]) -> Path:
+    """The settings file the next build in `output_dir` reads (owner-only writable: the
+    activation ignores one that someone else could have written)."""
+    bld = output_dir / "bld"
+    bld.mkdir(parents=True, exist_ok=True)
+    path = bld / SETTINGS_FILE
+    tmp = bld / f".{SETTINGS_FILE}.{os.getpid()}"
+    tmp.write_text(settings_text(values))
+    tmp.chmod(0o644)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,51 @@
+"""extforge-torch-build: no Python process of a build reaches the network. Loaded by every
+interpreter the build starts (PYTHONPATH); an audit hook refuses resolving or connecting to any
+address that is not this machine, and records the attempt for the end-of-build check.
+
+The refusal is a BaseException on purpose: upstream setup.py files catch urllib's errors and
+fall back, or worse, retry; this one ends the process with a message that names the address."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import sysconfig
+import traceback
+
+LOCAL_NAMES = {"localhost", "", "::1", "0.0.0.0"}
+STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+class NetworkRefused(BaseException):
+    pass
+
+
+def _local(host: object) -> bool:
+    if isinstance(host, bytes):
+        host = host.decode(errors="replace")
+    return host is None or not isinstance(host, str) or host in LOCAL_NAMES or host.startswith("127.")
+
+
+def _hook(event: str, args: tuple) -> None:
+    if event == "socket.getaddrinfo":
+        host = args[0]
+    elif event == "socket.connect" and args[0].family in (socket.AF_INET, socket.AF_INET6):
+        host = args[1][0]
+    else:
+        return
+    if _local(host):
+        return
+    # The innermost caller outside the standard library: upstream's setup.py, usually.
+    frame = next((f for f in reversed(traceback.extract_stack()[:-1])
+                  if not f.filename.startswith(STDLIB) and f.filename != __file__), None)
+    where = f" from {frame.filename}:{frame.lineno}" if frame else ""
+    line = f"{host}{where} (python {' '.join(sys.argv[:3])})"
+    log = os.environ.get("EXTFORGE_NETWORK_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write(line + "\n")
+    raise NetworkRefused(f"extforge-torch-build: network access during a build is refused: {line}")
+
+
+sys.addaudithook(_hook)
