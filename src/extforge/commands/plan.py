@@ -26,7 +26,11 @@ def parse_archs(text: str) -> tuple[str, ...]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=option_type(positive_int), help="plan for this many cores instead of this machine's")
     parser.add_argument("--memory", type=option_type(positive_size(parse_memory)), help="plan for this much memory, e.g. 128G")
-    parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
+    parser.add_argument("--profile", default="flash-attn",
+                        help="the recipe to plan for: a profile shipped with extforge (flash-attn, flash-attn-3, demo-ext), "
+                        "else what earlier builds of it taught the cost store ($EXTFORGE_COST_STORE, default "
+                        "<cache root>/unit-costs), else a conservative estimate")
+    parser.add_argument("--version", default=None, help="the recipe's version in the cost store (default: the newest measured)")
     parser.add_argument("--archs", type=option_type(parse_archs), default="80,90", help="GPU archs, comma separated (default 80,90)")
     parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
     parser.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
     head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip())
-    plan = plan_build(machine, args.profile, args.archs, head_dims, args.node_speed)
+    plan = plan_build(machine, args.profile, args.archs, head_dims, args.node_speed, version=args.version)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
@@ -55,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
               "measured so far)" if plan.wall_range_seconds else "")
     console.print(
         f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
+        f"  numbers: {plan.numbers_from}\n"
         f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
         f"  expected wall time ~{minutes(plan.expected_wall_seconds)} (compile + link)"
