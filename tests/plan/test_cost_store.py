@@ -19,6 +19,7 @@ from extforge.machine import GIB, Machine
 from extforge.unit_costs import lpt_makespan, parse_ninja_log
 
 # causal-conv1d 1.7.0's four units as a 2-job build on 2 cores ran them (setuptools' name order).
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 UNITS = {"causal_conv1d": 60.0, "causal_conv1d_bwd": 240.0, "causal_conv1d_fwd": 95.0, "causal_conv1d_update": 410.0}
 
 
@@ -171,3 +172,13 @@ def test_a_real_ninja_log(tmp_path: Path) -> None:
     assert entry is not None and entry.jobs == 2
     assert all(abs(entry.units[u] - s / 500) < 0.3 for u, s in UNITS.items())
     assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order[0] == "causal_conv1d_update"
+
+
+def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.ninja_log", tmp_path / "second.ninja_log"
+    first.write_text(ninja_log(UNITS, 2))
+    # The second build on a machine 10% slower, its units started longest first.
+    second.write_text(ninja_log({u: UNITS[u] * 1.1 for u in sorted(UNITS, key=lambda u: -UNITS[u])}, 2))
+    out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "planner error on second build: -9.1%" in out and "in the second's start order: 410.0 s" in out
