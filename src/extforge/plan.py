@@ -20,6 +20,7 @@ from .errors import ExtforgeError
 from .machine import GIB, Machine
 
 DEFAULT_ARCHS: tuple[str, ...] = ("80", "90")
+DEFAULT_PROFILE = "flash-attn"
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def numbers_for(profile: str, version: str | None = None, units: int | None = No
                             f"measured units, {cost_store.root()} has none yet)", units_known=bool(units))
 
 
-def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
+def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
                head_dims: tuple[int, ...] = (), node_speed: float = 1.0, version: str | None = None,
                units: int | None = None) -> BuildPlan:
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles

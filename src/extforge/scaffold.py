@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 from .channel.hashing import sha256_file
 from .errors import ExtforgeError
 
-PYPI_JSON = "https://pypi.org/pypi/{name}/{version}/json"
+PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
 EXTENSION_CALLS = ("CUDAExtension", "CppExtension")
 # Installed for every build by the recipe shape below; upstream's own mention adds nothing.
 HOST_BASE = ("python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch")
@@ -111,8 +111,8 @@ def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) ->
     return Sdist(str(f["filename"]), str(f["url"]), str(f["digests"]["sha256"]))
 
 
-def pypi_sdist(name: str, version: str, index_json: str = PYPI_JSON) -> Sdist:
-    url = index_json.format(name=canonicalize_name(name), version=version)
+def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
+    url = f"{index.rstrip('/')}/{canonicalize_name(name)}/{version}/json"
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             data = json.load(response)

@@ -190,3 +190,39 @@ def test_pypi_json_gives_the_sdist() -> None:
     with pytest.raises(Exception, match="no sdist"):
         scaffold.sdist_from_pypi_json({"urls": data["urls"][:1]}, "x", "1")
 
+
+
+def test_plan_for_a_new_recipe_counts_its_units_from_the_cached_sdist(tmp_path: Path, sdist: Path, monkeypatch,
+                                                                       capsys) -> None:
+    main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--archs", "80,90"])
+    recipe, store = tmp_path / "tiny-conv", tmp_path / "sources"
+    monkeypatch.setenv("EXTFORGE_SOURCES", str(store))
+    plan_args = ["plan", str(recipe), "--cores", "64", "--memory", "512G", "--json"]
+    capsys.readouterr()
+    assert main(plan_args) == 0
+    before = json.loads(capsys.readouterr().out)["plan"]
+    assert before["profile"] == "tiny-conv" and before["archs"] == ["80", "90"]
+    assert main(["sources", "fetch", str(recipe), "--from", str(sdist.parent), "--dest", str(store)]) == 0
+    capsys.readouterr()
+    assert main(plan_args) == 0
+    after = json.loads(capsys.readouterr().out)["plan"]
+    # setup.py lists three sources: no more than three jobs, however big the node.
+    assert after["numbers_from"].startswith("default estimate") and after["max_jobs"] == 3 < before["max_jobs"]
+
+
+def test_recipe_new_from_an_index_checks_the_sdist_it_downloads(tmp_path: Path, sdist: Path, capsys) -> None:
+    """PyPI's JSON API, as a site's proxy (here a folder) serves it: the sdist's URL and sha256."""
+    def index(sha256: str) -> str:
+        release = tmp_path / f"index-{sha256[:4]}" / "tiny-conv" / "1.7.0"
+        release.mkdir(parents=True)
+        (release / "json").write_text(json.dumps({"urls": [{"packagetype": "sdist", "filename": sdist.name,
+                                                           "url": sdist.as_uri(), "digests": {"sha256": sha256}}]}))
+        return release.parents[1].as_uri()
+
+    good = index(sha256_file(sdist))
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--index", good, "--dest", str(tmp_path / "r"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["sdist"] == {"filename": sdist.name, "url": sdist.as_uri(), "sha256": sha256_file(sdist)}
+    assert not any("derived" in u for u in out["undecided"])
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--index", index("0" * 64), "--dest", str(tmp_path / "s")]) == 2
+    assert "does not match the sha256" in capsys.readouterr().err and not (tmp_path / "s").exists()

@@ -25,6 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sdist", type=Path, help="the release's sdist on disk (offline): its sha256 is computed here")
     parser.add_argument("--url", help="with --sdist: the URL the recipe names after the source cache (default: "
                         "PyPI's /packages/source/ address derived from the file name)")
+    parser.add_argument("--index", default=None,
+                        help="the package index's JSON API root (default https://pypi.org/pypi; a PyPI proxy's own)")
     parser.add_argument("--dest", type=Path, default=Path("recipe"), help="folder of recipe folders (default: recipe)")
     parser.add_argument("--archs", type=option_type(torch_arch_list), default="9.0",
                         help="GPU archs of variants.yaml, comma separated (default 9.0)")
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                 derived.append(f"source URL derived from the file name ({sdist.url}, a redirect some mirrors do not "
                                "serve): the index's files.pythonhosted.org URL is better (--url)")
         else:
-            sdist = scaffold.pypi_sdist(name, version)
+            sdist = scaffold.pypi_sdist(name, version, args.index or scaffold.PYPI)
             path = scaffold.download(sdist, Path(tmp))
         facts = scaffold.read_sdist(path)
     if canonicalize_name(facts.name) != canonicalize_name(name) or facts.version != version:
