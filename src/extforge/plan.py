@@ -261,7 +261,10 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
-    if jobs * threads < machine.cores:
+    if jobs * threads < machine.cores and jobs == p.translation_units:
+        reasons.append(f"the recipe's {jobs} units, not cores, limit parallelism: {jobs} x {threads} of {machine.cores} "
+                       "cores busy")
+    elif jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
                      None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range,

@@ -107,8 +107,12 @@ def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) ->
     if not found:
         raise ExtforgeError(f"{name} {version} has no sdist on PyPI", "only wheels were uploaded for this release",
                             "pick a version with a source archive, or pass --sdist FILE with one you have")
-    f = found[0]
-    return Sdist(str(f["filename"]), str(f["url"]), str(f["digests"]["sha256"]))
+    try:
+        return Sdist(str(found[0]["filename"]), str(found[0]["url"]), str(found[0]["digests"]["sha256"]))
+    except (KeyError, TypeError) as exc:
+        raise ExtforgeError(f"the index's answer for {name} {version} lacks the sdist's {exc}",
+                            "an index serving PyPI's JSON API names each file's filename, url and digests.sha256",
+                            "pass --sdist FILE (and --url URL) instead") from exc
 
 
 def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
@@ -116,8 +120,8 @@ def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             data = json.load(response)
-    except OSError as exc:  # URLError and HTTPError are OSErrors
-        raise ExtforgeError(f"could not read {name} {version} from PyPI ({url})", str(exc),
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors; a page that is not JSON, a ValueError
+        raise ExtforgeError(f"could not read {name} {version} from the index ({url})", str(exc),
                             "check the name and version, or work offline: --sdist FILE (and --url URL)") from exc
     return sdist_from_pypi_json(data, name, version)
 

@@ -59,7 +59,8 @@ def test_a_recipe_never_measured_is_planned_so_it_cannot_oom() -> None:
         assert p.max_jobs >= 1 and p.max_jobs * flash.per_job_peak_gib * GIB <= p.memory_limit_bytes
         assert p.max_jobs * p.nvcc_threads <= cores
     # With its unit count known, no more jobs than units.
-    assert plan.plan_build(node(64, 512), "causal-conv1d", ("90",), units=4).max_jobs == 4
+    few = plan.plan_build(node(64, 512), "causal-conv1d", ("90",), units=4)
+    assert few.max_jobs == 4 and any("the recipe's 4 units, not cores" in r for r in few.reasons)
     small = plan.plan_build(node(64, 32), "causal-conv1d", ("90",))
     assert any("memory, not cores" in r for r in small.reasons)
 
