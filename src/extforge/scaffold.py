@@ -116,14 +116,33 @@ def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) ->
 
 
 def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
-    url = f"{index.rstrip('/')}/{canonicalize_name(name)}/{version}/json"
+    """The release's sdist from the index's JSON API: the release's own page, else the project's
+    page, whose `releases` list every version's files (some proxies serve only the latter)."""
+    project = f"{index.rstrip('/')}/{canonicalize_name(name)}"
+    try:
+        return sdist_from_pypi_json(_json(f"{project}/{version}/json"), name, version)
+    except ExtforgeError as first:
+        try:
+            releases = _json(f"{project}/json").get("releases")
+        except ExtforgeError:
+            raise first from None
+        files = releases.get(version) if isinstance(releases, dict) else None
+        if files is None:
+            raise first from None
+        return sdist_from_pypi_json({"urls": files}, name, version)
+
+
+def _json(url: str) -> dict[str, object]:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             data = json.load(response)
     except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors; a page that is not JSON, a ValueError
-        raise ExtforgeError(f"could not read {name} {version} from the index ({url})", str(exc),
+        raise ExtforgeError(f"could not read {url}", str(exc),
                             "check the name and version, or work offline: --sdist FILE (and --url URL)") from exc
-    return sdist_from_pypi_json(data, name, version)
+    if not isinstance(data, dict):
+        raise ExtforgeError(f"{url} is not the index's JSON API", "its answer is not a JSON object",
+                            "pass the API's root with --index, or --sdist FILE")
+    return data
 
 
 def download(sdist: Sdist, into: Path) -> Path:
@@ -440,7 +459,8 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          "CUDA build unless set): the build must keep it from downloading")
     if not facts.license:
         undecided.append("no short license in PKG-INFO: about.license left out")
-    return Scaffold(facts.name, facts.version, sdist, host_extra, run, imports, facts.summary, facts.homepage,
+    # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
+    return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, facts.summary, facts.homepage,
                     facts.license, tuple(archs), translation_units(setup), undecided)
 
 

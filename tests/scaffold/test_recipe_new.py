@@ -15,6 +15,7 @@ from ruamel.yaml import YAML
 from extforge import engine, scaffold, sources
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
+from extforge.errors import ExtforgeError
 
 # Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.
 SETUP_PY = '''\
@@ -226,3 +227,11 @@ def test_recipe_new_from_an_index_checks_the_sdist_it_downloads(tmp_path: Path, 
     assert not any("derived" in u for u in out["undecided"])
     assert main(["recipe", "new", "tiny-conv==1.7.0", "--index", index("0" * 64), "--dest", str(tmp_path / "s")]) == 2
     assert "does not match the sha256" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    # A proxy that serves only the project's page: its `releases` hold the version's files.
+    project = tmp_path / "project-only" / "tiny-conv"
+    project.mkdir(parents=True)
+    files = [{"packagetype": "sdist", "filename": sdist.name, "url": sdist.as_uri(), "digests": {"sha256": sha256_file(sdist)}}]
+    (project / "json").write_text(json.dumps({"releases": {"1.7.0": files, "1.6.0": []}}))
+    assert scaffold.pypi_sdist("tiny_conv", "1.7.0", project.parent.as_uri()).sha256 == sha256_file(sdist)
+    with pytest.raises(ExtforgeError, match="1.8.0/json"):
+        scaffold.pypi_sdist("tiny-conv", "1.8.0", project.parent.as_uri())
