@@ -275,7 +275,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
     (plan.build_progress): the long step of a flash-attn build is otherwise one silent
     "running build script" of 8-25 minutes. It runs from the sink's log callback, as ninja and
     nvcc print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
-    if profile not in plan.load_profiles():
+    if not plan.numbers_for(profile).costs:
         yield
         return
     machine_now, archs, head_dims = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, variant_head_dims(variants)

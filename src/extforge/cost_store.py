@@ -92,8 +92,11 @@ class Learned:
         compiled with several threads over several archs is taken as if they had parallelised
         perfectly (the planner then never expects fewer threads to be faster than they were)."""
         busy = min(self.nvcc_threads, max(1, len(self.archs)))
+        # The seconds are as they ran, `jobs` at once; how they change with more or fewer beside
+        # them was not measured (no slowdown assumed), so a machine's speed can still be read
+        # against them while it builds.
         return unit_costs.UnitCosts(self.recipe, {u: s * busy for u, s in self.units.items()}, self.archs,
-                                    self.describe())
+                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0))
 
     def seconds_per_arch(self) -> float:
         """The build's compile seconds of one nvcc thread, per arch: what a cache-hit rebuild lacks."""

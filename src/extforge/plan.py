@@ -277,10 +277,11 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
     log does not show, see unit_costs.at_reference); None without costs for the profile or units
     to compare. A unit split in two is left out: its first half bears the unit's name."""
-    profiles, costs = load_profiles(), unit_costs.load(profile)
-    if profile not in profiles or not costs or not costs.concurrency:
+    numbers = numbers_for(profile)
+    costs = numbers.costs
+    if not costs or not costs.concurrency:
         return None
-    expected = unit_seconds(profiles[profile], costs, len(archs) or 1, max(1, threads))
+    expected = unit_seconds(numbers.profile, costs, len(archs) or 1, max(1, threads))
     edges = unit_costs.parse_ninja_log(ninja_log)
     split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
     try:

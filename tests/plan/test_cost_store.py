@@ -183,3 +183,17 @@ def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
                          capture_output=True, text=True, check=True).stdout
     assert "planner error on second build: -9.1%" in out and "in the second's start order: 410.0 s" in out
+
+
+def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) -> None:
+    learn(tmp_path)
+    # The next build on a machine 1.2x slower, units longest first as the planner orders them.
+    second = {u: UNITS[u] * 1.2 for u in plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order}
+    full = ninja_log(second, 2)
+    assert plan.build_node_speed("causal-conv1d", full, ("90",), 1) == 1.2
+    # Three of four units done, the longest still compiling: the time left at that speed.
+    partial = "".join(line + "\n" for line in full.splitlines() if "causal_conv1d_update.o" not in line)
+    progress = plan.build_progress(node(2, 23), "causal-conv1d", ("90",), (), partial, 0.0)
+    assert progress is not None and (progress.done, progress.total) == (3, 4) and progress.node_speed == 1.2
+    assert progress.describe().startswith("compiling: 3 of 4 units, ~18 s left (this machine: 1.20x")
+    assert plan.build_progress(node(2, 23), "never-built", ("90",), (), partial, 0.0) is None
