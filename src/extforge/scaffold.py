@@ -91,6 +91,7 @@ class SdistFacts:
     package_dirs: list[str] = field(default_factory=list)  # top-level folders holding __init__.py
     top_level: list[str] | None = None  # setuptools' egg-info/top_level.txt: the names the package installs
     setup: SetupFacts | None = None
+    undecided: list[str] = field(default_factory=list)
 
 
 def source_url(name: str, filename: str) -> str:
@@ -189,7 +190,7 @@ def _literal(node: ast.AST | None, names: Mapping[str, object]) -> object:
         return names.get(node.id)
     try:
         return ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, RecursionError):  # what literal_eval raises for code
         return None
 
 
@@ -251,7 +252,11 @@ def read_sdist(path: Path) -> SdistFacts:
         raise ExtforgeError(f"{path.name} has no PKG-INFO", "a source distribution carries its metadata there",
                             "pass the project's sdist (python -m build --sdist makes one), not a git archive")
     meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace"))
-    project = tomllib.loads(files["pyproject.toml"].decode(errors="replace")) if "pyproject.toml" in files else {}
+    try:
+        project = tomllib.loads(files["pyproject.toml"].decode(errors="replace")) if "pyproject.toml" in files else {}
+        unread = []
+    except tomllib.TOMLDecodeError as exc:
+        project, unread = {}, [f"pyproject.toml does not parse ({exc}): its build requirements not read"]
     urls = dict(u.split(",", 1) for u in meta.get_all("Project-URL") or [] if "," in u)
     homepage = meta.get("Home-page") or next((v.strip() for k, v in urls.items()
                                               if k.strip().lower() in ("homepage", "home", "source", "repository")), None)
@@ -264,6 +269,7 @@ def read_sdist(path: Path) -> SdistFacts:
         top_level=next((t.decode(errors="replace").split() for p, t in files.items() if p.endswith(".egg-info/top_level.txt")),
                        None),
         setup=read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else None,
+        undecided=unread,
     )
     egg_requires = next((t.decode(errors="replace") for p, t in files.items() if p.endswith(".egg-info/requires.txt")), "")
     for where, found in (("PKG-INFO", meta.get_all("Requires-Dist")),
@@ -436,7 +442,7 @@ def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: li
 
 def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
     setup = facts.setup
-    undecided = list(setup.undecided) if setup else ["the sdist has no setup.py: extension modules not read"]
+    undecided = [*facts.undecided, *(setup.undecided if setup else ["the sdist has no setup.py: extension modules not read"])]
     # torch comes from the channel's variants (host) and is pinned exactly at run time.
     torch = sorted({r for r in [*facts.requires, *facts.build_requires] if _requirement_name(r) == "torch"
                     and Requirement(r).specifier})
