@@ -36,7 +36,7 @@ def ninja_log(units: dict[str, float], jobs: int, version: int = 5) -> str:
         slot = free.index(min(free))
         start, free[slot] = free[slot], free[slot] + seconds
         lines.append(f"{int(start * 1000)}\t{int(free[slot] * 1000)}\t1764230400{i:03d}\t"
-                     f"/tmp/work/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{i:016x}")
+                     f"/home/builder/causal-conv1d-1.7.0/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{i:016x}")
     return "\n".join(lines) + "\n"
 
 
