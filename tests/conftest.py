@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge import paths
+from extforge import cost_store, paths
 from extforge.locking import exclusive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +30,16 @@ def _fixtures_dir() -> Path:
     # channel under each other's running tests. The packages stay shared (content-addressed).
     checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
     return paths.cache_root() / "test-fixtures" / checkout
+
+
+@pytest.fixture(autouse=True)
+def own_cost_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test starts from an empty build-cost store (created on first write): what this
+    machine's own builds taught extforge never changes a test's plan."""
+    store = tmp_path_factory.getbasetemp() / "cost-stores" / hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+    monkeypatch.setenv(cost_store.STORE_ENV, str(store))
+    return store
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, compile_cache, engine, machine, paths, plan, stopping
+from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, stopping
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -67,17 +67,15 @@ def build_environment(
     channels: Sequence[str],
     variants: Mapping[str, list[str]],
     profile: str,
-    profile_explicit: bool = False,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
     longest-first unit order and units to split, a compile cache."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
-    # A recipe without a measured profile (and none asked for) keeps its own defaults.
-    if profile in plan.load_profiles() or profile_explicit:
-        env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
-                               variant_head_dims(variants)).env()
+    # Every recipe: a shipped profile, what the site's cost store learned, else a conservative estimate.
+    env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
+                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text)).env()
     # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
     with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()
@@ -277,7 +275,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
     (plan.build_progress): the long step of a flash-attn build is otherwise one silent
     "running build script" of 8-25 minutes. It runs from the sink's log callback, as ninja and
     nvcc print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
-    if profile not in plan.load_profiles():
+    if not plan.numbers_for(profile).costs:
         yield
         return
     machine_now, archs, head_dims = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, variant_head_dims(variants)
@@ -339,10 +337,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
-    env = build_environment(
-        recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name,
-        profile_explicit=bool(options.profile),
-    )
+    env = build_environment(recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env, recipe_file, matrix)
     log_dir = output_dir / "logs"
@@ -394,6 +389,8 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
             speed = measured_node_speed(options.profile or recipe_file.parent.name, work_dirs, merged, env)
+            cost_store.learn_from_build(options.profile or recipe_file.parent.name, result.version,
+                                        ninja_log_in(work_dirs), variant_archs(merged) or plan.DEFAULT_ARCHS, env)
             for pkg in packages:
                 pkg.node_speed = speed
             try:

@@ -29,6 +29,7 @@ from .ui import console, emit_json, setup_logging
 # Order is the order `extforge --help` lists them in: the pipeline first, diagnostics last.
 COMMANDS = (
     "mirror",
+    "recipe",
     "sources",
     "plan",
     "build",

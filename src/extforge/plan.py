@@ -15,11 +15,12 @@ from importlib import resources
 
 from ruamel.yaml import YAML
 
-from . import unit_costs
+from . import cost_store, unit_costs
 from .errors import ExtforgeError
 from .machine import GIB, Machine
 
 DEFAULT_ARCHS: tuple[str, ...] = ("80", "90")
+DEFAULT_PROFILE = "flash-attn"
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class BuildPlan:
     split_units: tuple[str, ...] = ()
     # The wall time on the slowest and fastest nodes measured (None: no node speeds, or --node-speed).
     wall_range_seconds: tuple[int, int] | None = None
+    # Where the numbers come from: shipped, learned on a date from N units, or the default estimate.
+    numbers_from: str = ""
 
     def job_env(self) -> dict[str, str]:
         """The settings any torch extension build takes (pip, setup.py)."""
@@ -132,19 +135,65 @@ def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, c
     return max(cpu_seconds / parallel, critical) + profile.link_seconds
 
 
-def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
-               head_dims: tuple[int, ...] = (), node_speed: float = 1.0) -> BuildPlan:
+# A recipe nobody measured is planned per unit like flash-attn's, the heaviest extension measured
+# so far (4.4 GiB per nvcc job, 3.4 more per extra thread, 220 s per unit and arch on a node): a
+# lighter one then runs fewer jobs than it could, never more than memory holds.
+DEFAULT_LIKE = "flash-attn"
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """What a build is planned from, and where they come from (said by `extforge plan`)."""
+
+    profile: BuildProfile
+    costs: unit_costs.UnitCosts | None
+    source: str
+    units_known: bool = True
+
+
+def numbers_for(profile: str, version: str | None = None, units: int | None = None) -> Numbers:
+    """The numbers for a build of `profile` (a recipe's name) at `version`: a profile shipped in
+    data/ wins; else what the site's cost store learned from an earlier build of the recipe;
+    else the default estimate, over `units` translation units where known."""
+    profiles = load_profiles()
+    if profile in profiles:
+        return Numbers(profiles[profile], unit_costs.load(profile), "shipped with extforge (data/build-profiles.yaml)")
+    like = profiles[DEFAULT_LIKE]
+    learned = cost_store.load(profile, version)
+    if learned:
+        peak = learned.largest_process_bytes
+        per_job = peak * cost_store.LEARNED_PEAK_MARGIN / GIB if peak else like.per_job_peak_gib
+        costs = learned.costs()
+        busy_seconds = sum(s for s in costs.units.values() if s is not None)
+        # Each extra nvcc thread compiles another arch beside the first: one more largest process.
+        # The ninja log holds the compiles only; setuptools links after it.
+        p = BuildProfile(profile, len(costs.units), per_job, per_job,
+                         busy_seconds / len(costs.units) / max(1, len(learned.archs)), 0.0)
+        version_note = "" if learned.version == version or version is None else f", of version {learned.version}"
+        peak_note = (f"largest compiler process {peak / GIB:.1f} GiB" if peak else
+                     f"no process peak measured, {like.per_job_peak_gib:.1f} GiB per job as {DEFAULT_LIKE}")
+        return Numbers(p, costs, f"{learned.describe()}{version_note}; {peak_note}")
+    p = replace(like, name=profile, translation_units=units or 0, calibration=None)
+    return Numbers(p, None, f"default estimate (no measured costs for {profile}: per job as {DEFAULT_LIKE}'s "
+                            f"measured units, {cost_store.root()} has none yet)", units_known=bool(units))
+
+
+def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
+               head_dims: tuple[int, ...] = (), node_speed: float = 1.0, version: str | None = None,
+               units: int | None = None) -> BuildPlan:
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
     a unit in 0.7 of the time). Nodes of one kind differ (up to 1.5x between two 16-core H100
     nodes on the same unit), so a site that has one build's ninja log from a node type passes its speed
-    (bench/unit_costs_fit.py prints it) to predict that node type within a few percent."""
+    (bench/unit_costs_fit.py prints it) to predict that node type within a few percent.
+    `version`, `units`: the recipe's version and translation units, for a profile extforge does
+    not ship (numbers_for)."""
     if node_speed <= 0:
         raise ValueError("node_speed must be positive")
-    profiles = load_profiles()
-    if profile not in profiles:
-        raise ExtforgeError(f"no build profile '{profile}'", f"known: {', '.join(sorted(profiles))}",
-                            "add measured numbers to extforge/data/build-profiles.yaml")
-    p = profiles[profile]
+    numbers = numbers_for(profile, version, units)
+    p = numbers.profile
+    if not numbers.units_known:
+        # Without a unit count, as many units as the machine can run at once: one wave.
+        p = replace(p, translation_units=machine.cores)
     archs = tuple(archs) or DEFAULT_ARCHS
     n_archs = len(archs)
     limit = machine.memory_bytes - headroom_bytes(machine.memory_bytes)
@@ -169,7 +218,7 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     wall_range: tuple[int, int] | None = None
     order: tuple[str, ...] = ()
     split: list[str] = []
-    costs = unit_costs.load(profile)
+    costs = numbers.costs
     if costs:
         per_unit = {u: s * node_speed for u, s in
                     unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims).items()}
@@ -185,12 +234,15 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
                      for speed in (min(costs.node_speeds.values()), max(costs.node_speeds.values()))]
             wall_range = (int(round(spans[0] + p.link_seconds)), int(round(spans[1] + p.link_seconds)))
     reasons = [
+        f"numbers: {numbers.source}",
         f"{machine.cores} cores ({machine.cores_source}), {machine.memory_gib:.1f} GiB ({machine.memory_source})",
         f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
         "headroom for the link and the OS",
         f"one nvcc job peaks at ~{job_peak_bytes(p, threads, n_archs) / GIB:.1f} GiB "
         f"({profile}, {n_archs} arch(s), {threads} nvcc thread(s))",
-        f"{p.translation_units} translation units x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s"
+        (f"{p.translation_units} translation units" if numbers.units_known else
+         "unit count unknown, taken as one wave over the job slots") +
+        f" x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s"
         if not costs else
         f"{len(per_unit)} translation units, per-unit costs "
         f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
@@ -209,10 +261,14 @@ def plan_build(machine: Machine, profile: str = "flash-attn", archs: tuple[str, 
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
-    if jobs * threads < machine.cores:
+    if jobs * threads < machine.cores and jobs == p.translation_units:
+        reasons.append(f"the recipe's {jobs} units, not cores, limit parallelism: {jobs} x {threads} of {machine.cores} "
+                       "cores busy")
+    elif jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
-                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range)
+                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range,
+                     numbers.source)
 
 
 def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int,
@@ -221,10 +277,11 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
     log does not show, see unit_costs.at_reference); None without costs for the profile or units
     to compare. A unit split in two is left out: its first half bears the unit's name."""
-    profiles, costs = load_profiles(), unit_costs.load(profile)
-    if profile not in profiles or not costs or not costs.concurrency:
+    numbers = numbers_for(profile)
+    costs = numbers.costs
+    if not costs or not costs.concurrency:
         return None
-    expected = unit_seconds(profiles[profile], costs, len(archs) or 1, max(1, threads))
+    expected = unit_seconds(numbers.profile, costs, len(archs) or 1, max(1, threads))
     edges = unit_costs.parse_ninja_log(ninja_log)
     split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
     try:

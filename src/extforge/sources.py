@@ -10,7 +10,9 @@ from a folder the site already holds (`--from DIR`), checked against the same sh
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,8 +24,10 @@ from pathlib import Path
 
 from . import engine, paths
 from .channel.hashing import sha256_file
+from .channel_ref import channel_url
 from .errors import ExtforgeError
 from .ui import log
+from .variants import channel_files
 
 
 @dataclass(frozen=True)
@@ -61,15 +65,37 @@ def _recipe_file(recipe: Path) -> Path:
     return recipe / "recipe.yaml" if recipe.is_dir() else recipe
 
 
-def read_specs(recipe: Path) -> list[SourceSpec]:
-    """Every url source of a v1 recipe, rendered (jinja in URLs) with its own variant file."""
+# What decides a recipe's sources: a build string or a requirement naming variant keys that only
+# the channel's variants.yaml defines (python, pytorch, the CUDA toolkit) has no bearing on them.
+SOURCE_SECTIONS = ("schema_version", "context", "package", "source")
+
+
+def source_sections(recipe_text: str) -> str:
+    """The recipe's SOURCE_SECTIONS as written (a YAML round trip would turn a sha256 of digits
+    into a number): each top-level key's line and those below it."""
+    keep, out = False, []
+    for line in recipe_text.splitlines():
+        if m := re.match(r"([A-Za-z_][\w-]*)\s*:", line):
+            keep = m[1] in SOURCE_SECTIONS
+        if keep:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def read_specs(recipe: Path, channels: Sequence[str] = ()) -> list[SourceSpec]:
+    """Every url source of a v1 recipe: its context, package and source sections rendered (jinja
+    in URLs) with its own variant file and, when given, the channels' variants."""
     path = _recipe_file(recipe)
     if not path.is_file():
         raise ExtforgeError(f"no recipe at {path}", fix="pass a recipe directory or recipe.yaml")
     variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
-    rendered = engine.render(path, engine.load_variant_files(variant_files[:1]), target_platform="linux-64")
-    d = rendered[0].recipe.to_dict()
-    found = [s for s in d.get("source", []) if "url" in s]
+    with tempfile.TemporaryDirectory(prefix="extforge-sources-") as tmp:
+        part = Path(tmp) / "recipe.yaml"
+        part.write_text(source_sections(path.read_text()))
+        config = engine.load_variant_files([*variant_files[:1], *channel_files([channel_url(c) for c in channels])])
+        rendered = [v.recipe.to_dict() for v in engine.render(part, config, target_platform="linux-64")]
+    d = rendered[0]
+    found = list({json.dumps(s, sort_keys=True): s for r in rendered for s in r.get("source", []) if "url" in s}.values())
     unverified = [s for s in found if not s.get("sha256")]
     if not found or unverified:
         raise ExtforgeError(

@@ -66,7 +66,7 @@ def test_planner_gets_the_archs_of_any_arch_variant_key():
     from extforge.build import build_environment
 
     here = machine.detect()
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn")
     want = plan.plan_build(here, "flash-attn", ["90"]).env()
     assert {k: env[k] for k in want} == want
     h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
@@ -78,8 +78,7 @@ def test_planner_gets_the_head_dims_of_a_subset_variant():
     """The planner orders (and splits) only the units a head-dim subset build compiles."""
     from extforge.build import build_environment
 
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"], "flash_attn_head_dims": ["128"]}, "flash-attn",
-                            profile_explicit=True)
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"], "flash_attn_head_dims": ["128"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
     assert "flash_api" in order and {u.split("_hdim")[1][:3] for u in order if "_hdim" in u} == {"128"}
 
@@ -157,7 +156,7 @@ def test_build_passes_the_longest_first_unit_order():
     sources by EXTFORGE_UNIT_ORDER, the measured longest (a non-causal split-kv forward) first."""
     from extforge.build import build_environment
 
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn", profile_explicit=True)
+    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
     assert len(order) == 73 and order[0].startswith("flash_fwd_split_") and "_causal" not in order[0]
     assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import re
+from pathlib import Path
 
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, ExtforgeError
 from ..fatbin import arch_number
 from ..machine import parse_memory
 from ..options import option_type, positive_float, positive_int, positive_size
@@ -23,11 +26,45 @@ def parse_archs(text: str) -> tuple[str, ...]:
     return archs
 
 
+def recipe_name(recipe: Path) -> str:
+    """The name `extforge build` plans a recipe folder under (its folder's name)."""
+    from ..engine import find_recipe
+
+    return find_recipe(recipe).parent.name
+
+
+def recipe_facts(recipe: Path) -> tuple[str | None, tuple[str, ...], int | None]:
+    """A recipe folder's version, GPU archs (its variants.yaml) and translation units (its sdist's
+    setup.py, where the source cache, $EXTFORGE_SOURCES or the default, holds the sdist)."""
+    from .. import cost_store, engine, scaffold, sources, variants
+
+    recipe_file = engine.find_recipe(recipe)
+    own = recipe_file.parent / "variants.yaml"
+    archs = tuple(variants.archs(engine.read_variant_files([own])[0])) if own.is_file() else ()
+    units = None
+    with contextlib.suppress(ExtforgeError):
+        spec = sources.read_spec(recipe_file)
+        root = Path(os.environ["EXTFORGE_SOURCES"]) if os.environ.get("EXTFORGE_SOURCES") else None
+        sdist = sources.stored_path(spec, root)
+        if spec.is_sdist and sdist.is_file():
+            units = scaffold.translation_units(scaffold.read_sdist(sdist).setup)
+    return cost_store.recipe_version(recipe_file.read_text()), archs, units
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", nargs="?", type=Path,
+                        help="a recipe folder: plan for it by its folder name and version, its variants.yaml's archs and "
+                        "the units its sdist's setup.py lists (when the source cache holds the sdist)")
     parser.add_argument("--cores", type=option_type(positive_int), help="plan for this many cores instead of this machine's")
     parser.add_argument("--memory", type=option_type(positive_size(parse_memory)), help="plan for this much memory, e.g. 128G")
-    parser.add_argument("--profile", default="flash-attn", help="build profile (data/build-profiles.yaml)")
-    parser.add_argument("--archs", type=option_type(parse_archs), default="80,90", help="GPU archs, comma separated (default 80,90)")
+    parser.add_argument("--profile", default=None,
+                        help="the recipe to plan for: a profile shipped with extforge (flash-attn, flash-attn-3, demo-ext), "
+                        "else what earlier builds of it taught the cost store ($EXTFORGE_COST_STORE, default "
+                        "<cache root>/unit-costs), else a conservative estimate (default: the recipe folder's name, "
+                        "else flash-attn)")
+    parser.add_argument("--version", default=None, help="the recipe's version in the cost store (default: the newest measured)")
+    parser.add_argument("--archs", type=option_type(parse_archs), default=None,
+                        help="GPU archs, comma separated (default: the recipe's variants.yaml, else 80,90)")
     parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
     parser.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
                         help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
@@ -36,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..machine import detect
-    from ..plan import minutes, plan_build, slurm_request
+    from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
 
     machine = detect()
     if args.cores:
@@ -44,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
     head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip())
-    plan = plan_build(machine, args.profile, args.archs, head_dims, args.node_speed)
+    version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
+    profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
+    plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
+                      version=args.version or version, units=units)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
@@ -55,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
               "measured so far)" if plan.wall_range_seconds else "")
     console.print(
         f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
+        f"  numbers: {plan.numbers_from}\n"
         f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
         f"  expected wall time ~{minutes(plan.expected_wall_seconds)} (compile + link)"

@@ -22,12 +22,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_dirs", type=Path, action="append", default=[], metavar="DIR",
                         help="a folder holding source archives by file name (e.g. git archives no index serves); "
                         "looked at first, repeatable")
+    parser.add_argument("-c", "--channel", dest="channels", action="append", default=[], metavar="CHANNEL",
+                        help="a channel whose variants.yaml (written by `extforge mirror`) fills the variant keys the "
+                        "recipe's sources name (python, pytorch, ...); repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import sources
 
-    specs = sources.read_specs(args.recipe)
+    specs = sources.read_specs(args.recipe, args.channels)
     root = args.dest.resolve() if args.dest else sources.default_root()
     if args.action == "path":
         targets = [sources.stored_path(spec, root) for spec in specs]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import shlex
 import sys
 import time
@@ -17,7 +16,7 @@ from ..engine import find_recipe
 from ..errors import ExtforgeError
 from ..explain import explain_text
 from ..machine import Machine, parse_memory
-from ..plan import load_profiles, plan_build, slurm_request
+from ..plan import plan_build, slurm_request
 from ..variants import resolve
 from .config import SlurmConfig
 from .matrix import Variant, expand
@@ -84,13 +83,9 @@ def node_type(config: SlurmConfig) -> Machine:
 
 
 def profile_for(variant: Variant, configured: str | None) -> str:
-    """The planner profile: configured, else the one named like the package, else the planner's default."""
-
-    if configured:
-        return configured
-    if variant.name in load_profiles():
-        return variant.name
-    return inspect.signature(plan_build).parameters["profile"].default
+    """The planner profile: configured, else the package's name (a shipped profile, what the
+    cost store learned from its earlier builds, or the planner's conservative estimate)."""
+    return configured or variant.name
 
 
 def planned_resources(machine: Machine, profile: str, archs: list[str] | None) -> tuple[str, ...]:

@@ -1,0 +1,84 @@
+"""`extforge recipe new NAME==VERSION`: a recipe folder for a torch extension's PyPI sdist."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..options import option_type
+from ..ui import console, emit_json
+from .plan import parse_archs
+
+HELP = "write a recipe folder for a PyPI sdist (source, requirements, import tests) and say what it could not decide"
+
+
+def torch_arch_list(text: str) -> tuple[str, ...]:
+    """'80,90' or '8.0;9.0' -> ('8.0', '9.0'), as TORCH_CUDA_ARCH_LIST names them."""
+    return tuple(f"{int(a) // 10}.{int(a) % 10}" for a in parse_archs(text))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("new",), help="new: write <dest>/<name>/recipe.yaml and variants.yaml")
+    parser.add_argument("requirement", metavar="NAME==VERSION", help="the PyPI release, e.g. causal-conv1d==1.7.0")
+    parser.add_argument("--sdist", type=Path, help="the release's sdist on disk (offline): its sha256 is computed here")
+    parser.add_argument("--url", help="with --sdist: the URL the recipe names after the source cache (default: "
+                        "PyPI's /packages/source/ address derived from the file name)")
+    parser.add_argument("--index", default=None,
+                        help="the package index's JSON API root (default https://pypi.org/pypi; a PyPI proxy's own)")
+    parser.add_argument("--dest", type=Path, default=Path("recipe"), help="folder of recipe folders (default: recipe)")
+    parser.add_argument("--archs", type=option_type(torch_arch_list), default="9.0",
+                        help="GPU archs of variants.yaml, comma separated (default 9.0)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing recipe folder's two files")
+    parser.epilog = ("exit codes: 0 written, every part decided; 1 written, with what it could not decide listed "
+                     "(stderr, and `undecided` in --json); 2 nothing written")
+
+
+def run(args: argparse.Namespace) -> int:
+    from packaging.utils import canonicalize_name
+
+    from .. import scaffold
+    from ..channel.hashing import sha256_file
+
+    try:
+        name, version = scaffold.parse_requirement(args.requirement)
+    except ValueError as exc:
+        raise ExtforgeError(f"cannot read '{args.requirement}'", str(exc), "extforge recipe new causal-conv1d==1.7.0") from exc
+    folder = args.dest / canonicalize_name(name)
+    if (folder / "recipe.yaml").exists() and not args.force:
+        raise ExtforgeError(f"{folder / 'recipe.yaml'} exists", "recipe new never overwrites a recipe unasked",
+                            "pass --force, or another --dest")
+    derived: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="extforge-recipe-") as tmp:
+        if args.sdist:
+            if not args.sdist.is_file():
+                raise ExtforgeError(f"no sdist at {args.sdist}", fix="pass the path of the release's .tar.gz")
+            path = args.sdist
+            sdist = scaffold.Sdist(path.name, args.url or scaffold.source_url(name, path.name), sha256_file(path))
+            if not args.url:
+                derived.append(f"source URL derived from the file name ({sdist.url}, a redirect some mirrors do not "
+                               "serve): the index's files.pythonhosted.org URL is better (--url)")
+        else:
+            sdist = scaffold.pypi_sdist(name, version, args.index or scaffold.PYPI)
+            path = scaffold.download(sdist, Path(tmp))
+        facts = scaffold.read_sdist(path)
+    if canonicalize_name(facts.name) != canonicalize_name(name) or facts.version != version:
+        raise ExtforgeError(f"{path.name} is {facts.name} {facts.version}, not {name} {version}",
+                            "its PKG-INFO names another release", "pass the sdist of the release asked for")
+    made = scaffold.scaffold(facts, sdist, args.archs)
+    undecided = [*derived, *made.undecided]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipe.yaml").write_text(made.recipe_yaml())
+    (folder / "variants.yaml").write_text(made.variants_yaml())
+    if args.json:
+        emit_json({"recipe": str(folder), "files": [str(folder / "recipe.yaml"), str(folder / "variants.yaml")],
+                   "sdist": {"filename": sdist.filename, "url": sdist.url, "sha256": sdist.sha256},
+                   "imports": made.imports, "run": made.run, "translation_units": made.units, "undecided": undecided})
+    console.print(f"wrote {folder}/recipe.yaml and variants.yaml ({facts.name} {facts.version}, imports: "
+                  f"{', '.join(made.imports) or 'none'})", markup=False)
+    if undecided:
+        console.print("could not decide:\n" + "\n".join(f"  - {u}" for u in undecided), markup=False)
+    console.print(f"next: extforge sources fetch {folder}; extforge build {folder} -c CHANNEL", markup=False)
+    return EXIT_FINDINGS if undecided else EXIT_OK
+

@@ -1,0 +1,212 @@
+"""Build costs learned from a site's own builds, so the planner improves with use.
+
+Profiles shipped in `data/` cover the recipes extforge measured (flash-attn, FlashAttention-3);
+any other recipe is planned from conservative defaults until it has been built once. After a
+successful build, `learn_from_build` turns the build's ninja log into that recipe's per-unit
+seconds and stores them with the largest compiler process seen, keyed by recipe and version:
+`<store>/<recipe>/<version>.json`. The store is the site's, not the installed package's:
+`$EXTFORGE_COST_STORE` (e.g. a folder beside the channel on shared storage, so every build
+node learns from every other), else `<cache root>/unit-costs`.
+
+What is measured, exactly:
+- each unit's seconds: ninja's start and end of each compile, at the number of compiles the
+  build ran at once (the log's own maximum) and the build's NVCC_THREADS;
+- `largest_process_bytes`: `getrusage(RUSAGE_CHILDREN).ru_maxrss` of the extforge process,
+  the largest resident set of any one finished descendant (cicc, ptxas, cc1plus...) since the
+  process started. It is one process, not the sum of the jobs running at once, nor a job's
+  nvcc driver beside its child: the planner adds LEARNED_PEAK_MARGIN. Compiles run by a daemon
+  (sccache's server) are not our descendants, so a build through sccache records no peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import re
+import resource
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from . import paths, safe_files, unit_costs
+from .errors import ExtforgeError
+from .ui import log
+
+STORE_ENV = "EXTFORGE_COST_STORE"
+SCHEMA = 1
+# A job's peak is its largest process plus nvcc's driver and the host compiler's front end
+# beside it; a quarter more keeps a learned plan on the safe side of the measurement.
+LEARNED_PEAK_MARGIN = 1.25
+# A rebuild whose compiles came from the compile cache takes a small fraction of a real one
+# (a hit is a copy: ~1 s against minutes); below this share of the stored seconds per arch it
+# measures the cache, not the compiler. Nodes differ less (0.6-1.2x on flash-attn's units), so a
+# real build on a faster node still replaces a slower node's entry.
+CACHE_HIT_SHARE = 0.2
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def root() -> Path:
+    env = os.environ.get(STORE_ENV)
+    return Path(env).expanduser() if env else paths.cache_root() / "unit-costs"
+
+
+def entry_path(recipe: str, version: str, store: Path | None = None) -> Path:
+    for what, value in (("recipe", recipe), ("version", version)):
+        if not _NAME.match(value):
+            raise ExtforgeError(f"cannot store build costs under the {what} '{value}'",
+                                "a store entry is a file named by recipe and version: letters, digits and ._+- only",
+                                "name the recipe folder (or --profile) and its version without other characters")
+    return (store or root()) / recipe / f"{version}.json"
+
+
+@dataclass(frozen=True)
+class Learned:
+    """One recipe version's costs, as its last measured build showed them."""
+
+    recipe: str
+    version: str
+    measured_at: str  # ISO 8601, UTC, to the microsecond: the newest of a recipe's entries is the latest
+    host: str
+    archs: tuple[str, ...]
+    jobs: int  # compiles the build ran at once (the log's maximum)
+    nvcc_threads: int
+    units: dict[str, float]  # seconds, in the order the build started them
+    compile_seconds: float  # first start to last end in the log
+    largest_process_bytes: int | None = None
+    path: Path = field(default=Path(), compare=False)
+
+    @property
+    def date(self) -> str:
+        return self.measured_at[:10]
+
+    def describe(self) -> str:
+        return f"learned on {self.date} from {len(self.units)} units ({self.path})"
+
+    def costs(self) -> unit_costs.UnitCosts:
+        """The units as the planner's data: seconds of one nvcc thread for these archs. A unit
+        compiled with several threads over several archs is taken as if they had parallelised
+        perfectly (the planner then never expects fewer threads to be faster than they were)."""
+        busy = min(self.nvcc_threads, max(1, len(self.archs)))
+        # The seconds are as they ran, `jobs` at once; how they change with more or fewer beside
+        # them was not measured (no slowdown assumed), so a machine's speed can still be read
+        # against them while it builds.
+        return unit_costs.UnitCosts(self.recipe, {u: s * busy for u, s in self.units.items()}, self.archs,
+                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0))
+
+    def seconds_per_arch(self) -> float:
+        """The build's compile seconds of one nvcc thread, per arch: what a cache-hit rebuild lacks."""
+        return sum(self.units.values()) * min(self.nvcc_threads, max(1, len(self.archs))) / max(1, len(self.archs))
+
+    def to_json(self) -> dict[str, object]:
+        return {"schema": SCHEMA, "recipe": self.recipe, "version": self.version, "measured_at": self.measured_at,
+                "host": self.host, "archs": list(self.archs), "jobs": self.jobs, "nvcc_threads": self.nvcc_threads,
+                "compile_seconds": self.compile_seconds, "largest_process_bytes": self.largest_process_bytes,
+                "units": self.units}
+
+
+def from_json(d: Mapping[str, object], path: Path) -> Learned:
+    units = d["units"]
+    archs = d["archs"]
+    peak = d.get("largest_process_bytes")
+    if not isinstance(units, dict) or not isinstance(archs, list) or d.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a schema {SCHEMA} cost entry")
+    return Learned(str(d["recipe"]), str(d["version"]), str(d["measured_at"]), str(d["host"]),
+                   tuple(map(str, archs)), int(str(d["jobs"])), int(str(d["nvcc_threads"])),
+                   {str(u): float(s) for u, s in units.items()}, float(str(d["compile_seconds"])),
+                   None if peak is None else int(str(peak)), path)
+
+
+def _read(path: Path) -> Learned | None:
+    try:
+        return from_json(json.loads(path.read_text()), path)
+    except (OSError, ValueError, KeyError) as exc:
+        # A broken entry costs a re-measurement, never a build: the next build rewrites it.
+        log.warning("ignoring the build-cost entry %s: %s", path, exc)
+        return None
+
+
+def load(recipe: str, version: str | None = None, store: Path | None = None) -> Learned | None:
+    """The entry for `recipe` at `version`; without a version (or none stored for it), the most
+    recently measured version of the recipe (its units are the likeliest to match)."""
+    folder = (store or root()) / recipe
+    if not _NAME.match(recipe) or not folder.is_dir():
+        return None
+    if version and _NAME.match(version) and (exact := folder / f"{version}.json").is_file():
+        return _read(exact)
+    found = [e for p in sorted(folder.glob("*.json")) if (e := _read(p))]
+    return max(found, key=lambda e: e.measured_at, default=None)
+
+
+def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvcc_threads: int,
+            largest_process_bytes: int | None) -> Learned:
+    edges = unit_costs.parse_ninja_log(ninja_log)
+    if not edges:
+        raise ValueError("the ninja log has no finished compile")
+    return Learned(
+        recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
+        tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
+        unit_costs.unit_seconds(edges), round((max(e.end_ms for e in edges) - min(e.start_ms for e in edges)) / 1000, 1),
+        largest_process_bytes)
+
+
+def save(entry: Learned, store: Path | None = None) -> Learned:
+    """Write `entry` atomically (readers on other nodes see the old entry or the new one),
+    unless it measured compile-cache hits against a stored real build; the larger of the two
+    largest processes is kept."""
+    path = entry_path(entry.recipe, entry.version, store)
+    old = _read(path) if path.is_file() else None
+    if old and entry.seconds_per_arch() < CACHE_HIT_SHARE * old.seconds_per_arch():
+        log.info("%s %s: build costs not stored (%.0f s of compiles per arch against %.0f s stored: compile-cache hits)",
+                 entry.recipe, entry.version, entry.seconds_per_arch(), old.seconds_per_arch())
+        return old
+    peaks = [p for p in (entry.largest_process_bytes, old.largest_process_bytes if old else None) if p]
+    kept = dataclasses.replace(entry, largest_process_bytes=max(peaks, default=None), path=path)
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    # Group bits of the store's folder: a store shared by a site's build nodes stays writable to them.
+    safe_files.make_dir(path.parent)
+    safe_files.write_atomic(path, (json.dumps(kept.to_json(), indent=1) + "\n").encode())
+    return kept
+
+
+def largest_child_process_bytes(build_env: Mapping[str, str]) -> int | None:
+    """ru_maxrss of this process's finished descendants (Linux: KiB); None when the compiles
+    ran outside them (sccache's server)."""
+    if "SCCACHE_DIR" in build_env:
+        return None
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 or None
+
+
+def learn_from_build(recipe: str, version: str, ninja_log: Path | None, archs: Sequence[str],
+                     build_env: Mapping[str, str]) -> Learned | None:
+    """After a successful build: its ninja log becomes `recipe`'s costs at `version`. A build
+    without a log (no ninja: a pure-Python or CMake package) or a store that cannot be written
+    is said in the log, never a failed build: the package is already made."""
+    if ninja_log is None:
+        return None
+    try:
+        entry = measure(recipe, version, ninja_log.read_text(errors="replace"), archs,
+                        int(build_env.get("NVCC_THREADS", "1")), largest_child_process_bytes(build_env))
+        return save(entry)
+    except (ExtforgeError, OSError, ValueError) as exc:
+        log.warning("build costs of %s %s not stored: %s", recipe, version, exc)
+        return None
+
+
+def recipe_version(recipe_text: str) -> str | None:
+    """The version a recipe's costs are stored under: its context's or package's literal
+    version (None where it is a template the recipe's variables decide)."""
+    with contextlib.suppress(YAMLError):
+        d = YAML(typ="safe").load(recipe_text)
+        if isinstance(d, dict):
+            for section in ("context", "package"):
+                value = (d.get(section) or {}).get("version")
+                if value is not None and "${{" not in str(value):
+                    return str(value)
+    return None

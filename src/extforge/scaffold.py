@@ -1,0 +1,487 @@
+"""`extforge recipe new`: a recipe folder for a torch extension's PyPI sdist, from what the sdist
+says about itself, never by running it.
+
+The facts come from the archive's files read as data: PKG-INFO (name, version, summary, home
+page, license, Requires-Dist), pyproject.toml (build requirements, dependencies) and setup.py
+read with `ast` (the names and sources of its CUDAExtension/CppExtension calls, install_requires,
+packages). setup.py is never executed: torch extensions' setup.py imports torch, probes nvcc and
+downloads prebuilt wheels. What cannot be read that way (a name setup.py computes, a requirement
+only for some platforms) is not guessed: it goes to the list the command prints.
+"""
+
+from __future__ import annotations
+
+import ast
+import email.parser
+import json
+import re
+import shutil
+import tarfile
+import tomllib
+import urllib.request
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .channel.hashing import sha256_file
+from .errors import ExtforgeError
+
+PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
+EXTENSION_CALLS = ("CUDAExtension", "CppExtension")
+# Installed for every build by the recipe shape below; upstream's own mention adds nothing.
+HOST_BASE = ("python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch")
+# Build tools that run at build time only; a runtime requirement on them is upstream's setup
+# habit (flash-attn and causal-conv1d list ninja), not something the installed package uses.
+BUILD_ONLY = {"ninja", "setuptools", "wheel", "pip"}
+# PyPI names whose conda-forge package is named otherwise; others keep their normalized name.
+CONDA_NAMES = {"torch": "pytorch", "tables": "pytables", "opencv-python": "opencv", "opencv-python-headless": "opencv"}
+# Top-level folders that find_packages() picks up in many sdists but are not the product.
+# The packages are built for linux-64: markers about the platform are decided; markers about the
+# python are not (the channel's variants choose it).
+LINUX_X86_64 = {"os_name": "posix", "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                "extra": ""}
+PYTHON_MARKERS = ("python_version", "python_full_version", "implementation", "platform_python_implementation")
+COMPILED = {".cu", ".cpp", ".cc", ".cxx", ".c"}
+NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
+
+
+@dataclass(frozen=True)
+class Sdist:
+    filename: str
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Extension:
+    name: str
+    kind: str  # CUDAExtension or CppExtension
+    sources: tuple[str, ...] | None  # None: setup.py computes the list
+
+
+@dataclass
+class SetupFacts:
+    """What setup.py says, read without running it."""
+
+    extensions: list[Extension] = field(default_factory=list)
+    install_requires: list[str] | None = None
+    packages: list[str] | None = None  # a literal packages=[...]
+    find_exclude: list[str] | None = None  # packages=find_packages(exclude=...): its patterns
+    archs: list[str] = field(default_factory=list)  # sm_XX of -gencode/-arch flags setup.py passes itself
+    switches: list[str] = field(default_factory=list)  # environment variables it reads to build (X_FORCE_BUILD)
+    unnamed: int = 0  # extension calls whose name setup.py computes
+    undecided: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SdistFacts:
+    name: str
+    version: str
+    summary: str | None = None
+    homepage: str | None = None
+    license: str | None = None
+    requires: list[str] = field(default_factory=list)
+    requires_from: str = ""  # which file named them
+    build_requires: list[str] = field(default_factory=list)
+    package_dirs: list[str] = field(default_factory=list)  # top-level folders holding __init__.py
+    top_level: list[str] | None = None  # setuptools' egg-info/top_level.txt: the names the package installs
+    setup: SetupFacts | None = None
+    undecided: list[str] = field(default_factory=list)
+
+
+def source_url(name: str, filename: str) -> str:
+    """PyPI's /packages/source/ address of an sdist: a redirect to the file, derived from its name
+    alone (a recipe should rather name the index's immutable files.pythonhosted.org URL)."""
+    project = canonicalize_name(name)
+    return f"https://files.pythonhosted.org/packages/source/{project[0]}/{project}/{filename}"
+
+
+def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) -> Sdist:
+    """The release's sdist in PyPI's JSON answer (`urls`: its files, sha256 included)."""
+    files = data.get("urls")
+    found = [f for f in files if isinstance(f, dict) and f.get("packagetype") == "sdist"] if isinstance(files, list) else []
+    if not found:
+        raise ExtforgeError(f"{name} {version} has no sdist on PyPI", "only wheels were uploaded for this release",
+                            "pick a version with a source archive, or pass --sdist FILE with one you have")
+    try:
+        return Sdist(str(found[0]["filename"]), str(found[0]["url"]), str(found[0]["digests"]["sha256"]))
+    except (KeyError, TypeError) as exc:
+        raise ExtforgeError(f"the index's answer for {name} {version} lacks the sdist's {exc}",
+                            "an index serving PyPI's JSON API names each file's filename, url and digests.sha256",
+                            "pass --sdist FILE (and --url URL) instead") from exc
+
+
+def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
+    """The release's sdist from the index's JSON API: the release's own page, else the project's
+    page, whose `releases` list every version's files (some proxies serve only the latter)."""
+    project = f"{index.rstrip('/')}/{canonicalize_name(name)}"
+    try:
+        return sdist_from_pypi_json(_json(f"{project}/{version}/json"), name, version)
+    except ExtforgeError as first:
+        try:
+            releases = _json(f"{project}/json").get("releases")
+        except ExtforgeError:
+            raise first from None
+        files = releases.get(version) if isinstance(releases, dict) else None
+        if files is None:
+            raise first from None
+        return sdist_from_pypi_json({"urls": files}, name, version)
+
+
+def _json(url: str) -> dict[str, object]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            data = json.load(response)
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors; a page that is not JSON, a ValueError
+        raise ExtforgeError(f"could not read {url}", str(exc),
+                            "check the name and version, or work offline: --sdist FILE (and --url URL)") from exc
+    if not isinstance(data, dict):
+        raise ExtforgeError(f"{url} is not the index's JSON API", "its answer is not a JSON object",
+                            "pass the API's root with --index, or --sdist FILE")
+    return data
+
+
+def download(sdist: Sdist, into: Path) -> Path:
+    """The sdist at `into/<filename>`, checked against the index's sha256."""
+    target = into / sdist.filename
+    try:
+        with urllib.request.urlopen(sdist.url, timeout=300) as response, target.open("wb") as out:
+            shutil.copyfileobj(response, out)
+    except OSError as exc:
+        raise ExtforgeError(f"could not download {sdist.url}", str(exc), "retry, or pass --sdist FILE") from exc
+    if (got := sha256_file(target)) != sdist.sha256:
+        raise ExtforgeError(f"{sdist.filename} does not match the sha256 PyPI lists", f"got {got}",
+                            "retry; a proxy between here and the index may have altered it")
+    return target
+
+
+def archive_files(path: Path) -> dict[str, bytes]:
+    """The sdist's small text files we read (PKG-INFO, setup.py, pyproject.toml, __init__.py at
+    depth two, setuptools' egg-info requires.txt and top_level.txt) by path below its top
+    folder; nothing is extracted to disk."""
+    wanted = re.compile(r"^[^/]+/(PKG-INFO|setup\.py|pyproject\.toml|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
+    out: dict[str, bytes] = {}
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                for name in z.namelist():
+                    if wanted.match(name):
+                        out[name.split("/", 1)[1]] = z.read(name)
+        else:
+            with tarfile.open(path) as tar:
+                for member in tar:
+                    if member.isfile() and wanted.match(member.name) and (f := tar.extractfile(member)):
+                        out[member.name.split("/", 1)[1]] = f.read()
+    except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+        raise ExtforgeError(f"cannot read the sdist {path}", str(exc), "pass a .tar.gz or .zip source distribution") from exc
+    return out
+
+
+def _literal(node: ast.AST | None, names: Mapping[str, object]) -> object:
+    """A literal's value, or a module-level name bound to one; None when setup.py computes it."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):  # what literal_eval raises for code
+        return None
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _strings(value: object) -> list[str] | None:
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return [str(v) for v in value]
+    return None
+
+
+def read_setup_py(text: str) -> SetupFacts:
+    facts = SetupFacts()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        facts.undecided.append(f"setup.py does not parse ({exc.msg}, line {exc.lineno}): extension modules, "
+                               "install_requires and packages not read")
+        return facts
+    names: dict[str, object] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            value = _literal(stmt.value, names)
+            if value is not None:
+                names[stmt.targets[0].id] = value
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        kind, kwargs = _call_name(call), {k.arg: k.value for k in call.keywords if k.arg}
+        if kind in EXTENSION_CALLS:
+            name = _literal(kwargs.get("name", call.args[0] if call.args else None), names)
+            sources = _strings(_literal(kwargs.get("sources", call.args[1] if len(call.args) > 1 else None), names))
+            if isinstance(name, str):
+                facts.extensions.append(Extension(name, kind, None if sources is None else tuple(sources)))
+            else:
+                facts.unnamed += 1
+                facts.undecided.append(f"setup.py line {call.lineno}: a {kind} whose name it computes: add its module "
+                                       "to tests.python.imports")
+        elif kind == "setup":
+            if "install_requires" in kwargs:
+                facts.install_requires = _strings(_literal(kwargs["install_requires"], names))
+                if facts.install_requires is None:
+                    facts.undecided.append("setup.py computes install_requires: check requirements.run")
+            packages = kwargs.get("packages")
+            if isinstance(packages, ast.Call) and _call_name(packages).startswith("find"):
+                exclude = next((k.value for k in packages.keywords if k.arg == "exclude"), None)
+                facts.find_exclude = _strings(_literal(exclude, names)) or []
+            elif packages is not None:
+                facts.packages = _strings(_literal(packages, names))
+    facts.archs = sorted(set(re.findall(r"(?:code|arch)=(?:sm|compute)_(\d+a?)", text)), key=lambda a: int(a.rstrip("a")))
+    facts.switches = sorted(set(re.findall(r"[\"']([A-Z][A-Z0-9_]*_(?:FORCE_BUILD|SKIP_CUDA_BUILD))[\"']", text)))
+    return facts
+
+
+def read_sdist(path: Path) -> SdistFacts:
+    files = archive_files(path)
+    if "PKG-INFO" not in files:
+        raise ExtforgeError(f"{path.name} has no PKG-INFO", "a source distribution carries its metadata there",
+                            "pass the project's sdist (python -m build --sdist makes one), not a git archive")
+    meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace"))
+    try:
+        project = tomllib.loads(files["pyproject.toml"].decode(errors="replace")) if "pyproject.toml" in files else {}
+        unread = []
+    except tomllib.TOMLDecodeError as exc:
+        project, unread = {}, [f"pyproject.toml does not parse ({exc}): its build requirements not read"]
+    urls = dict(u.split(",", 1) for u in meta.get_all("Project-URL") or [] if "," in u)
+    homepage = meta.get("Home-page") or next((v.strip() for k, v in urls.items()
+                                              if k.strip().lower() in ("homepage", "home", "source", "repository")), None)
+    license_text = meta.get("License-Expression") or meta.get("License")
+    facts = SdistFacts(
+        name=str(meta["Name"]), version=str(meta["Version"]), summary=meta.get("Summary"), homepage=homepage,
+        license=license_text if license_text and "\n" not in license_text.strip() and len(license_text) < 80 else None,
+        build_requires=list(project.get("build-system", {}).get("requires", [])),
+        package_dirs=sorted(p.split("/")[0] for p in files if p.endswith("/__init__.py")),
+        top_level=next((t.decode(errors="replace").split() for p, t in files.items() if p.endswith(".egg-info/top_level.txt")),
+                       None),
+        setup=read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else None,
+        undecided=unread,
+    )
+    egg_requires = next((t.decode(errors="replace") for p, t in files.items() if p.endswith(".egg-info/requires.txt")), "")
+    for where, found in (("PKG-INFO", meta.get_all("Requires-Dist")),
+                         ("egg-info/requires.txt", requires_txt(egg_requires)),
+                         ("setup.py", facts.setup.install_requires if facts.setup else None),
+                         ("pyproject.toml", project.get("project", {}).get("dependencies"))):
+        if found:
+            facts.requires, facts.requires_from = [str(r) for r in found], where
+            break
+    return facts
+
+
+def requires_txt(text: str) -> list[str]:
+    """setuptools' requires.txt as requirements: a `[extra:marker]` section's lines carry its
+    extra and marker the way Requires-Dist writes them."""
+    out, marker = [], ""
+    for line in (raw.strip() for raw in text.splitlines()):
+        if m := re.fullmatch(r"\[([^:\]]*):?([^\]]*)\]", line):
+            parts = [f'extra == "{m[1]}"' if m[1] else "", f"({m[2]})" if m[2] else ""]
+            marker = " and ".join(p for p in parts if p)
+        elif line and not line.startswith("#"):
+            out.append(f"{line}; {marker}" if marker else line)
+    return out
+
+
+def conda_spec(requirement: str) -> tuple[str | None, str | None]:
+    """A PyPI requirement as a conda match spec, or (None, why not): an optional extra, a
+    requirement for some platforms only, a direct URL."""
+    try:
+        req = Requirement(requirement)
+    except InvalidRequirement:
+        return None, f"'{requirement}' is not a requirement packaging can read"
+    if req.marker is not None:
+        marker = str(req.marker)
+        if "extra" in marker:
+            return None, f"'{requirement}' is for an optional extra"
+        if any(word in marker for word in PYTHON_MARKERS):
+            return None, f"'{requirement}' depends on the python a variant builds for: add it by hand if the targets need it"
+        if not req.marker.evaluate(LINUX_X86_64):
+            return None, f"'{requirement}' is not for linux-64"
+    if req.url:
+        return None, f"'{requirement}' names a URL, not an index package"
+    name = canonicalize_name(req.name)
+    spec = ",".join(sorted(str(s) for s in req.specifier))
+    if "===" in spec:
+        return None, f"'{requirement}' uses ===, which conda specs lack"
+    return f"{CONDA_NAMES.get(name, name)} {spec}".strip(), None
+
+
+def import_names(facts: SdistFacts) -> tuple[list[str], list[str]]:
+    """The modules the package test imports: top-level packages, then extension modules; and
+    what could not be decided about them."""
+    setup, undecided = facts.setup, []
+    if facts.top_level is not None:
+        tops = facts.top_level
+    elif setup and setup.packages is not None:
+        tops = list(dict.fromkeys(p.split(".")[0] for p in setup.packages))
+    else:
+        excluded = setup.find_exclude if setup and setup.find_exclude is not None else []
+        tops = [d for d in facts.package_dirs if not any(fnmatch(d, x) for x in excluded)]
+    exts = [e.name for e in setup.extensions] if setup else []
+    # An upstream whose tests folder installs as a package: importing it proves nothing about the product.
+    tops = [t for t in tops if t not in NOT_PACKAGES and t not in exts]
+    if not tops:
+        undecided.append("no top-level Python package found: tests.python.imports lists the extension modules only")
+    if setup and not exts:
+        undecided.append("setup.py declares no CUDAExtension/CppExtension that could be read: "
+                         "add the compiled modules to tests.python.imports")
+    return list(dict.fromkeys([*tops, *exts])), undecided
+
+
+@dataclass
+class Scaffold:
+    """A recipe for one sdist, and what the recipe could not decide."""
+
+    name: str
+    version: str
+    sdist: Sdist
+    host_extra: list[str]
+    run: list[str]
+    imports: list[str]
+    summary: str | None
+    homepage: str | None
+    license: str | None
+    archs: tuple[str, ...]
+    units: int | None  # translation units, where setup.py lists every source
+    undecided: list[str]
+
+    def recipe_yaml(self) -> str:
+        q = json.dumps  # a JSON string is a YAML double-quoted scalar: summaries hold colons and quotes
+        about = [f"  {key}: {q(value)}" for key, value in
+                 (("homepage", self.homepage), ("summary", self.summary), ("license", self.license)) if value]
+        lines = [
+            "schema_version: 1",
+            "",
+            f"# Written by `extforge recipe new {self.name}=={self.version}` from the sdist's own metadata.",
+            "context:",
+            f"  name: {self.name}",
+            f"  version: {q(self.version)}",
+            "",
+            "package:",
+            "  name: ${{ name }}",
+            "  version: ${{ version }}",
+            "",
+            "source:",
+            "  url:",
+            "    - file://${{ env.get(\"EXTFORGE_SOURCES\", default=\"/nonexistent\") }}/sha256/"
+            f"{self.sdist.sha256}/{self.sdist.filename}",
+            f"    - {self.sdist.url}",
+            f"  sha256: {self.sdist.sha256}",
+            "",
+            "build:",
+            "  number: 0",
+            "  string: cuda${{ cuda_compiler_version | version_to_buildstring }}_torch${{ pytorch | version_to_buildstring }}"
+            "_py${{ python | version_to_buildstring }}_${{ cxx_abi | default(\"cxx11\") }}_h${{ hash }}_${{ build_number }}",
+            "  script:",
+            "    env:",
+            "      TORCH_CUDA_ARCH_LIST: ${{ cuda_archs }}",
+            "    content:",
+            "      - ${{ PYTHON }} -m pip install . --no-deps --no-build-isolation -v",
+            "",
+            "requirements:",
+            "  build:",
+            "    - ${{ compiler('c') }}",
+            "    - ${{ compiler('cxx') }}",
+            "    - ${{ compiler('cuda') }}",
+            "    - extforge-torch-build",
+            "    - ninja",
+            "  host:",
+            *(f"    - {r}" for r in HOST_BASE),
+            "    - cuda-version ${{ cuda_compiler_version }}.*",
+            *(f"    - {r}" for r in self.host_extra),
+            "  run:",
+            "    - python",
+            "    - ${{ pin_compatible('pytorch', exact=True) }}",
+            "    - ${{ pin_compatible('cuda-version', lower_bound='x.x', upper_bound='x') }}",
+            *(f"    - {r}" for r in self.run),
+            "",
+            "tests:",
+            "  - python:",
+            f"      imports: [{', '.join(self.imports)}]",
+            "      pip_check: false",
+            *(["", "about:", *about] if about else []),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def variants_yaml(self) -> str:
+        return ("# The GPU archs to compile for (TORCH_CUDA_ARCH_LIST); the channel's variants.yaml gives python,\n"
+                "# pytorch, the CUDA toolkit and the compilers.\n"
+                f"cuda_archs:\n  - {json.dumps(';'.join(self.archs))}\n")
+
+
+def _requirement_name(text: str) -> str | None:
+    try:
+        return canonicalize_name(Requirement(text).name)
+    except InvalidRequirement:
+        return None
+
+
+def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: list[str]) -> list[str]:
+    out = []
+    for r in requirements:
+        spec, why = conda_spec(r)
+        if spec is None:
+            undecided.append(f"{what}: skipped {why}")
+        elif spec.split()[0] not in skip:
+            out.append(spec)
+    return list(dict.fromkeys(out))
+
+
+def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
+    setup = facts.setup
+    undecided = [*facts.undecided, *(setup.undecided if setup else ["the sdist has no setup.py: extension modules not read"])]
+    # torch comes from the channel's variants (host) and is pinned exactly at run time.
+    torch = sorted({r for r in [*facts.requires, *facts.build_requires] if _requirement_name(r) == "torch"
+                    and Requirement(r).specifier})
+    if torch:
+        undecided.append(f"upstream asks for {', '.join(torch)}: the channel's pytorch variants decide the torch "
+                         "built against; build only for those that meet it")
+    host_extra = _specs(facts.build_requires, {*HOST_BASE, *BUILD_ONLY}, "build requirement", undecided)
+    run = _specs(facts.requires, {"python", "pytorch", *BUILD_ONLY}, f"runtime requirement ({facts.requires_from})",
+                 undecided)
+    if run:
+        undecided.append(f"runtime requirements mapped to conda by name ({', '.join(s.split()[0] for s in run)}): "
+                         "check the channel names them alike")
+    imports, why = import_names(facts)
+    undecided += why
+    if setup and setup.archs:
+        undecided.append(f"setup.py passes its own GPU archs (sm_{', sm_'.join(setup.archs)}), which torch then uses "
+                         "instead of TORCH_CUDA_ARCH_LIST: the build must rewrite or refuse them")
+    if setup and setup.switches:
+        undecided.append(f"setup.py reads {', '.join(setup.switches)} (a prebuilt-wheel download or a skipped "
+                         "CUDA build unless set): the build must keep it from downloading")
+    if not facts.license:
+        undecided.append("no short license in PKG-INFO: about.license left out")
+    # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
+    return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, facts.summary, facts.homepage,
+                    facts.license, tuple(archs), translation_units(setup), undecided)
+
+
+def translation_units(setup: SetupFacts | None) -> int | None:
+    """The compiles a build runs (the planner's unit count), where setup.py lists every
+    extension's sources; None where it computes any."""
+    if not setup or not setup.extensions or setup.unnamed or any(e.sources is None for e in setup.extensions):
+        return None
+    return sum(PurePosixPath(s).suffix in COMPILED for e in setup.extensions for s in e.sources or ())
+
+
+def parse_requirement(text: str) -> tuple[str, str]:
+    """'causal-conv1d==1.7.0' -> ('causal-conv1d', '1.7.0')."""
+    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*", text)
+    if not m:
+        raise ValueError("write it as NAME==VERSION, e.g. causal-conv1d==1.7.0")
+    return m[1], m[2]
+

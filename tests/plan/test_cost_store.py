@@ -1,0 +1,199 @@
+"""The planner learns any recipe: a conservative estimate before its first build, then the
+per-unit costs its ninja log showed, from a site-writable store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from extforge import cost_store, plan
+from extforge.build import build_environment
+from extforge.cli import main
+from extforge.errors import ExtforgeError
+from extforge.machine import GIB, Machine
+from extforge.unit_costs import lpt_makespan, parse_ninja_log
+
+# causal-conv1d 1.7.0's four units as a 2-job build on 2 cores ran them (setuptools' name order).
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+UNITS = {"causal_conv1d": 60.0, "causal_conv1d_bwd": 240.0, "causal_conv1d_fwd": 95.0, "causal_conv1d_update": 410.0}
+
+
+def node(cores: int, gib: float) -> Machine:
+    return Machine(cores=cores, memory_bytes=int(gib * GIB), glibc="2.36", cores_source="test", memory_source="test")
+
+
+def ninja_log(units: dict[str, float], jobs: int, version: int = 5) -> str:
+    """A .ninja_log as ninja writes it (start and end in ms since ninja started, mtime, output,
+    command hash), the units started in the given order on `jobs` slots."""
+    free = [0.0] * jobs
+    lines = [f"# ninja log v{version}"]
+    for i, (unit, seconds) in enumerate(units.items()):
+        slot = free.index(min(free))
+        start, free[slot] = free[slot], free[slot] + seconds
+        lines.append(f"{int(start * 1000)}\t{int(free[slot] * 1000)}\t1764230400{i:03d}\t"
+                     f"/home/builder/causal-conv1d-1.7.0/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{i:016x}")
+    return "\n".join(lines) + "\n"
+
+
+def learn(tmp_path: Path, units: dict[str, float] = UNITS, jobs: int = 2, version: str = "1.7.0",
+          threads: str = "1", peak: int | None = 2 * GIB) -> cost_store.Learned | None:
+    log = tmp_path / f"work-{len(list(tmp_path.glob('work-*')))}" / ".ninja_log"
+    log.parent.mkdir(parents=True)
+    log.write_text(ninja_log(units, jobs))
+    env = {"MAX_JOBS": str(jobs), "NVCC_THREADS": threads}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cost_store, "largest_child_process_bytes", lambda _env: peak)
+        return cost_store.learn_from_build("causal-conv1d", version, log, ("90",), env)
+
+
+def test_a_recipe_never_measured_is_planned_so_it_cannot_oom() -> None:
+    flash = plan.load_profiles()[plan.DEFAULT_LIKE]
+    for cores, gib in [(2, 23), (16, 64), (64, 128), (128, 32)]:
+        p = plan.plan_build(node(cores, gib), "causal-conv1d", ("90",))
+        assert p.numbers_from.startswith("default estimate")
+        assert p.max_jobs >= 1 and p.max_jobs * flash.per_job_peak_gib * GIB <= p.memory_limit_bytes
+        assert p.max_jobs * p.nvcc_threads <= cores
+    # With its unit count known, no more jobs than units.
+    few = plan.plan_build(node(64, 512), "causal-conv1d", ("90",), units=4)
+    assert few.max_jobs == 4 and any("the recipe's 4 units, not cores" in r for r in few.reasons)
+    small = plan.plan_build(node(64, 32), "causal-conv1d", ("90",))
+    assert any("memory, not cores" in r for r in small.reasons)
+
+
+def test_every_recipe_build_gets_job_settings() -> None:
+    env = build_environment("context: {name: causal-conv1d, version: '1.7.0'}\n", [], {"cuda_archs": ["9.0"]},
+                            "causal-conv1d")
+    assert int(env["MAX_JOBS"]) >= 1 and int(env["NVCC_THREADS"]) >= 1
+    assert "EXTFORGE_UNIT_ORDER" not in env  # nothing measured yet to order by
+
+
+def test_the_first_build_teaches_the_second(tmp_path: Path, own_cost_store: Path) -> None:
+    entry = learn(tmp_path)
+    assert entry is not None and entry.path == own_cost_store / "causal-conv1d" / "1.7.0.json"
+    stored = json.loads(entry.path.read_text())
+    assert stored["units"] == UNITS and stored["jobs"] == 2 and stored["archs"] == ["90"]
+    assert stored["compile_seconds"] == 565.0 and stored["largest_process_bytes"] == 2 * GIB
+    assert [p.name for p in entry.path.parent.iterdir()] == ["1.7.0.json"]  # no temporary left
+
+    second = plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.7.0")
+    assert second.numbers_from.startswith(f"learned on {entry.date} from 4 units")
+    assert second.unit_order == ("causal_conv1d_update", "causal_conv1d_bwd", "causal_conv1d_fwd", "causal_conv1d")
+    assert second.env()["EXTFORGE_UNIT_ORDER"].split(";")[0] == "causal_conv1d_update"
+    assert (second.max_jobs, second.nvcc_threads) == (2, 1)
+    assert second.expected_wall_seconds == round(lpt_makespan(UNITS, 2)) == 410
+    # Setuptools' name order, as the first build ran it: the log's own span.
+    assert second.upstream_order_wall_seconds == 565
+    # Memory from the measured process (2 GiB x 1.25 margin), not flash-attn's 4.4 GiB.
+    wide = plan.plan_build(node(64, 24), "causal-conv1d", ("90",))
+    assert wide.max_jobs == 4 and wide.predicted_peak_bytes == 4 * int(2.5 * GIB)
+    assert plan.plan_build(node(64, 24), "never-built", ("90",)).max_jobs == 4  # 20 GiB / 4.4 GiB
+    # Two archs: more seconds per unit.
+    assert plan.plan_build(node(2, 23), "causal-conv1d", ("80", "90")).expected_wall_seconds > 410
+
+
+def test_a_compile_cache_rebuild_does_not_replace_real_costs(tmp_path: Path) -> None:
+    first = learn(tmp_path, peak=3 * GIB)
+    warm = learn(tmp_path, {u: 1.5 for u in UNITS}, peak=GIB)
+    assert first is not None and warm == first
+    # A real rebuild (slower machine) replaces it, keeping the larger process peak seen.
+    slower = learn(tmp_path, {u: s * 1.3 for u, s in UNITS.items()}, peak=GIB)
+    assert slower is not None and slower.units["causal_conv1d_bwd"] == 312.0 and slower.largest_process_bytes == 3 * GIB
+
+
+def test_a_store_beside_the_channel_and_versions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "nfs" / "extforge" / "unit-costs"
+    monkeypatch.setenv(cost_store.STORE_ENV, str(shared))
+    learn(tmp_path, version="1.6.0")
+    learn(tmp_path, {u: s * 2 for u, s in UNITS.items()}, version="1.7.0")
+    assert sorted(p.name for p in (shared / "causal-conv1d").iterdir()) == ["1.6.0.json", "1.7.0.json"]
+    exact = plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.6.0")
+    assert exact.expected_wall_seconds == round(lpt_makespan(UNITS, 2))
+    other = plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.8.0")
+    assert "of version 1.7.0" in other.numbers_from  # the newest measured stands in
+
+
+def test_shipped_profiles_win_over_the_store(tmp_path: Path) -> None:
+    log = tmp_path / ".ninja_log"
+    log.write_text(ninja_log({"flash_api": 1.0}, 1))
+    assert cost_store.learn_from_build("flash-attn", "2.8.3", log, ("90",), {}) is not None
+    p = plan.plan_build(node(16, 128), "flash-attn", ("90",))
+    assert p.numbers_from.startswith("shipped") and len(p.unit_order) == 73
+
+
+def test_an_unwritable_store_or_a_bad_log_never_fails_the_build(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(cost_store.STORE_ENV, str(blocker / "store"))
+    assert learn(tmp_path) is None
+    bad = tmp_path / "bad.ninja_log"
+    bad.write_text("not a log\n")
+    assert cost_store.learn_from_build("x", "1", bad, ("90",), {}) is None
+    assert cost_store.learn_from_build("x", "1", None, ("90",), {}) is None
+    with pytest.raises(ExtforgeError, match="under the recipe"):
+        cost_store.entry_path("../etc", "1")
+
+
+def test_the_peak_is_the_largest_finished_descendant() -> None:
+    # A grandchild (as nvcc's cicc is under the build script) that touches 300 MiB.
+    subprocess.run(["sh", "-c", f"{sys.executable} -c 'b = b\"x\" * (300 * 2**20)'"], check=True)
+    assert (cost_store.largest_child_process_bytes({}) or 0) >= 300 * 2**20
+    # sccache compiles in its server, no descendant of ours: nothing honest to record.
+    assert cost_store.largest_child_process_bytes({"SCCACHE_DIR": "/x"}) is None
+
+
+def test_plan_command_says_where_the_numbers_come_from(tmp_path: Path, capsys) -> None:
+    args = ["plan", "--profile", "causal-conv1d", "--archs", "90", "--cores", "2", "--memory", "23G"]
+    assert main(args) == 0
+    assert "numbers: default estimate" in capsys.readouterr().err
+    entry = learn(tmp_path)
+    assert entry is not None
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["numbers_from"] == plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).numbers_from
+    assert out["env"]["EXTFORGE_UNIT_ORDER"].startswith("causal_conv1d_update;")
+    assert main(args) == 0
+    assert f"numbers: learned on {entry.date} from 4 units" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="ninja is not installed")
+def test_a_real_ninja_log(tmp_path: Path) -> None:
+    """ninja's own log (whatever version this ninja writes) becomes the costs."""
+    (tmp_path / "build.ninja").write_text(
+        "rule cc\n  command = sleep $secs && touch $out\n"
+        + "".join(f"build csrc/{u}.o: cc\n  secs = {s / 500:.2f}\n" for u, s in UNITS.items()))
+    subprocess.run(["ninja", "-j", "2"], cwd=tmp_path, check=True, capture_output=True)
+    log = tmp_path / ".ninja_log"
+    assert {e.unit for e in parse_ninja_log(log.read_text())} == set(UNITS)
+    entry = cost_store.learn_from_build("causal-conv1d", "1.7.0", log, ("90",), {"NVCC_THREADS": "1"})
+    assert entry is not None and entry.jobs == 2
+    assert all(abs(entry.units[u] - s / 500) < 0.3 for u, s in UNITS.items())
+    assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order[0] == "causal_conv1d_update"
+
+
+def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.ninja_log", tmp_path / "second.ninja_log"
+    first.write_text(ninja_log(UNITS, 2))
+    # The second build on a machine 10% slower, its units started longest first.
+    second.write_text(ninja_log({u: UNITS[u] * 1.1 for u in sorted(UNITS, key=lambda u: -UNITS[u])}, 2))
+    out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "planner error on second build: -9.1%" in out and "in the second's start order: 410.0 s" in out
+
+
+def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) -> None:
+    learn(tmp_path)
+    # The next build on a machine 1.2x slower, units longest first as the planner orders them.
+    second = {u: UNITS[u] * 1.2 for u in plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order}
+    full = ninja_log(second, 2)
+    assert plan.build_node_speed("causal-conv1d", full, ("90",), 1) == 1.2
+    # Three of four units done, the longest still compiling: the time left at that speed.
+    partial = "".join(line + "\n" for line in full.splitlines() if "causal_conv1d_update.o" not in line)
+    progress = plan.build_progress(node(2, 23), "causal-conv1d", ("90",), (), partial, 0.0)
+    assert progress is not None and (progress.done, progress.total) == (3, 4) and progress.node_speed == 1.2
+    assert progress.describe().startswith("compiling: 3 of 4 units, ~18 s left (this machine: 1.20x")
+    assert plan.build_progress(node(2, 23), "never-built", ("90",), (), partial, 0.0) is None

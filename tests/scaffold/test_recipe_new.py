@@ -1,0 +1,237 @@
+"""`extforge recipe new`: a recipe from a real sdist (made here by setuptools from a torch-style
+setup.py), read without running its setup.py and without the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from extforge import engine, scaffold, sources
+from extforge.channel.hashing import sha256_file
+from extforge.cli import main
+from extforge.errors import ExtforgeError
+
+# Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.
+SETUP_PY = '''\
+import os
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+
+PACKAGE_NAME = "tiny_conv"
+FORCE_BUILD = os.getenv("TINY_CONV_FORCE_BUILD", "FALSE") == "TRUE"
+cc_flag = ["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_90,code=sm_90"]
+SOURCES = ["csrc/tiny_conv.cpp", "csrc/tiny_conv_fwd.cu", "csrc/tiny_conv_bwd.cu"]
+ext_modules = []
+ext_modules.append(
+    CUDAExtension(
+        name="tiny_conv_cuda",
+        sources=SOURCES,
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"] + cc_flag},
+    )
+)
+setup(
+    name="tiny-conv",
+    version="1.7.0",
+    packages=find_packages(exclude=("build", "csrc", "tiny_conv.egg-info")),
+    description="Tiny causal conv: a test extension",
+    url="https://example.org/tiny-conv",
+    license="BSD-3-Clause",
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": BuildExtension},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.1", "packaging", "ninja", "einops>=0.7", "triton; platform_system == 'Linux'"],
+    extras_require={"viz": ["matplotlib"]},
+)
+'''
+PYPROJECT = '[build-system]\nrequires = ["setuptools>=61", "wheel", "torch", "packaging", "ninja", "pybind11>=2.10"]\n'
+# What setup.py imports from torch, enough for setuptools to write the sdist (no torch here).
+TORCH_STUB = '''\
+from setuptools import Extension
+from setuptools.command.build_ext import build_ext as BuildExtension
+
+
+def CUDAExtension(name, sources, **kwargs):
+    return Extension(name, sources)
+
+
+CppExtension = CUDAExtension
+'''
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-conv")
+    project, stub = root / "project", root / "stub" / "torch" / "utils"
+    files = {"setup.py": SETUP_PY, "pyproject.toml": PYPROJECT, "MANIFEST.in": "recursive-include tests *.py\n",
+             "tiny_conv/__init__.py": "", "tiny_conv/ops.py": "", "tests/__init__.py": "", "tests/test_ops.py": "",
+             "csrc/tiny_conv.cpp": "", "csrc/tiny_conv_fwd.cu": "", "csrc/tiny_conv_bwd.cu": ""}
+    for name, text in files.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    stub.mkdir(parents=True)
+    for init in (stub.parent / "__init__.py", stub / "__init__.py"):
+        init.write_text("")
+    (stub / "cpp_extension.py").write_text(TORCH_STUB)
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(root / "dist")], cwd=project, check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(root / "stub")})
+    (path,) = (root / "dist").iterdir()
+    return path
+
+
+def test_setup_py_is_read_not_run(sdist: Path) -> None:
+    facts = scaffold.read_sdist(sdist)
+    assert (facts.name, facts.version, facts.summary) == ("tiny-conv", "1.7.0", "Tiny causal conv: a test extension")
+    # setuptools of this age writes the requirements beside PKG-INFO, not in it.
+    assert facts.requires_from == "egg-info/requires.txt" and "einops>=0.7" in facts.requires
+    assert 'matplotlib; extra == "viz"' in facts.requires and facts.top_level == ["tests", "tiny_conv", "tiny_conv_cuda"]
+    assert facts.setup is not None
+    assert facts.setup.extensions == [scaffold.Extension(
+        "tiny_conv_cuda", "CUDAExtension", ("csrc/tiny_conv.cpp", "csrc/tiny_conv_fwd.cu", "csrc/tiny_conv_bwd.cu"))]
+    assert facts.setup.archs == ["75", "90"] and facts.setup.switches == ["TINY_CONV_FORCE_BUILD"]
+    assert sorted(facts.package_dirs) == ["tests", "tiny_conv"]
+
+
+def test_computed_names_and_requirements_are_said_not_guessed() -> None:
+    facts = scaffold.read_setup_py(
+        "from torch.utils.cpp_extension import CUDAExtension\nimport setuptools\nNAME = 'x'\n"
+        "exts = [CUDAExtension(f'{NAME}._C', sources=glob('*.cu'))]\n"
+        "setuptools.setup(install_requires=open('r.txt').read().split(), packages=['x', 'x.sub'])\n")
+    assert facts.extensions == [] and facts.unnamed == 1 and facts.packages == ["x", "x.sub"]
+    assert any("computes install_requires" in u for u in facts.undecided)
+    assert any("a CUDAExtension whose name it computes" in u for u in facts.undecided)
+    assert scaffold.conda_spec("torch>=2.1,<3") == ("pytorch <3,>=2.1", None)
+    assert scaffold.conda_spec("Flash_Attn==2.8.3")[0] == "flash-attn ==2.8.3"
+    assert scaffold.conda_spec("matplotlib; extra == 'viz'")[0] is None
+    assert "is not for linux-64" in str(scaffold.conda_spec("pywin32; sys_platform == 'win32'")[1])
+    assert "depends on the python" in str(scaffold.conda_spec("tomli; python_version < '3.11'")[1])
+
+
+def test_recipe_new_offline_writes_the_recipe_shape(tmp_path: Path, sdist: Path, capsys) -> None:
+    code = main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--json",
+                 "--archs", "8.0,9.0"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1  # written, with what it could not decide
+    folder = tmp_path / "tiny-conv"
+    assert out["recipe"] == str(folder) and out["imports"] == ["tiny_conv", "tiny_conv_cuda"]
+    # triton's marker holds on linux-64, the only platform built for.
+    assert out["translation_units"] == 3 and out["run"] == ["packaging", "einops >=0.7", "triton"]
+    undecided = "\n".join(out["undecided"])
+    for said in ("derived from the file name", "sm_75, sm_90", "TINY_CONV_FORCE_BUILD", "torch>=2.1", "optional extra"):
+        assert said in undecided, said
+    recipe = YAML(typ="safe").load((folder / "recipe.yaml").read_text())
+    sha = sha256_file(sdist)
+    assert recipe["context"] == {"name": "tiny-conv", "version": "1.7.0"}
+    assert recipe["source"] == {"sha256": sha, "url": [
+        f'file://${{{{ env.get("EXTFORGE_SOURCES", default="/nonexistent") }}}}/sha256/{sha}/{sdist.name}',
+        f"https://files.pythonhosted.org/packages/source/t/tiny-conv/{sdist.name}"]}
+    assert recipe["build"]["script"] == {"env": {"TORCH_CUDA_ARCH_LIST": "${{ cuda_archs }}"},
+                                         "content": ["${{ PYTHON }} -m pip install . --no-deps --no-build-isolation -v"]}
+    assert recipe["requirements"]["build"][3:] == ["extforge-torch-build", "ninja"]
+    assert recipe["requirements"]["host"] == ["python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch",
+                                              "cuda-version ${{ cuda_compiler_version }}.*", "pybind11 >=2.10"]
+    assert recipe["requirements"]["run"][3:] == ["packaging", "einops >=0.7", "triton"]
+    assert recipe["tests"] == [{"python": {"imports": ["tiny_conv", "tiny_conv_cuda"], "pip_check": False}}]
+    assert recipe["about"] == {"homepage": "https://example.org/tiny-conv", "summary": "Tiny causal conv: a test extension",
+                               "license": "BSD-3-Clause"}
+    assert YAML(typ="safe").load((folder / "variants.yaml").read_text()) == {"cuda_archs": ["8.0;9.0"]}
+    # Written once; a second run asks before it overwrites.
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_the_recipe_renders_for_a_channel_row(tmp_path: Path, sdist: Path) -> None:
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path),
+                 "--url", "https://example.invalid/tiny-conv-1.7.0.tar.gz"]) == 1
+    row = {"python": ["3.12"], "pytorch": ["2.14.1"], "cuda_compiler_version": ["13.0"], "cxx_abi": ["cxx11"],
+           "cuda_archs": ["9.0"]}
+    (variant,) = engine.render(tmp_path / "tiny-conv" / "recipe.yaml", engine.variant_config(row), "linux-64")
+    d = variant.recipe.to_dict()
+    assert d["build"]["string"].startswith("cuda130_torch214_py312_cxx11_h")
+    assert d["source"][0]["url"][-1] == "https://example.invalid/tiny-conv-1.7.0.tar.gz"
+
+
+def test_sources_fetch_on_a_recipe_whose_build_string_needs_the_channel(tmp_path: Path, sdist: Path, capsys) -> None:
+    """The build string names python, pytorch and the CUDA toolkit, which only a channel's
+    variants.yaml defines: fetching the sources needs none of them."""
+    main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path / "recipes")])
+    recipe, dest = tmp_path / "recipes" / "tiny-conv", tmp_path / "sources"
+    assert main(["sources", "fetch", str(recipe), "--from", str(sdist.parent), "--dest", str(dest), "--json"]) == 0
+    (got,) = json.loads(capsys.readouterr().out)["sources"]
+    assert got["how"] == "folder" and Path(got["path"]) == dest / "sha256" / sha256_file(sdist) / sdist.name
+    # With a channel, its variants fill what the recipe's sources may name.
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    (channel / "variants.yaml").write_text('python: ["3.12"]\npytorch: ["2.14.1"]\ncuda_compiler_version: ["13.0"]\n')
+    assert main(["sources", "path", str(recipe), "-c", str(channel), "--dest", str(dest)]) == 0
+    assert capsys.readouterr().out.strip() == got["path"]
+    spec = sources.read_spec(recipe)
+    assert (spec.name, spec.version, spec.is_sdist) == ("tiny-conv", "1.7.0", True)
+
+
+def test_a_sdist_of_another_release_is_refused(tmp_path: Path, sdist: Path, capsys) -> None:
+    assert main(["recipe", "new", "tiny-conv==1.8.0", "--sdist", str(sdist), "--dest", str(tmp_path)]) == 2
+    assert "not tiny-conv 1.8.0" in capsys.readouterr().err
+    assert not (tmp_path / "tiny-conv").exists()
+    assert main(["recipe", "new", "tiny-conv", "--dest", str(tmp_path)]) == 2
+
+
+def test_pypi_json_gives_the_sdist() -> None:
+    data = {"urls": [{"packagetype": "bdist_wheel", "filename": "x.whl", "url": "https://h/x.whl", "digests": {"sha256": "a"}},
+                     {"packagetype": "sdist", "filename": "causal_conv1d-1.7.0.tar.gz",
+                      "url": "https://files.pythonhosted.org/packages/aa/bb/causal_conv1d-1.7.0.tar.gz",
+                      "digests": {"sha256": "c" * 64}}]}
+    assert scaffold.sdist_from_pypi_json(data, "causal-conv1d", "1.7.0") == scaffold.Sdist(
+        "causal_conv1d-1.7.0.tar.gz", "https://files.pythonhosted.org/packages/aa/bb/causal_conv1d-1.7.0.tar.gz", "c" * 64)
+    with pytest.raises(Exception, match="no sdist"):
+        scaffold.sdist_from_pypi_json({"urls": data["urls"][:1]}, "x", "1")
+
+
+
+def test_plan_for_a_new_recipe_counts_its_units_from_the_cached_sdist(tmp_path: Path, sdist: Path, monkeypatch,
+                                                                       capsys) -> None:
+    main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--archs", "80,90"])
+    recipe, store = tmp_path / "tiny-conv", tmp_path / "sources"
+    monkeypatch.setenv("EXTFORGE_SOURCES", str(store))
+    plan_args = ["plan", str(recipe), "--cores", "64", "--memory", "512G", "--json"]
+    capsys.readouterr()
+    assert main(plan_args) == 0
+    before = json.loads(capsys.readouterr().out)["plan"]
+    assert before["profile"] == "tiny-conv" and before["archs"] == ["80", "90"]
+    assert main(["sources", "fetch", str(recipe), "--from", str(sdist.parent), "--dest", str(store)]) == 0
+    capsys.readouterr()
+    assert main(plan_args) == 0
+    after = json.loads(capsys.readouterr().out)["plan"]
+    # setup.py lists three sources: no more than three jobs, however big the node.
+    assert after["numbers_from"].startswith("default estimate") and after["max_jobs"] == 3 < before["max_jobs"]
+
+
+def test_recipe_new_from_an_index_checks_the_sdist_it_downloads(tmp_path: Path, sdist: Path, capsys) -> None:
+    """PyPI's JSON API, as a site's proxy (here a folder) serves it: the sdist's URL and sha256."""
+    def index(sha256: str) -> str:
+        release = tmp_path / f"index-{sha256[:4]}" / "tiny-conv" / "1.7.0"
+        release.mkdir(parents=True)
+        (release / "json").write_text(json.dumps({"urls": [{"packagetype": "sdist", "filename": sdist.name,
+                                                           "url": sdist.as_uri(), "digests": {"sha256": sha256}}]}))
+        return release.parents[1].as_uri()
+
+    good = index(sha256_file(sdist))
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--index", good, "--dest", str(tmp_path / "r"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["sdist"] == {"filename": sdist.name, "url": sdist.as_uri(), "sha256": sha256_file(sdist)}
+    assert not any("derived" in u for u in out["undecided"])
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--index", index("0" * 64), "--dest", str(tmp_path / "s")]) == 2
+    assert "does not match the sha256" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    # A proxy that serves only the project's page: its `releases` hold the version's files.
+    project = tmp_path / "project-only" / "tiny-conv"
+    project.mkdir(parents=True)
+    files = [{"packagetype": "sdist", "filename": sdist.name, "url": sdist.as_uri(), "digests": {"sha256": sha256_file(sdist)}}]
+    (project / "json").write_text(json.dumps({"releases": {"1.7.0": files, "1.6.0": []}}))
+    assert scaffold.pypi_sdist("tiny_conv", "1.7.0", project.parent.as_uri()).sha256 == sha256_file(sdist)
+    with pytest.raises(ExtforgeError, match="1.8.0/json"):
+        scaffold.pypi_sdist("tiny-conv", "1.8.0", project.parent.as_uri())
