@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from . import build_layer
 from .channel.hashing import sha256_file
 from .errors import ExtforgeError
 
@@ -457,12 +458,14 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          "check the channel names them alike")
     imports, why = import_names(facts)
     undecided += why
-    if setup and setup.archs:
-        undecided.append(f"setup.py passes its own GPU archs (sm_{', sm_'.join(setup.archs)}), which torch then uses "
-                         "instead of TORCH_CUDA_ARCH_LIST: the build must rewrite or refuse them")
-    if setup and setup.switches:
-        undecided.append(f"setup.py reads {', '.join(setup.switches)} (a prebuilt-wheel download or a skipped "
-                         "CUDA build unless set): the build must keep it from downloading")
+    # Upstream's own -gencode list is no decision left open: extforge-torch-build replaces it with
+    # the variant's archs at every compile, and the audit fails code for any other arch.
+    known = {k for sw in build_layer.switches() for k in sw.values}
+    unknown = [v for v in (setup.switches if setup else ()) if v not in known and "FORCE" in v]
+    if unknown:
+        undecided.append(f"setup.py reads {', '.join(unknown)}, a switch extforge does not know: if it selects a "
+                         "source build over a prebuilt-wheel download, set it in build.script.env (the build layer "
+                         "refuses the download either way, so the build fails until it is set)")
     if not facts.license:
         undecided.append("no short license in PKG-INFO: about.license left out")
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Other extensions than flash-attn, end to end on one GPU node without network: mirror the node's
+# python + torch, build causal-conv1d, mamba-ssm and torch-scatter with the build layer, a second
+# causal-conv1d build (the planner's error on a learned recipe), publish, lock envs/gpu-node's
+# `mamba` env, install, verify, then upstream's tests (a deterministic sample) and a tiny random
+# Mamba model's forward and greedy generation in the installed prefix.
+#
+#   bench/node_extensions.sh start [SECONDS]   copy the tree to $XF_WORK, start the chain in the
+#                                               background, then poll up to SECONDS
+#   bench/node_extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
+# Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
+# (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
+set -uo pipefail
+XF_WORK=${XF_WORK:-/tmp/xf-ext}
+PY=${XF_PYTHON:-python3}
+mode=${1:-poll}
+limit=${2:-540}
+
+collect() {
+    [[ -n "${OUT:-}" ]] || return 0
+    mkdir -p "$OUT/logs"
+    cp "$XF_WORK/summary.md" "$OUT/" 2>/dev/null
+    for f in "$XF_WORK"/logs/*.log; do [[ -f $f ]] && tail -c 200000 "$f" > "$OUT/logs/$(basename "$f")"; done
+    cp "$XF_WORK"/cost-store/*/*.json "$OUT/logs/" 2>/dev/null
+    true
+}
+
+run_chain() {
+    cd "$XF_WORK/repo" || exit 1
+    export PYTHONPATH="$XF_WORK/repo/src:$XF_WORK/site" PATH="$XF_WORK/site/bin:$PATH" PYTHONUNBUFFERED=1
+    export EXTFORGE_CACHE="$XF_WORK/cache" EXTFORGE_SOURCES="$XF_WORK/sources" EXTFORGE_COST_STORE="$XF_WORK/cost-store"
+    local xf=("$PY" -m extforge) ch="$XF_WORK/mirror" out="$XF_WORK/out"
+    local maps=(--channel-map "conda-forge=file://$ch" --channel-map "https://conda.internal.example/extforge=file://$XF_WORK/channel")
+    step() {  # step NAME CMD...: run, time, record
+        local name=$1; shift
+        local t0=$SECONDS log="$XF_WORK/logs/$name.log"
+        echo "== $name: $*" > "$log"
+        "$@" >> "$log" 2>&1
+        local rc=$?
+        printf '| %s | %s | %d |\n' "$name" "$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")" $((SECONDS - t0)) >> "$XF_WORK/steps.md"
+        summarize
+        return $rc
+    }
+    step node "$PY" -c 'import sys, torch, os; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), os.cpu_count(), "cores")'
+    for r in causal-conv1d mamba-ssm torch-scatter; do
+        step "sources-$r" "${xf[@]}" sources fetch "recipe/$r" --from "$XF_WORK/repo/.carry/sdists" --dest "$XF_WORK/sources" || return
+    done
+    step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda \
+        --extra einops --extra transformers --extra pytest --extra packaging || return
+    step build-causal-conv1d "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$out" || return
+    step build-mamba-ssm "${xf[@]}" build recipe/mamba-ssm -c "$ch" -c "$out" -o "$out"
+    step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$out"
+    # The second build is planned from what the first one's ninja log taught the cost store.
+    step plan-causal-conv1d-second "${xf[@]}" plan recipe/causal-conv1d
+    step build-causal-conv1d-second "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$XF_WORK/out2"
+    local pkgs=("$out"/linux-64/*.conda)
+    step publish "${xf[@]}" publish "${pkgs[@]}" --channel "$XF_WORK/channel" --upstream "$ch" || return
+    step lock "${xf[@]}" lock --manifest envs/gpu-node/pixi.toml --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}" || return
+    step install "${xf[@]}" install mamba --prefix "$XF_WORK/env" --lock "$XF_WORK/pixi.lock" --manifest envs/gpu-node/pixi.toml "${maps[@]}" || return
+    step verify "${xf[@]}" verify "$XF_WORK/env" --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}"
+    local env_py="$XF_WORK/env/bin/python" tests="$XF_WORK/upstream-tests"
+    mkdir -p "$tests"
+    tar -C "$tests" -xzf "$XF_WORK/sources/sha256/"*/causal_conv1d-1.7.0.tar.gz
+    for a in .carry/mamba-v2.3.2.post1-tests.tar.gz .carry/pytorch_scatter-2.1.2-tests.tar.gz; do tar -C "$tests" -xzf "$a"; done
+    # Upstream's test files, run from outside any source tree so the installed packages are imported.
+    export PYTHONPATH="$XF_WORK/repo/bench" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
+    local pt=("$env_py" -m pytest -q -p pytest_sample -p no:cacheprovider)
+    step test-causal-conv1d "${pt[@]}" "$tests/causal_conv1d-1.7.0/tests/test_causal_conv1d.py"
+    step test-mamba-selective-scan "${pt[@]}" "$tests/mamba-v2.3.2.post1/tests/ops/test_selective_scan.py"
+    EXTFORGE_SAMPLE_EVERY=1 step test-torch-scatter "${pt[@]}" "$tests/pytorch_scatter-2.1.2/test"
+    step mamba-tiny-model "$env_py" bench/mamba_tiny.py
+}
+
+summarize() {
+    {
+        echo "# Other extensions on $( (nvidia-smi --query-gpu=name --format=csv,noheader | head -1) 2>/dev/null) ($(nproc) cores), $(date -u +%F)"
+        echo
+        echo "| step | result | seconds |"
+        echo "|---|---|---|"
+        cat "$XF_WORK/steps.md" 2>/dev/null
+        echo
+        for t in causal-conv1d mamba-selective-scan torch-scatter; do
+            local f="$XF_WORK/logs/test-$t.log"
+            [[ -f $f ]] && echo "- upstream tests, $t: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$f" | tail -1)"
+        done
+        grep -h "numbers:" "$XF_WORK/logs/plan-causal-conv1d-second.log" 2>/dev/null | sed 's/^/- plan: /'
+    } > "$XF_WORK/summary.md"
+}
+
+if [[ $mode == start && ! -d "$XF_WORK/repo" ]]; then
+    mkdir -p "$XF_WORK/logs" "$XF_WORK/site"
+    cp -a . "$XF_WORK/repo"
+    tar -C "$XF_WORK/site" -xJf .carry/site312.tar.xz
+    export -f run_chain summarize
+    export XF_WORK PY
+    setsid bash -c 'run_chain; echo done > "$XF_WORK/done"' > "$XF_WORK/chain.log" 2>&1 < /dev/null &
+fi
+t0=$SECONDS
+while [[ ! -f "$XF_WORK/done" ]] && (( SECONDS - t0 < limit )); do sleep 10; done
+summarize 2>/dev/null
+cat "$XF_WORK/summary.md" 2>/dev/null
+[[ -f "$XF_WORK/done" ]] && echo "chain: done" || echo "chain: running"
+collect
