@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from . import __version__
+from . import __version__, safe_files
 from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError
 from .paths import cache_root
 from .ui import console, emit_json, setup_logging
@@ -172,15 +172,20 @@ CRASH_LOGS_KEPT = 20
 
 
 def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
-    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept)."""
-    logs = cache_root() / "logs"
-    path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept),
+    private to this user (it names their paths). The cache may be shared: a link planted at
+    `logs` or at a log's name is refused, not written through."""
     try:
-        logs.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc)))
-        for old in sorted(logs.glob("crash-*.log"))[:-CRASH_LOGS_KEPT]:
-            old.unlink(missing_ok=True)
-    except OSError as err:
+        logs = cache_root() / "logs"
+        root = logs.parent
+        path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        safe_files.make_dirs(logs, beneath=root)
+        text = f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc))
+        safe_files.write_atomic(path, text.encode(), mode=0o600, beneath=root)
+        old = sorted(n for n in safe_files.names(logs, beneath=root) if n.startswith("crash-") and n.endswith(".log"))
+        for name in old[:-CRASH_LOGS_KEPT]:
+            safe_files.remove(logs / name, beneath=root)
+    except (OSError, ExtforgeError) as err:
         return f"(no log: {err}; run with -vv)"
     return str(path)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .safe_files import remove_quietly
 
 
 def cache_root() -> Path:
@@ -80,7 +81,7 @@ def sweep_scratch(kind: str, base: Path | None = None) -> list[Path]:
             except OSError:
                 stale = False
         if stale and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_quietly(path)
             removed.append(path)
     return removed
 
@@ -95,4 +96,4 @@ def scratch_dir(kind: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_quietly(path)

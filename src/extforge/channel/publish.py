@@ -18,7 +18,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -33,7 +32,7 @@ from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from ..safe_files import append, atomic_writer, make_dir, truncate
+from ..safe_files import append, atomic_writer, make_dir, make_dirs, remove_quietly, truncate
 from .hashing import sha256_file
 from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers, require_readable, subdirs
 from .names import file_stem, identity_problems
@@ -235,7 +234,7 @@ def publish(
         return result
 
     root = Path(where).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     planned = [(p, subdir_of[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
@@ -274,14 +273,12 @@ def publish(
 def _undo(root: Path, copied: list[Path], made: list[Path], log_size: int | None, had_log: bool) -> None:
     """Put the channel back as it was after a failed copy or re-index: the packages this run
     copied in, the subdirs it made, and its log append (log_size: the size before it)."""
-    for dest in copied:
-        dest.unlink(missing_ok=True)
-    for folder in made:
-        shutil.rmtree(folder, ignore_errors=True)
+    for path in [*copied, *made]:
+        remove_quietly(path, beneath=root)
     if log_size is not None and had_log:
         truncate(root / LOG_NAME, log_size)
     elif log_size is not None:
-        (root / LOG_NAME).unlink(missing_ok=True)
+        remove_quietly(root / LOG_NAME, beneath=root)
 
 
 def _checked_subdir(path: Path) -> str:
