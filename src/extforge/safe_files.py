@@ -334,6 +334,12 @@ def rename(src: Path, dst: Path, *, beneath: Path | None = None) -> None:
         os.rename(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
 
 
+def touch(path: Path, *, beneath: Path | None = None) -> None:
+    """Set path's times to now, never a link's target."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        os.utime(path.name, dir_fd=dfd, follow_symlinks=False)
+
+
 def set_mode(path: Path, mode: int, *, beneath: Path | None = None) -> bool:
     """chmod path only if it is a regular file this user owns (a link planted there is not
     followed, a FIFO not waited on, another member's file keeps its mode); whether it did."""

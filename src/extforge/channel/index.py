@@ -124,7 +124,8 @@ def carry_fresh_entries(live: Path, dest: Path) -> set[str] | None:
                     st = (live / name).lstat()
                 except OSError:
                     continue  # gone: the indexer drops it
-                if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
+                # ctime too: an edit whose mtime was set back still moves it (no user can set it).
+                if max(st.st_mtime_ns, st.st_ctime_ns) >= written or st.st_size != entries[name].get("size"):
                     del entries[name]
                 else:
                     carried.add(name)
@@ -195,11 +196,13 @@ class Reindexed:
     ignored: list[str] = field(default_factory=list)  # "subdir/file: why": package files not served
 
 
-def reindex(channel: Path) -> Reindexed:
+def reindex(channel: Path, withheld: dict[str, str] | None = None) -> Reindexed:
     """Index every subdir of a channel folder and atomically replace its repodata.json files.
 
     A subdir's repodata.json that is damaged (empty, truncated, not an object) is rebuilt from
-    the package files; a package file the indexer could not read is left out (not served)."""
+    the package files; a package file the indexer could not read is left out (not served), and
+    so is each of `withheld` ({subdir/file: why}, files publish found swapped)."""
+    withheld = withheld or {}
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
     safe_files.remove_quietly(shadow)
     done = Reindexed()
@@ -227,6 +230,9 @@ def reindex(channel: Path) -> Reindexed:
                     # and reading a FIFO or /dev/zero in its place would hang every publish.
                     done.ignored.append(f"{sd}/{entry.name}: it is a symbolic link or not a regular file")
                     continue
+                if why := withheld.get(f"{sd}/{entry.name}"):
+                    done.ignored.append(f"{sd}/{entry.name}: {why}")
+                    continue
                 if entry.name not in carried and (why := unindexable(Path(entry.path))):
                     done.ignored.append(f"{sd}/{entry.name}: {why}")
                     continue
@@ -244,6 +250,11 @@ def reindex(channel: Path) -> Reindexed:
             fsync_dir(channel / sd)
     finally:
         safe_files.remove_quietly(shadow)
+    # Linking into the shadow and unlinking it moved the ctime of this user's packages: dated
+    # after that, the repodata marks them as indexed, so the next run trusts their entries and
+    # a later change of a package (a newer ctime) is still seen.
+    for sd in names:
+        safe_files.touch(channel / sd / "repodata.json", beneath=channel)
     return done
 
 
