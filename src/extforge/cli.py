@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from . import __version__, safe_files
-from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError
+from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError, from_os_error
 from .paths import cache_root
 from .ui import console, emit_json, setup_logging
 
@@ -139,10 +139,7 @@ def _run(argv: list[str]) -> int:
     try:
         return int(args._module.run(args))
     except ExtforgeError as exc:
-        if args.json:
-            emit_json(exc.to_json())
-        console.print(exc.render(), markup=False)
-        return exc.exit_code
+        return _report(exc, args.json)
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
@@ -156,12 +153,21 @@ def _run(argv: list[str]) -> int:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)
+        if isinstance(exc, OSError) and (known := from_os_error(exc)) is not None:
+            return _report(known, args.json)
         where = _crash_log(argv, exc)
         console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
                       f"details in {where}", markup=False, soft_wrap=True)
         if args.json:
             emit_json({"error": f"{type(exc).__name__}: {exc}", "why": "unexpected failure", "fix": f"report it with {where}"})
         return EXIT_CANNOT_RUN
+
+
+def _report(exc: ExtforgeError, as_json: bool) -> int:
+    if as_json:
+        emit_json(exc.to_json())
+    console.print(exc.render(), markup=False)
+    return exc.exit_code
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import ExtforgeError
 from .safe_files import remove_quietly
 
 
@@ -21,7 +22,15 @@ def cache_root() -> Path:
     """
     env = os.environ.get("EXTFORGE_CACHE")
     if env:
-        return Path(env).expanduser()
+        path = Path(env).expanduser()
+        if not path.is_absolute():
+            raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is a relative path",
+                                "it would name another folder in every directory extforge runs from",
+                                "set it to an absolute path (e.g. $HOME/.cache/extforge) or unset it")
+        if path.exists() and not path.is_dir():
+            raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is not a folder", "extforge keeps its cache's folders there",
+                                "point it at a folder (it is created if missing) or unset it")
+        return path
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "extforge"

@@ -67,7 +67,13 @@ def read_specs(recipe: Path) -> list[SourceSpec]:
     if not path.is_file():
         raise ExtforgeError(f"no recipe at {path}", fix="pass a recipe directory or recipe.yaml")
     variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
-    rendered = engine.render(path, engine.load_variant_files(variant_files[:1]), target_platform="linux-64")
+    try:
+        rendered = engine.render(path, engine.load_variant_files(variant_files[:1]), target_platform="linux-64")
+    except BaseException as exc:
+        if not engine.engine_failure(exc):
+            raise
+        raise ExtforgeError(f"cannot read the sources of {path}", engine.engine_message(exc).splitlines()[0],
+                            "fix the recipe (a url source needs its sha256: 64 hex digits)") from exc
     d = rendered[0].recipe.to_dict()
     found = [s for s in d.get("source", []) if "url" in s]
     unverified = [s for s in found if not s.get("sha256")]

@@ -288,7 +288,11 @@ def verify_prefix(
     mirrors: Mirrors | None = None,
 ) -> VerifyReport:
     start = time.monotonic()
-    prefix = prefix.resolve()
+    try:
+        prefix = prefix.resolve()
+    except (OSError, RuntimeError) as exc:  # 3.11 raises RuntimeError for a symlink loop
+        raise ExtforgeError(f"prefix {prefix} cannot be resolved", str(exc), "pass the environment's folder, "
+                            "not a path through symbolic-link loops") from None
     report = VerifyReport(prefix=prefix)
     records = read_prefix_records(prefix)
     t = report.lap("conda-meta records", start)
