@@ -35,9 +35,6 @@ ALLOWED: dict[str, str] = {
     "stamp.py::stamp_package": OTHERS + "rewrites the package build just wrote, in the build's own output folder",
     "audit/channel_target.py::pinned_torch_prefix": OTHERS + "an environment under the user's cache, renamed into place",
     "build.py::build_recipe": OTHERS + "the build's own output and work folders (build.py is changed by another branch)",
-    "channel/packages.py::_fetch_into": OTHERS + "the content-addressed package store: a unique temporary renamed "
-                                                 "into place, each file's sha256 checked before use",
-    "channel/packages.py::fetch_verified": OTHERS + "drops a store entry whose sha256 is wrong",
     "slurm/state.py::save_state": OTHERS + "the matrix's own output folder, written by its submitter",
     "slurm/submit.py::submit_matrix": OTHERS + "the matrix's own output folder, written by its submitter",
     "sources.py::_from_folders": OTHERS + "sources.py is changed by another branch",

@@ -70,6 +70,9 @@ def _open_folder(path: Path, beneath: Path | None) -> int:
     return fd
 
 
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
 @contextmanager
 def _naming(path: Path) -> Iterator[None]:
     """An OSError of a write or fsync names no file: name the one written (a full disk's error
@@ -77,9 +80,9 @@ def _naming(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if exc.filename is None:
+        if exc.filename is None and exc.errno in _STORAGE_ERRORS:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
+        raise  # a network error of what the caller streams in, or one that names its file already
 
 
 @contextmanager
@@ -386,10 +389,11 @@ def _open_to_read(path: Path, dfd: int) -> int:
     return fd
 
 
-def hard_link(src: Path, dest: Path) -> None:
-    """Link the file src (a link at src is linked itself, not its target) as the new name dest."""
+def hard_link(src: Path, dest: Path, *, follow: bool = False) -> None:
+    """Link the file src as the new name dest (never over an existing dest). A link at src is
+    linked itself unless `follow` (src is then the caller's, as given)."""
     with folder(src.parent) as sfd, folder(dest.parent) as dfd:
-        os.link(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+        os.link(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=follow)
 
 
 def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:

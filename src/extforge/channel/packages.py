@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 from ..errors import ExtforgeError
 from ..paths import cache_root, mark_used
+from ..safe_files import atomic_writer, hard_link, make_dirs, remove, rename, temp_name
 from .hashing import digest_file, sha256_file
 from .mirrors import Mirrors
 
@@ -174,6 +175,24 @@ def _open_regular(path: str | Path, url: str) -> BinaryIO:
     return os.fdopen(fd, "rb", buffering=0)
 
 
+def _link_in(local: str, dest: Path, url: str, size: int | None, stall: float) -> str | None:
+    """Hard-link a local channel file in as dest and hash the linked file; None where the
+    kernel will not link it (another filesystem, another user's file)."""
+    tmp = dest.parent / temp_name(dest.name, "part-")
+    try:
+        hard_link(Path(local), tmp, follow=True)
+    except OSError:
+        return None
+    try:
+        with _open_regular(tmp, url) as src:
+            digest = _pump(src.read, None, size, stall)
+        rename(tmp, dest)
+    except BaseException:
+        remove(tmp)
+        raise
+    return digest
+
+
 def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     """Link, copy or download url to dest through a temp name; return the sha256 of the bytes.
 
@@ -181,40 +200,25 @@ def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     ~4 GB of archives): the hash is taken of the linked file, and every later use re-hashes it,
     so a write into either name is caught as bytes that differ from the lock. At most `size`
     bytes (the lock's) are read: more raises TooBig; a stalled transfer raises Stalled."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    # A leftover of a killed run may be a link to a channel file: never write through it.
-    tmp.unlink(missing_ok=True)
+    make_dirs(dest.parent)
     parsed = urlparse(url)
     local = (unquote(parsed.path) if parsed.scheme else url) if parsed.scheme in ("file", "") else None
     stall, floor = stall_seconds(), min_rate()
     try:
         if local is not None:
             _open_regular(local, url).close()
-            try:
-                os.link(local, tmp)
-            except OSError:
-                pass  # another filesystem, or a file the kernel will not let us link: copy below
-            else:
-                try:
-                    with _open_regular(tmp, url) as src:
-                        digest = _pump(src.read, None, size, stall)
-                    tmp.replace(dest)
-                    return digest
-                except BaseException:
-                    tmp.unlink(missing_ok=True)
-                    raise
-        with tmp.open("wb") as out:
+            if (linked := _link_in(local, dest, url, size, stall)) is not None:
+                return linked
+        # A temporary under a fresh name, renamed over dest: a link planted in the store is replaced, not written through.
+        with atomic_writer(dest, tmp_prefix="part-") as out:
             if local is not None:
                 with _open_regular(local, url) as src:
                     digest = _pump(src.read, out, size, stall)
             else:
                 with urllib.request.urlopen(url, timeout=stall) as resp:
                     digest = _pump(resp.read1, out, size, stall, floor)
-        tmp.replace(dest)
         return digest
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         if isinstance(exc, (Stalled, TimeoutError)):
             raise ExtforgeError(
                 f"download of {url} stalled",
@@ -263,7 +267,7 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
                 bad.append(f"{r.file_name} (lock size {size} bytes, {mirrors.redirect(r.url)} gave more; stopped there)")
                 continue
         if got != want:
-            dest.unlink(missing_ok=True)
+            remove(dest)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")
             continue
         if (why := md5_size_mismatch(r, dest)) is not None:
