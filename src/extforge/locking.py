@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .safe_files import make_dirs, open_lock, remove, same_file
+from .safe_files import make_dirs, naming, open_lock, remove, same_file
 
 
 class Busy(Exception):
@@ -72,8 +72,9 @@ def exclusive_or_busy(lock_file: Path) -> Iterator[None]:
     so nothing is left beside what it guards."""
     fd = _take_transient(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with naming(lock_file):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         remove(lock_file)

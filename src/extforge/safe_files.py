@@ -74,7 +74,7 @@ _STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.ERO
 
 
 @contextmanager
-def _naming(path: Path) -> Iterator[None]:
+def naming(path: Path) -> Iterator[None]:
     """An OSError of a write or fsync names no file: name the one written (a full disk's error
     then says which file system)."""
     try:
@@ -145,7 +145,7 @@ def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE, beneath: Path
     A previous writer killed inside its write leaves a last line without its newline: one is
     added before data, so line-oriented readers lose only that torn line.
     """
-    with _naming(path), folder(path.parent, beneath=beneath) as dfd:
+    with naming(path), folder(path.parent, beneath=beneath) as dfd:
         fd, _ = _open_regular(path, dfd, os.O_RDWR | os.O_APPEND, mode)
         try:
             size = os.fstat(fd).st_size
@@ -180,7 +180,7 @@ def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "",
     """A binary file that becomes path when the block ends without an exception: written under
     an exclusively created temporary name, fsynced, then renamed over path (a symlink planted at
     path is replaced, not followed). On an exception the temporary is removed, path untouched."""
-    with _naming(path), folder(path.parent, beneath=beneath) as dfd:
+    with naming(path), folder(path.parent, beneath=beneath) as dfd:
         tmp = temp_name(path.name, tmp_prefix)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
         try:
@@ -400,7 +400,7 @@ def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
     """Copy the regular file src to the new file dest. copy_file_range: the kernel clones where
     the filesystem can (btrfs, XFS) and NFS 4.2 copies on the server; a plain copy where
     neither works."""
-    with _naming(dest), folder(src.parent) as sfd, folder(dest.parent) as dfd:
+    with naming(dest), folder(src.parent) as sfd, folder(dest.parent) as dfd:
         fin = _open_to_read(src, sfd)
         try:
             fout = os.open(dest.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)

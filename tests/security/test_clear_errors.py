@@ -128,7 +128,7 @@ def _fill(folder: Path, leave: int) -> None:
     (folder / "filler").write_bytes(bytes(max(0, vfs.f_bavail * vfs.f_frsize - leave)))
 
 
-def test_a_full_disk_names_the_file_system_and_leaves_channel_and_lock_as_they_were(sandbox):
+def test_a_full_disk_names_the_file_system_and_leaves_channel_lock_and_prefix_as_they_were(sandbox):
     # publish: a 1 MiB package into a channel on a full 512 KiB file system.
     so = gxx_so(sandbox.path("so"), "libbig.so").read_bytes() + os.urandom(1 << 20)  # trailing bytes: still an ELF
     big = craft_package(sandbox.path("in"), "big", [member("lib/libbig.so", so)])
@@ -163,6 +163,10 @@ def test_a_full_disk_names_the_file_system_and_leaves_channel_and_lock_as_they_w
         res.refused(f"no space left on the file system {mnt}")
         assert (ws / "pixi.lock").read_bytes() == old
         assert not [p for p in ws.rglob("*") if ".tmp" in p.name]
+        # install: the prefix on the full file system is removed again, nothing half-linked stays.
+        res = sandbox.run("install", "default", "--prefix", str(mnt / "env"), "--lock", str(lock), expect=2)
+        res.refused(f"no space left on the file system {mnt}")
+        assert not (mnt / "env").exists()
     # audit: it unpacks the package's libraries into a temporary folder too small for them.
     with _small_tmpfs(sandbox.base / "small-tmp", "64k") as scratch:
         res = sandbox.run("audit", str(big), env={"TMPDIR": str(scratch)}, expect=2)

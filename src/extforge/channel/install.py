@@ -25,13 +25,14 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safe_files
 from ..archive import check_package
-from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import rattler_pkgs_dir
 from .hashing import sha256_file
@@ -359,6 +360,11 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
             )
         )
     except Exception as exc:  # rattler's InstallerError and friends
+        # A full disk or a name too long, deep in rattler's chain of causes: said as for any command.
+        if (code := re.search(r"\(os error (\d+)\)", str(exc))) is not None:
+            known = from_os_error(OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(staging)))
+            if known is not None:
+                raise known from exc
         raise ExtforgeError(f"installing into {prefix} failed: {exc}", type(exc).__name__,
                             "nothing was installed; run again with -vv for rattler's detail") from exc
     owned = owned_paths(manifests)
