@@ -235,7 +235,11 @@ def make_dir(path: Path, *, like: Path | None = None) -> None:
             raise _refusal(path, "it is not a folder (a symbolic link or a file is in its place)") from None
         return
     template = os.stat(like or path.parent).st_mode
-    os.chmod(path, 0o755 | (template & (stat.S_IRWXG | stat.S_ISGID)))
+    fd = os.open(path, _DIR | os.O_NOFOLLOW)  # never a link swapped in since the mkdir
+    try:
+        os.fchmod(fd, 0o755 | (template & (stat.S_IRWXG | stat.S_ISGID)))
+    finally:
+        os.close(fd)
 
 
 def names(path: Path, *, beneath: Path | None = None) -> list[str]:
