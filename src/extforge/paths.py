@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ExtforgeError
-from .safe_files import remove_quietly
+from .safe_files import remove_quietly, touch
 
 
 def cache_root() -> Path:
@@ -56,8 +56,8 @@ def rattler_pkgs_dir() -> Path:
 def mark_used(path: Path) -> None:
     """Record that a cache entry was reused now (its mtime), so `extforge cache --prune` keeps it."""
     try:
-        os.utime(path)
-    except OSError:
+        touch(path)
+    except (OSError, ExtforgeError):
         pass  # a read-only shared cache: the entry then ages by its creation time
 
 
