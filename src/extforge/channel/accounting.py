@@ -145,7 +145,7 @@ class Owner:
         return cls(st.st_uid, frozenset({st.st_gid, *primary}))
 
 
-def _name(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -154,7 +154,7 @@ def _name(uid: int) -> str:
 
 def _ownership(rel: str, st: os.stat_result, owner: Owner) -> str | None:
     if st.st_uid != owner.uid:
-        return (f"owner changed: {rel} is owned by {_name(st.st_uid)}, the prefix by {_name(owner.uid)} "
+        return (f"owner changed: {rel} is owned by {user_name(st.st_uid)}, the prefix by {user_name(owner.uid)} "
                 "(its owner can change it after verify)")
     if st.st_gid not in owner.gids:
         return f"group changed: {rel} has group {st.st_gid}, the prefix's entries have {', '.join(map(str, sorted(owner.gids)))}"

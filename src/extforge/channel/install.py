@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
 import re
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from ..archive import check_package
 from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import rattler_pkgs_dir
+from .accounting import user_name
 from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
@@ -119,22 +119,15 @@ def _prepare_prefix(named: Path) -> tuple[Path, list[Path]]:
     return prefix, created
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _require_own_prefix(prefix: Path) -> None:
     owner = prefix.lstat().st_uid
     if owner != os.geteuid():
-        me = _user(os.geteuid())
+        me = user_name(os.geteuid())
         raise ExtforgeError(
-            f"prefix {prefix} belongs to {_user(owner)}, not to you ({me})",
+            f"prefix {prefix} belongs to {user_name(owner)}, not to you ({me})",
             "whoever owns the folder can replace what is in it (lib/, bin/) after install has checked it, "
             "and you would run their files; install creates environments only in folders of the installing user",
-            f"install as {_user(owner)}, or pass a new folder, or have it given to you (`chown {me} {prefix}`)",
+            f"install as {user_name(owner)}, or pass a new folder, or have it given to you (`chown {me} {prefix}`)",
         )
 
 
