@@ -92,3 +92,16 @@ def test_tool_files_hold_what_their_tool_writes(sandbox, pyish_env, rel, data):
             "CACHEDIR.TAG": b"Signature: 8a477f597d28d172789f06886806bc55\n# tag\n"}[rel]
     (prefix / rel).write_bytes(good)
     assert _files(sandbox, prefix, lock, expect=0) == []
+
+
+def test_two_prefixes_from_one_pruned_cache_are_no_finding(sandbox, pyish_env):
+    # Both prefixes' files are hard links of the cache's copy; `cache --prune` then removes the
+    # copy, leaving the two prefixes as each other's second name.
+    lock, prefix = pyish_env
+    other = sandbox.root / "envs" / "second"
+    sandbox.run("install", "default", "--prefix", str(other), "--lock", str(lock), expect=0)
+    assert (prefix / MODULE).stat().st_nlink == 3
+    sandbox.run("cache", "--prune", "0", "--area", "rattler", expect=0)
+    assert (prefix / MODULE).stat().st_nlink == 2
+    for p in (prefix, other):
+        assert _files(sandbox, p, lock, "--rehash", expect=0) == []

@@ -199,9 +199,11 @@ def _link_problem(rel: str, st: os.stat_result, e: Expected, linked: dict[str, s
     if copy is not None:
         try:
             cst = os.lstat(copy)
-        except PermissionError:
-            # The installer's private cache, seen by a job user: the second name cannot be told
-            # from the cache's copy. The file is still its prefix owner's (checked before).
+        except (PermissionError, FileNotFoundError):
+            # The installer's private cache seen by a job user, or a copy pruned since (the file's
+            # other names are then other prefixes installed from it): the second name cannot be
+            # told apart. The file is still its prefix owner's, with no mode or ACL letting
+            # anyone else write it (checked before).
             return None
         except OSError:
             cst = None
