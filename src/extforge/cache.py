@@ -12,10 +12,12 @@ one that was still in use is extracted again at its next install (time, not corr
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import safe_files
+from .errors import ExtforgeError
 
 DAY_S = 24 * 3600
 
@@ -57,6 +59,9 @@ class Entry:
     path: Path
     last_used: float  # epoch seconds
     bytes: int  # disk blocks of files not already counted for an earlier entry (hard links once)
+    # The cache root: nothing below it is followed when the entry is removed (an area folder
+    # that someone replaced by a link to elsewhere must not lead the prune there).
+    root: Path
 
 
 PRUNING = ".pruning-"
@@ -127,9 +132,9 @@ def _children(root: Path, area: Area) -> list[Path]:
     found: list[Path] = []
     for folder in folders:
         try:
-            found += sorted(folder.iterdir())
-        except OSError:
-            continue  # absent, or another user's private folder
+            found += [folder / name for name in sorted(safe_files.names(folder, beneath=root))]
+        except (OSError, ExtforgeError):
+            continue  # absent, another user's private folder, or a link in place of the area (not ours)
     return found
 
 
@@ -144,7 +149,7 @@ def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:
                 used = 0.0 if path.name.startswith(PRUNING) else path.lstat().st_mtime
             except OSError:
                 continue
-            yield Entry(area.name, path, used, _disk_bytes(path, seen))
+            yield Entry(area.name, path, used, _disk_bytes(path, seen), root)
 
 
 def unused(entries: Iterable[Entry], now: float, days: float) -> list[Entry]:
@@ -162,10 +167,7 @@ def remove(entry: Entry) -> None:
     if not entry.path.name.startswith(PRUNING):
         doomed = entry.path.with_name(f"{PRUNING}{entry.path.name}-{os.getpid()}")
         try:
-            entry.path.rename(doomed)
+            safe_files.rename(entry.path, doomed, beneath=entry.root)
         except FileNotFoundError:
             return  # removed by another prune
-    if doomed.is_dir() and not doomed.is_symlink():
-        shutil.rmtree(doomed, ignore_errors=True)
-    else:
-        doomed.unlink(missing_ok=True)
+    safe_files.remove_quietly(doomed, beneath=entry.root)

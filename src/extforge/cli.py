@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from . import __version__
-from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError
+from . import __version__, safe_files
+from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError, from_os_error
 from .paths import cache_root
 from .ui import console, emit_json, setup_logging
 
@@ -140,10 +140,7 @@ def _run(argv: list[str]) -> int:
     try:
         return int(args._module.run(args))
     except ExtforgeError as exc:
-        if args.json:
-            emit_json(exc.to_json())
-        console.print(exc.render(), markup=False)
-        return exc.exit_code
+        return _report(exc, args.json)
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
@@ -157,12 +154,21 @@ def _run(argv: list[str]) -> int:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)
+        if isinstance(exc, OSError) and (known := from_os_error(exc)) is not None:
+            return _report(known, args.json)
         where = _crash_log(argv, exc)
         console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
                       f"details in {where}", markup=False, soft_wrap=True)
         if args.json:
             emit_json({"error": f"{type(exc).__name__}: {exc}", "why": "unexpected failure", "fix": f"report it with {where}"})
         return EXIT_CANNOT_RUN
+
+
+def _report(exc: ExtforgeError, as_json: bool) -> int:
+    if as_json:
+        emit_json(exc.to_json())
+    console.print(exc.render(), markup=False)
+    return exc.exit_code
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -173,15 +179,20 @@ CRASH_LOGS_KEPT = 20
 
 
 def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
-    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept)."""
-    logs = cache_root() / "logs"
-    path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept),
+    private to this user (it names their paths). The cache may be shared: a link planted at
+    `logs` or at a log's name is refused, not written through."""
     try:
-        logs.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc)))
-        for old in sorted(logs.glob("crash-*.log"))[:-CRASH_LOGS_KEPT]:
-            old.unlink(missing_ok=True)
-    except OSError as err:
+        logs = cache_root() / "logs"
+        root = logs.parent
+        path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        safe_files.make_dirs(logs, beneath=root)
+        text = f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc))
+        safe_files.write_atomic(path, text.encode(), mode=0o600, beneath=root)
+        old = sorted(n for n in safe_files.names(logs, beneath=root) if n.startswith("crash-") and n.endswith(".log"))
+        for name in old[:-CRASH_LOGS_KEPT]:
+            safe_files.remove(logs / name, beneath=root)
+    except (OSError, ExtforgeError) as err:
         return f"(no log: {err}; run with -vv)"
     return str(path)
 

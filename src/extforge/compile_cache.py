@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import ExtforgeError
+from .safe_files import make_dirs
 
 TOOLS = ("ccache", "sccache")
 
@@ -63,7 +64,7 @@ def env(
     """
     launcher = find_launcher(tool)
     cache_dir = Path(cache_dir) if cache_dir else default_dir() / launcher.tool
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(cache_dir)
     out = {
         "EXTFORGE_COMPILER_LAUNCHER": str(launcher.path),
         # torch's ninja rule makes nvcc write a depfile; up to torch ~2.12 on Linux with

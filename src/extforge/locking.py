@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .safe_files import open_lock, same_file
+from .safe_files import make_dirs, naming, open_lock, remove, same_file
 
 
 class Busy(Exception):
@@ -30,7 +30,7 @@ class Busy(Exception):
 def exclusive(lock_file: Path, *, transient: bool = False) -> Iterator[None]:
     """Hold lock_file, waiting for other holders. transient: remove it on release, so nothing is
     left beside what it guards (a workspace under version control)."""
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(lock_file.parent)
     if not transient:
         fd = open_lock(lock_file)
         try:
@@ -43,7 +43,7 @@ def exclusive(lock_file: Path, *, transient: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        os.unlink(lock_file)
+        remove(lock_file)
         os.close(fd)
 
 
@@ -72,9 +72,10 @@ def exclusive_or_busy(lock_file: Path) -> Iterator[None]:
     so nothing is left beside what it guards."""
     fd = _take_transient(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with naming(lock_file):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
-        os.unlink(lock_file)
+        remove(lock_file)
         os.close(fd)

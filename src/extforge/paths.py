@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .errors import ExtforgeError
+from .safe_files import remove_quietly, touch
 
 
 def cache_root() -> Path:
@@ -20,7 +22,15 @@ def cache_root() -> Path:
     """
     env = os.environ.get("EXTFORGE_CACHE")
     if env:
-        return Path(env).expanduser()
+        path = Path(env).expanduser()
+        if not path.is_absolute():
+            raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is a relative path",
+                                "it would name another folder in every directory extforge runs from",
+                                "set it to an absolute path (e.g. $HOME/.cache/extforge) or unset it")
+        if path.exists() and not path.is_dir():
+            raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is not a folder", "extforge keeps its cache's folders there",
+                                "point it at a folder (it is created if missing) or unset it")
+        return path
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "extforge"
@@ -46,8 +56,8 @@ def rattler_pkgs_dir() -> Path:
 def mark_used(path: Path) -> None:
     """Record that a cache entry was reused now (its mtime), so `extforge cache --prune` keeps it."""
     try:
-        os.utime(path)
-    except OSError:
+        touch(path)
+    except (OSError, ExtforgeError):
         pass  # a read-only shared cache: the entry then ages by its creation time
 
 
@@ -80,7 +90,7 @@ def sweep_scratch(kind: str, base: Path | None = None) -> list[Path]:
             except OSError:
                 stale = False
         if stale and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_quietly(path)
             removed.append(path)
     return removed
 
@@ -95,4 +105,4 @@ def scratch_dir(kind: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_quietly(path)

@@ -1,11 +1,16 @@
-"""Writing extforge's own files into folders other people can write (a group channel, a
-workspace, an envs tree) without being redirected by what they planted there.
+"""Every change extforge makes on disk in folders other people can write (a group channel, a
+workspace, an envs tree, a shared cache, a prefix): writes, deletes, mode changes, renames
+and reads of its own files, without being redirected by what someone planted there.
+
+tests/test_disk_layer.py fails on a write, delete, chmod or rename anywhere else in src/.
 
 Every name is opened relative to a descriptor of its folder with O_NOFOLLOW, so a symlink
 planted under the name of a log, lock or temporary is refused instead of followed (which
 would append to, truncate or create its target). Temporaries are created exclusively under
 unique names and renamed over the final name: rename replaces a planted symlink itself,
-never its target. The folder itself is the caller's and is followed as given.
+never its target. The folder itself is the caller's and is followed as given, unless the
+caller names an anchor (`beneath`): then only the anchor is followed and every folder below
+it is opened without following a link, so a planted `logs -> /elsewhere` is refused.
 
 Modes are set with fchmod on what this process created, so a user's umask 077 cannot make a
 shared file unreadable to the group, and a file someone else created keeps its mode.
@@ -13,9 +18,11 @@ shared file unreadable to the group, and a file someone else created keeps its m
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,19 +37,59 @@ GROUP_WRITABLE = 0o664
 READABLE = 0o644
 
 
-def _refusal(path: Path, why: str) -> ExtforgeError:
+def _refusal(path: Path, why: str, verb: str = "write") -> ExtforgeError:
     return ExtforgeError(
-        f"refusing to write {path}: {why}",
+        f"refusing to {verb} {path}: {why}",
         f"extforge writes its own files only as regular files it opens without following links; "
         f"someone who can write {path.parent} may have put this there",
         f"check who made {path}, remove it and run again",
     )
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _open_folder(path: Path, beneath: Path | None) -> int:
+    if beneath is None:
+        return os.open(path, _DIR)
+    rel = path.relative_to(beneath).parts  # ValueError: a path outside its anchor is a bug
+    fd = os.open(beneath, _DIR)
+    try:
+        for i, part in enumerate(rel):
+            try:
+                child = os.open(part, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refusal(beneath.joinpath(*rel[: i + 1]), "it is a symbolic link or not a folder", "use") from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
 @contextmanager
-def folder(path: Path) -> Iterator[int]:
-    """A descriptor of the folder `path` (following the path as the caller gave it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def naming(path: Path) -> Iterator[None]:
+    """An OSError of a write or fsync names no file: name the one written (a full disk's error
+    then says which file system)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno in _STORAGE_ERRORS:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise  # a network error of what the caller streams in, or one that names its file already
+
+
+@contextmanager
+def folder(path: Path, *, beneath: Path | None = None) -> Iterator[int]:
+    """A descriptor of the folder `path`: followed as the caller gave it, or, with an anchor
+    `beneath`, with no symbolic link followed below the anchor."""
+    fd = _open_folder(path, beneath)
     try:
         yield fd
     finally:
@@ -91,14 +138,14 @@ def _open_regular(path: Path, dir_fd: int, flags: int, mode: int) -> tuple[int, 
     return fd, created
 
 
-def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE) -> int:
+def append(path: Path, data: bytes, *, mode: int = GROUP_WRITABLE, beneath: Path | None = None) -> int:
     """Append data to path (created with `mode` if missing) and fsync it; return the size path
     had before, for truncate() to undo the append.
 
     A previous writer killed inside its write leaves a last line without its newline: one is
     added before data, so line-oriented readers lose only that torn line.
     """
-    with folder(path.parent) as dfd:
+    with naming(path), folder(path.parent, beneath=beneath) as dfd:
         fd, _ = _open_regular(path, dfd, os.O_RDWR | os.O_APPEND, mode)
         try:
             size = os.fstat(fd).st_size
@@ -128,11 +175,12 @@ def temp_name(name: str, prefix: str = "") -> str:
 
 
 @contextmanager
-def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "") -> Iterator[BinaryIO]:
+def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "",
+                  beneath: Path | None = None) -> Iterator[BinaryIO]:
     """A binary file that becomes path when the block ends without an exception: written under
     an exclusively created temporary name, fsynced, then renamed over path (a symlink planted at
     path is replaced, not followed). On an exception the temporary is removed, path untouched."""
-    with folder(path.parent) as dfd:
+    with naming(path), folder(path.parent, beneath=beneath) as dfd:
         tmp = temp_name(path.name, tmp_prefix)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
         try:
@@ -151,9 +199,9 @@ def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "") -> 
         os.fsync(dfd)
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = READABLE) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int = READABLE, beneath: Path | None = None) -> None:
     """Replace path with data: readers see the old file or the new one, never a part."""
-    with atomic_writer(path, mode=mode) as out:
+    with atomic_writer(path, mode=mode, beneath=beneath) as out:
         out.write(data)
 
 
@@ -187,4 +235,206 @@ def make_dir(path: Path, *, like: Path | None = None) -> None:
             raise _refusal(path, "it is not a folder (a symbolic link or a file is in its place)") from None
         return
     template = os.stat(like or path.parent).st_mode
-    os.chmod(path, 0o755 | (template & (stat.S_IRWXG | stat.S_ISGID)))
+    fd = os.open(path, _DIR | os.O_NOFOLLOW)  # never a link swapped in since the mkdir
+    try:
+        os.fchmod(fd, 0o755 | (template & (stat.S_IRWXG | stat.S_ISGID)))
+    finally:
+        os.close(fd)
+
+
+def names(path: Path, *, beneath: Path | None = None) -> list[str]:
+    """The names in folder path (with an anchor: no link followed below it)."""
+    with folder(path, beneath=beneath) as dfd:
+        return os.listdir(dfd)
+
+
+def make_dirs(path: Path, *, beneath: Path | None = None, mode: int = 0o777) -> None:
+    """mkdir -p of path. With an anchor `beneath` (created as given if missing), a link or a
+    file in place of any folder below it is refused, never followed; without one the whole
+    path is the caller's and followed as given."""
+    if beneath is None:
+        path.mkdir(mode, parents=True, exist_ok=True)
+        return
+    beneath.mkdir(parents=True, exist_ok=True)
+    fd = os.open(beneath, _DIR)
+    try:
+        for part in path.relative_to(beneath).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, mode, dir_fd=fd)
+            try:
+                child = os.open(part, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refusal(path, f"{part} in it is a symbolic link or not a folder", "create") from None
+                raise
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
+    """The folder path, mode 0700, made by this user (created if missing). One that exists is
+    used only if it is a folder (not a link) this user owns that nobody else can write: what
+    extforge later trusts in it (a lock, a journal of what to delete) is then its own."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, 0o700, dir_fd=dfd)
+        try:
+            fd = os.open(path.name, _DIR | os.O_NOFOLLOW, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _private_refusal(path, "it is a symbolic link or not a folder") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise _private_refusal(path, f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+            if st.st_mode & 0o077:
+                raise _private_refusal(path, f"its mode is {stat.filemode(st.st_mode)}, not drwx------")
+        finally:
+            os.close(fd)
+
+
+def _private_refusal(path: Path, why: str) -> ExtforgeError:
+    return ExtforgeError(
+        f"refusing to use {path}: {why}",
+        "extforge keeps state there that it acts on (what to delete, what is locked) and trusts it only when "
+        "it made the folder itself, private to you; someone who can write its parent may have put this there",
+        f"check who made {path}; remove it (`rm -r {path}`) if nothing of yours runs there, and run again",
+    )
+
+
+def _remove_at(dfd: int, name: str) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        # shutil's descriptor-based walk: it never follows a link inside the tree either.
+        shutil.rmtree(name, dir_fd=dfd)
+    else:
+        os.unlink(name, dir_fd=dfd)
+    return True
+
+
+def remove(path: Path, *, beneath: Path | None = None) -> bool:
+    """Delete path (a file, a link itself, or a folder with everything in it) without
+    following a symbolic link at path, inside it or (with an anchor) above it. Whether
+    something was there. Entries that cannot be removed raise OSError."""
+    try:
+        with folder(path.parent, beneath=beneath) as dfd:
+            return _remove_at(dfd, path.name)
+    except FileNotFoundError:
+        return False
+
+
+def remove_quietly(path: Path, *, beneath: Path | None = None) -> None:
+    """remove() for cleanup on the way out, where what cannot go stays (and is named by
+    nothing: the next run's cleanup tries again). A planted link is still never followed."""
+    with contextlib.suppress(OSError, ExtforgeError):
+        remove(path, beneath=beneath)
+
+
+def remove_dir(path: Path, *, beneath: Path | None = None) -> bool:
+    """rmdir of an empty folder (never a link in its place); whether it went."""
+    try:
+        with folder(path.parent, beneath=beneath) as dfd:
+            os.rmdir(path.name, dir_fd=dfd)
+    except (OSError, ExtforgeError):
+        return False
+    return True
+
+
+def rename(src: Path, dst: Path, *, beneath: Path | None = None) -> None:
+    """Rename src to dst, each name relative to a descriptor of its folder: a link at either
+    name is moved or replaced itself, never followed."""
+    with folder(src.parent, beneath=beneath) as sfd, folder(dst.parent, beneath=beneath) as dfd:
+        os.rename(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+
+def touch(path: Path, *, beneath: Path | None = None) -> None:
+    """Set path's times to now, never a link's target."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        os.utime(path.name, dir_fd=dfd, follow_symlinks=False)
+
+
+def set_mode(path: Path, mode: int, *, beneath: Path | None = None) -> bool:
+    """chmod path only if it is a regular file this user owns (a link planted there is not
+    followed, a FIFO not waited on, another member's file keeps its mode); whether it did."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except OSError:
+            return False  # a link (ELOOP), gone, or unreadable: not ours to change
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return False
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    return True
+
+
+def _open_to_read(path: Path, dfd: int) -> int:
+    """A descriptor of the regular file path.name in dfd: no link followed, a FIFO or device
+    refused without waiting on it."""
+    try:
+        fd = os.open(path.name, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refusal(path, "it is a symbolic link", "read") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _refusal(path, "it is not a regular file", "read")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def hard_link(src: Path, dest: Path, *, follow: bool = False) -> None:
+    """Link the file src as the new name dest (never over an existing dest). A link at src is
+    linked itself unless `follow` (src is then the caller's, as given)."""
+    with folder(src.parent) as sfd, folder(dest.parent) as dfd:
+        os.link(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=follow)
+
+
+def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
+    """Copy the regular file src to the new file dest. copy_file_range: the kernel clones where
+    the filesystem can (btrfs, XFS) and NFS 4.2 copies on the server; a plain copy where
+    neither works."""
+    with naming(dest), folder(src.parent) as sfd, folder(dest.parent) as dfd:
+        fin = _open_to_read(src, sfd)
+        try:
+            fout = os.open(dest.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
+            try:
+                os.fchmod(fout, mode)
+                try:
+                    while os.copy_file_range(fin, fout, 1 << 30):
+                        pass
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    os.lseek(fin, 0, os.SEEK_SET)
+                    os.ftruncate(fout, 0)
+                    os.lseek(fout, 0, os.SEEK_SET)
+                    with open(fin, "rb", closefd=False) as a, open(fout, "wb", closefd=False) as b:
+                        shutil.copyfileobj(a, b, 4 << 20)
+            finally:
+                os.close(fout)
+        finally:
+            os.close(fin)
+
+
+def read_bytes(path: Path, *, limit: int, beneath: Path | None = None) -> bytes:
+    """The bytes of the regular file path, at most `limit` of them: a link is not followed, a
+    FIFO or device (/dev/zero) is refused at once, a bigger file is refused, not read."""
+    with folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open_to_read(path, dfd), "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise _refusal(path, f"it holds {size} bytes, more than the {limit} it may", "read")
+        data = fh.read(limit + 1)
+    if len(data) > limit:  # it grew while read
+        raise _refusal(path, f"it holds more than the {limit} bytes it may", "read")
+    return data

@@ -93,7 +93,13 @@ def read_specs(recipe: Path, channels: Sequence[str] = ()) -> list[SourceSpec]:
         part = Path(tmp) / "recipe.yaml"
         part.write_text(source_sections(path.read_text()))
         config = engine.load_variant_files([*variant_files[:1], *channel_files([channel_url(c) for c in channels])])
-        rendered = [v.recipe.to_dict() for v in engine.render(part, config, target_platform="linux-64")]
+        try:
+            rendered = [v.recipe.to_dict() for v in engine.render(part, config, target_platform="linux-64")]
+        except BaseException as exc:
+            if not engine.engine_failure(exc):
+                raise
+            raise ExtforgeError(f"cannot read the sources of {path}", engine.engine_message(exc).splitlines()[0],
+                                "fix the recipe (a url source needs its sha256: 64 hex digits)") from exc
     d = rendered[0]
     found = list({json.dumps(s, sort_keys=True): s for r in rendered for s in r.get("source", []) if "url" in s}.values())
     unverified = [s for s in found if not s.get("sha256")]

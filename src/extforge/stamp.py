@@ -17,11 +17,12 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import zstandard
 
 from .errors import ExtforgeError
+from .safe_files import atomic_writer
 
 AUDIT_DIR = "share/extforge/audit"
 SCHEMA = 1
@@ -74,22 +75,19 @@ def stamp_package(path: Path, record: AuditStamp, *, threads: int | None = None)
     threads = threads or min(MAX_ZSTD_THREADS, len(os.sched_getaffinity(0)))
     data = (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
     stamp = _Stamp(f"{AUDIT_DIR}/{record.name}.json", data)
-    tmp = path.with_name(f".{path.name}.stamp{os.getpid()}")
+    if not path.name.endswith((".conda", ".tar.bz2")):
+        raise ExtforgeError(f"cannot stamp {path}", "only .conda and .tar.bz2 packages carry audit metadata",
+                            "stamp the conda package, not a wheel or a prefix")
     try:
-        if path.name.endswith(".conda"):
-            _stamp_conda(path, tmp, stamp, threads)
-        elif path.name.endswith(".tar.bz2"):
-            with tarfile.open(path, "r|bz2") as src, tarfile.open(tmp, "w:bz2") as dst:
-                _copy_tar(src, dst, stamp, add_payload=True)
-        else:
-            raise ExtforgeError(f"cannot stamp {path}", "only .conda and .tar.bz2 packages carry audit metadata",
-                                "stamp the conda package, not a wheel or a prefix")
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
+        # The stamped copy replaces the package under its own mode, through a fresh temporary.
+        with atomic_writer(path, mode=path.stat().st_mode & 0o7777, tmp_prefix="stamp-") as out:
+            if path.name.endswith(".conda"):
+                _stamp_conda(path, out, stamp, threads)
+            else:
+                with tarfile.open(path, "r|bz2") as src, tarfile.open(fileobj=out, mode="w|bz2") as dst:
+                    _copy_tar(src, dst, stamp, add_payload=True)
     except (tarfile.TarError, zipfile.BadZipFile, zstandard.ZstdError, OSError) as exc:
         raise ExtforgeError(f"cannot stamp {path}", str(exc), "rebuild the package; it may be damaged") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
     return record
 
 
@@ -135,8 +133,8 @@ def _copy_tar(src: tarfile.TarFile, dst: tarfile.TarFile, stamp: _Stamp, *, add_
         dst.addfile(info, io.BytesIO(stamp.data))
 
 
-def _stamp_conda(path: Path, tmp: Path, stamp: _Stamp, threads: int) -> None:
-    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zout:
+def _stamp_conda(path: Path, out_file: BinaryIO, stamp: _Stamp, threads: int) -> None:
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(out_file, "w", zipfile.ZIP_STORED) as zout:
         for item in zin.infolist():
             is_pkg = item.filename.startswith("pkg-") and item.filename.endswith(".tar.zst")
             is_info = item.filename.startswith("info-") and item.filename.endswith(".tar.zst")

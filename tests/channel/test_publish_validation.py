@@ -125,14 +125,16 @@ def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path, 
     assert _listing(channel) == before
 
 
-def test_a_package_symlinked_into_the_channel_stays_indexed(tiny_packages, tmp_path):
-    """An admin may assemble a channel from symlinks into a package store: the re-index indexes
-    the package's bytes, as before the shadow index stopped hard-linking what it does not own."""
+def test_a_package_symlinked_into_the_channel_is_never_served(tiny_packages, tmp_path):
+    """A link in a subdir could serve a file its publisher never published (a member's link to
+    another's private package) and cannot be checked against the publish log: the re-index
+    leaves it out and names it, and the link stays as it was."""
     channel = tmp_path / "ch"
     store = tmp_path / "store"
     stored = craft_package(store, "stored")
     publish(tiny_packages.distinct[14:15], channel, audit=False)
     (channel / "noarch" / stored.name).symlink_to(stored)
-    publish(tiny_packages.distinct[15:16], channel, audit=False)
-    assert _indexed(channel) == {tiny_packages.distinct[14].name, tiny_packages.distinct[15].name, stored.name}
+    result = publish(tiny_packages.distinct[15:16], channel, audit=False)
+    assert _indexed(channel) == {tiny_packages.distinct[14].name, tiny_packages.distinct[15].name}
+    assert result.ignored == [f"noarch/{stored.name}: it is a symbolic link or not a regular file"]
     assert (channel / "noarch" / stored.name).is_symlink()

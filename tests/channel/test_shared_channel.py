@@ -104,3 +104,73 @@ def test_a_lock_file_the_group_cannot_write_is_a_clear_error(peer_site, tiny_pac
     assert proc.returncode == 2 and "chmod g+w" in said and ".extforge-publish.lock" in said, proc.stderr
     assert "unexpectedly" not in said
     assert _listing(channel) == before
+
+
+def _publish(site, peer, pkg: Path, channel: Path) -> dict:
+    proc = site.run(peer, "publish", str(pkg), "--channel", str(channel), "--no-audit", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _as(peer, *cmd: str) -> None:
+    import subprocess
+
+    subprocess.run(["setpriv", f"--reuid={peer.uid}", f"--regid={peer.gid}", "--init-groups", "--inh-caps=-all", "--", *cmd],
+                   check=True, capture_output=True, text=True, cwd="/")
+
+
+def test_a_member_swapping_or_deleting_another_members_package_is_noticed(peer_site, tiny_packages):
+    # The group folder lets any member rename over or remove another member's file.
+    site = peer_site
+    first, second = site.peers
+    pkgs = site.readable_copy([*tiny_packages.distinct[6:9]], "pkgs-behind")
+    (clash,) = site.readable_copy([tiny_packages.clash], "pkgs-behind-clash")
+    channel = site.shared_folder("channel-behind")
+    _publish(site, first, site.readable_copy([tiny_packages.distinct[0]], "pkgs-behind-0")[0], channel)
+    _publish(site, first, pkgs[0], channel)
+    victim = channel / "noarch" / tiny_packages.distinct[0].name
+    # Other bytes under the same name (mtime set back as well), and a published package removed.
+    _as(second, "sh", "-c", f"cp {clash} {channel}/noarch/.x && touch -r {victim} {channel}/noarch/.x && "
+                            f"mv -f {channel}/noarch/.x {victim} && rm -f {channel}/noarch/{pkgs[0].name}")
+    result = _publish(site, first, pkgs[1], channel)
+    changed = result["changed_behind"]
+    assert len(changed) == 2, changed
+    assert changed[0].startswith(f"swapped: noarch/{victim.name}: its bytes (sha256 "), changed
+    assert "replaced behind the channel's back; not served" in changed[0]
+    assert changed[1].startswith(f"deleted: noarch/{pkgs[0].name} (published by {first.name} at "), changed
+    assert _indexed(channel) == {pkgs[1].name}  # neither the swapped bytes nor the deleted file are served
+    assert [i.split(":")[0] for i in result["ignored"]] == [f"noarch/{victim.name}"]
+    # The human output says so too; the deletion was reported once, the swap is until it is undone.
+    proc = site.run(second, "publish", str(pkgs[2]), "--channel", str(channel), "--no-audit")
+    said = " ".join(proc.stderr.split()) + " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and f"changed behind the publish log: swapped: noarch/{victim.name}" in said, said
+    assert "deleted:" not in said, said
+    _as(first, "sh", "-c", f"cp {site.root / 'pkgs-behind-0' / victim.name} {channel}/noarch/.y && mv -f {channel}/noarch/.y {victim}")
+    result = _publish(site, first, pkgs[1], channel)
+    assert result["changed_behind"] == [] and result["ignored"] == []
+    assert _indexed(channel) == {victim.name, pkgs[1].name, pkgs[2].name}
+
+
+def test_links_fifos_and_devices_in_a_subdir_are_never_served_or_opened(peer_site, tiny_packages):
+    site = peer_site
+    first, second = site.peers
+    pkgs = site.readable_copy(tiny_packages.distinct[9:11], "pkgs-special")
+    channel = site.shared_folder("channel-special")
+    _publish(site, first, pkgs[0], channel)
+    # The first member's private package, and a second member's plants under package names.
+    home = site.root / "home-private"
+    home.mkdir()
+    private = home / "secret-1.0-h0_0.conda"
+    private.write_bytes(tiny_packages.distinct[11].read_bytes())
+    os.chown(home, first.uid, first.gid)
+    os.chown(private, first.uid, first.gid)
+    private.chmod(0o644)
+    noarch = channel / "noarch"
+    _as(second, "sh", "-c", f"ln -s {private} {noarch}/secret-1.0-h0_0.conda && ln -s /dev/zero {noarch}/zero-1.0-h0_0.conda"
+                            f" && mkfifo {noarch}/fifo-1.0-h0_0.conda && ln -s {private} {channel}/linux-64/s-1.0-h0_0.conda")
+    result = _publish(site, first, pkgs[1], channel)  # returns: nothing was opened (site.run times out at 300 s)
+    assert _indexed(channel) == {pkgs[0].name, pkgs[1].name}
+    assert sorted(result["ignored"]) == sorted(f"{sd}/{n}: it is a symbolic link or not a regular file" for sd, n in [
+        ("linux-64", "s-1.0-h0_0.conda"), ("noarch", "fifo-1.0-h0_0.conda"), ("noarch", "secret-1.0-h0_0.conda"),
+        ("noarch", "zero-1.0-h0_0.conda")])
+    assert result["log_repaired"] == []  # never logged as published either

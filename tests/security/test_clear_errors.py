@@ -7,7 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from extforge.channel.index import reindex
 
@@ -104,3 +108,127 @@ def test_a_reader_that_goes_away_gets_no_traceback(sandbox):
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, stderr
     assert "Traceback" not in stderr and "unexpectedly" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+@contextmanager
+def _small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A real file system that fills up: a tmpfs of `size` mounted at `where` (root only)."""
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill ({mounted.stderr.strip() or 'mount failed'}): needs root and mount rights")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(folder: Path, leave: int) -> None:
+    vfs = os.statvfs(folder)
+    (folder / "filler").write_bytes(bytes(max(0, vfs.f_bavail * vfs.f_frsize - leave)))
+
+
+def test_a_full_disk_names_the_file_system_and_leaves_channel_lock_and_prefix_as_they_were(sandbox):
+    # publish: a 1 MiB package into a channel on a full 512 KiB file system.
+    so = gxx_so(sandbox.path("so"), "libbig.so").read_bytes() + os.urandom(1 << 20)  # trailing bytes: still an ELF
+    big = craft_package(sandbox.path("in"), "big", [member("lib/libbig.so", so)])
+    small = craft_package(sandbox.path("in"), "small")
+    with _small_tmpfs(sandbox.root / "full", "768k") as mnt:
+        channel = mnt / "ch"
+        sandbox.run("publish", str(small), "--channel", str(channel), "--no-audit", expect=0)
+        before = {p: p.read_bytes() for p in sorted(channel.rglob("*")) if p.is_file()}
+        res = sandbox.run("publish", str(big), "--channel", str(channel), "--no-audit", "--json", expect=2)
+        doc = _json_error(res)
+        assert doc["error"].startswith(f"no space left on the file system {mnt} ("), doc
+        assert f"while writing {channel}/noarch/{big.name}" in doc["error"] and f"df -h {mnt}" in doc["fix"], doc
+        assert "unexpectedly" not in res.output
+        assert {p: p.read_bytes() for p in sorted(channel.rglob("*")) if p.is_file() and "lock" not in p.name} == \
+            {p: b for p, b in before.items() if "lock" not in p.name}
+        # lock: a workspace on a file system with no room left for the new pixi.lock.
+        channel2 = sandbox.path("ch2")
+        from .pyish import pyish_package
+
+        pyish_package(channel2)
+        ws = mnt / "ws"
+        ws.mkdir()
+        lock = sandbox.lock(channel2, "pyish")
+        for f in (lock, lock.parent / ".pixi" / "config.toml", lock.parent / "pixi.toml"):
+            (ws / f.relative_to(lock.parent)).parent.mkdir(parents=True, exist_ok=True)
+            (ws / f.relative_to(lock.parent)).write_bytes(f.read_bytes())
+        old = (ws / "pixi.lock").read_bytes()
+        (ws / "pixi.toml").write_text((ws / "pixi.toml").read_text().replace('pyish = "*"', 'pyish = ">=1"'))
+        (mnt / "filler").unlink(missing_ok=True)
+        _fill(mnt, 0)
+        res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), expect=2)
+        res.refused(f"no space left on the file system {mnt}")
+        assert (ws / "pixi.lock").read_bytes() == old
+        assert not [p for p in ws.rglob("*") if ".tmp" in p.name]
+        # install: the prefix on the full file system is removed again, nothing half-linked stays.
+        res = sandbox.run("install", "default", "--prefix", str(mnt / "env"), "--lock", str(lock), expect=2)
+        res.refused(f"no space left on the file system {mnt}")
+        assert not (mnt / "env").exists()
+    # audit: it unpacks the package's libraries into a temporary folder too small for them.
+    with _small_tmpfs(sandbox.base / "small-tmp", "64k") as scratch:
+        res = sandbox.run("audit", str(big), env={"TMPDIR": str(scratch)}, expect=2)
+        res.refused(f"no space left on the file system {scratch}")
+        assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["file", "/dev/null", "relative/cache"])
+def test_a_bad_cache_setting_is_one_line(sandbox, value):
+    if value == "file":
+        value = str(sandbox.root / "a-file")
+        Path(value).write_text("x")
+    res = sandbox.run("cache", "--json", env={"EXTFORGE_CACHE": value}, expect=2)
+    assert _json_error(res)["error"].startswith(f"$EXTFORGE_CACHE={value!r} is "), res.output
+
+
+def test_manifest_platforms_and_pypi_dependencies_are_checked(sandbox):
+    ws = sandbox.path("ws-bad")
+    head = '[workspace]\nname = "t"\nchannels = ["x"]\n'
+    (ws / "pixi.toml").write_text(head + 'platforms = ["linux-64", "beos-99"]\n[dependencies]\npython = "*"\n')
+    res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--json", expect=2)
+    assert _json_error(res)["error"] == f"platform 'beos-99' in {ws / 'pixi.toml'} is not a conda subdir"
+    for table in ("pypi-dependencies", "feature.gpu.pypi-dependencies"):
+        (ws / "pixi.toml").write_text(head + f'platforms = ["linux-64"]\n[dependencies]\npython = "*"\n[{table}]\nrequests = "*"\n')
+        res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--json", expect=2)
+        assert _json_error(res)["error"] == f"{ws / 'pixi.toml'} has [{table}]: extforge locks conda packages only"
+    assert not (ws / "pixi.lock").exists()
+
+
+def test_paths_too_long_loops_and_a_folder_at_the_record_are_one_line(sandbox, pyish_env):
+    lock, prefix = pyish_env
+    long = sandbox.root / ("a" * 300)
+    sandbox.run("verify", str(long), "--env", "default", "--lock", str(lock), expect=2).refused("a path is too long")
+    sandbox.run("install", "default", "--prefix", str(long / "p"), "--lock", str(lock), expect=2).refused("a path is too long")
+    (sandbox.root / "loop1").symlink_to(sandbox.root / "loop2")
+    (sandbox.root / "loop2").symlink_to(sandbox.root / "loop1")
+    sandbox.run("verify", str(sandbox.root / "loop1"), expect=2).refused("cannot be resolved", "symbolic-link loops")
+    # A folder where the install record goes beside the prefix: it goes into the prefix instead.
+    other = sandbox.root / "envs" / "q"
+    (other.parent / f".{other.name}.extforge-install.json").mkdir()
+    sandbox.run("install", "default", "--prefix", str(other), "--lock", str(lock), expect=0)
+    assert (other / ".extforge-install.json").is_file()
+    sandbox.run("verify", str(other), "--env", "default", "--lock", str(lock), expect=0)
+
+
+def test_a_recipe_sha256_that_is_no_digest_is_refused(sandbox):
+    recipe = sandbox.path("recipe-sha")
+    (recipe / "recipe.yaml").write_text(
+        'package: {name: tinypkg, version: "1.0"}\nsource:\n  url: https://example.invalid/tinypkg-1.0.tar.gz\n'
+        '  sha256: "../../../../tmp/x"\nbuild: {noarch: generic, script: [echo]}\n')
+    res = sandbox.run("sources", "fetch", str(recipe), "--dest", str(sandbox.root / "store"), "--json", expect=2)
+    doc = _json_error(res)
+    assert doc["error"] == f"cannot read the sources of {recipe / 'recipe.yaml'}", res.output
+    assert "Invalid SHA256 checksum: ../../../../tmp/x" in doc["why"] and not list(sandbox.root.glob("store*"))
+
+
+def test_a_deeply_nested_repodata_is_rebuilt_not_a_crash_of_every_publish(sandbox):
+    channel = sandbox.path("ch-deep")
+    first, second = (craft_package(sandbox.path("in-deep"), n) for n in ("deep-a", "deep-b"))
+    sandbox.run("publish", str(first), "--channel", str(channel), "--no-audit", expect=0)
+    (channel / "noarch" / "repodata.json").write_text("[" * 200_000 + "]" * 200_000)
+    res = sandbox.run("publish", str(second), "--channel", str(channel), "--no-audit", "--json", expect=0)
+    assert json.loads(res.stdout)["repodata_rebuilt"] == ["noarch"]
+    served = json.loads((channel / "noarch" / "repodata.json").read_text())["packages.conda"]
+    assert set(served) == {first.name, second.name}

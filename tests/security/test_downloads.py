@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from .pyish import pyish_package
 
 
@@ -22,8 +24,9 @@ def _locked(sandbox) -> tuple[Path, Path]:
 
 @contextmanager
 def serving(body: str) -> Iterator[tuple[str, list[int]]]:
-    """An HTTP server answering every GET with `body`: "zeros" (endless, no Content-Length) or
-    "trickle" (one byte a second); yields its URL and the bytes sent so far."""
+    """An HTTP server answering every GET with `body`: "zeros" (endless, no Content-Length),
+    "trickle" (one byte a second) or "slowloris" (70 KiB every 0.9 s: just above a 1 s stall
+    window's 64 KiB); yields its URL and the bytes sent so far."""
     sent = [0]
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -32,12 +35,12 @@ def serving(body: str) -> Iterator[tuple[str, list[int]]]:
             self.end_headers()
             try:
                 while True:
-                    chunk = bytes(64 * 1024) if body == "zeros" else b"x"
+                    chunk = {"zeros": bytes(64 * 1024), "trickle": b"x", "slowloris": bytes(70 * 1024)}[body]
                     self.wfile.write(chunk)
                     self.wfile.flush()
                     sent[0] += len(chunk)
-                    if body == "trickle":
-                        time.sleep(1)
+                    if body != "zeros":
+                        time.sleep(1 if body == "trickle" else 0.9)
             except OSError:
                 pass  # the client stopped reading
 
@@ -81,11 +84,34 @@ def test_a_stalled_download_times_out_with_a_clear_error(sandbox):
     assert not prefix.exists()
 
 
-def test_a_bad_stall_setting_is_refused(sandbox):
+def test_a_download_just_above_the_stall_rule_still_ends(sandbox):
+    # 70 KiB every 0.9 s never trips a 1 s stall window; the package is 2 MiB, so without a
+    # floor on the average rate this would run ~27 s and end in a sha256 mismatch.
+    from extforge.channel.index import reindex
+
+    from .crafted import craft_package, member
+
+    channel = sandbox.path("ch")
+    craft_package(channel / "noarch", "bigish", [member("share/bigish/blob", os.urandom(2 << 20))])
+    reindex(channel)
+    lock = sandbox.lock(channel, "bigish")
+    prefix = sandbox.root / "envs" / "slow"
+    start = time.monotonic()
+    with serving("slowloris") as (url, _sent):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), "--channel-map",
+                          f"internal={url}", env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "1"}, expect=2, timeout=120)
+    assert time.monotonic() - start < 15
+    res.refused("is too slow", "KiB/s a download must average", "EXTFORGE_DOWNLOAD_MIN_KIB_PER_S")
+    assert not prefix.exists()
+
+
+@pytest.mark.parametrize(("name", "value"), [("EXTFORGE_DOWNLOAD_STALL_SECONDS", "-1"), ("EXTFORGE_DOWNLOAD_STALL_SECONDS", "inf"),
+                                             ("EXTFORGE_DOWNLOAD_STALL_SECONDS", "nan"), ("EXTFORGE_DOWNLOAD_MIN_KIB_PER_S", "x")])
+def test_a_bad_download_setting_is_refused(sandbox, name, value):
     lock, _ = _locked(sandbox)
     res = sandbox.run("install", "default", "--prefix", str(sandbox.root / "p"), "--lock", str(lock),
-                      env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "-1"}, expect=2)
-    res.refused("$EXTFORGE_DOWNLOAD_STALL_SECONDS='-1' is not a number of seconds")
+                      "--channel-map", "internal=http://127.0.0.1:9/internal", env={name: value}, expect=2)
+    res.refused(f"${name}={value!r} is not a")
 
 
 def test_file_urls_take_only_regular_files(sandbox):

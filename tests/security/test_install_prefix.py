@@ -24,7 +24,7 @@ def _locked(sandbox) -> Path:
 def test_second_install_into_a_busy_prefix_says_who_and_exits_2(sandbox):
     lock = _locked(sandbox)
     prefix = sandbox.root / "envs" / "p"
-    install_lock_path(prefix).parent.mkdir(parents=True)
+    install_lock_path(prefix).parent.mkdir(parents=True, mode=0o700)
     with sandbox.unchanged_outside(), exclusive_or_busy(install_lock_path(prefix)):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=2)
         res.refused(f"another install is running into {prefix} (pid {os.getpid()})", code=2)

@@ -102,7 +102,10 @@ def test_what_a_killed_install_left_is_removed_by_the_next_run(sandbox):
     lock = _locked(sandbox)
     prefix = sandbox.path("envs", "killed")
     work = prefix / WORK
-    # A staging folder, a stale lock file and a move cut short after `lib` reached the prefix.
+    # A staging folder, a stale lock file and a move cut short after `lib` reached the prefix,
+    # in a work folder as install makes it (its own, 0700).
+    work.mkdir(parents=True)
+    work.chmod(0o700)
     (work / "staging-999999" / "lib").mkdir(parents=True)
     (work / "staging-999999" / "lib" / "big.so").write_bytes(bytes(1024))
     (work / "install.lock").write_text("999999\n")

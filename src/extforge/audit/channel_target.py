@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from ..channel_ref import channel_url, records, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, mark_used, rattler_pkgs_dir
+from ..safe_files import make_dirs, remove_quietly, rename
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
 # A build host has no __cuda; the package's pytorch run-depends on it.
@@ -99,13 +99,15 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
             mark_used(prefix)
             return prefix
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Below the cache root nothing is followed: a link planted at audit-targets/ leads nowhere.
+        make_dirs(tmp.parent, beneath=cache_root())
+        remove_quietly(tmp, beneath=cache_root())
         try:
             asyncio.run(_solve_install(specs, channels, tmp))
         except ExtforgeError:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_quietly(tmp, beneath=cache_root())
             raise
-        tmp.rename(prefix)
+        rename(tmp, prefix, beneath=cache_root())
     return prefix
 
 

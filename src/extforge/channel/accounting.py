@@ -7,6 +7,15 @@ it is one of the few files tools write (TOOL_FILES, with the reason). Everything
 finding naming the path: a planted .pyc, a library deep in site-packages, an activate.d script,
 a file swapped for a symbolic link.
 
+Besides kind, link target, mode and digest, each entry is checked as `rpm -V` does and more:
+its owner is the prefix's owner and its group the prefix's or the owner's own (a file someone
+else owns is theirs to change after verify); a file carries no file capabilities or other
+`security.*` attribute (a `cap_setuid+ep` python gives anyone root) and no ACL; a file's other
+names (hard links) are only the package cache's copy it was linked from (another name outside
+the prefix lets its writer change the file after verify); and the tool files accepted without
+a digest hold what their tool writes. These come from the one lstat per entry the walk makes
+anyway, plus, for a file that changed since the last clean run, its extended attributes.
+
 The walk is made cheap on a second run by the record of the last clean run (verify.py): a
 folder whose (mtime, ctime, inode, mode) are those recorded has the same entries (creating,
 removing or renaming an entry changes its folder's mtime and ctime, and ctime cannot be set
@@ -18,9 +27,14 @@ file or a chmod shows only in the entry's own ctime. When every recorded entry i
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..errors import ExtforgeError
+from ..safe_files import read_bytes
 from .trust import Expected
 
 # Files tools write into a prefix besides the packages' own, and why each is expected.
@@ -114,9 +128,129 @@ class Walk:
     listed: int = 0  # folders read (changed since the record, or no record)
 
 
-def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: dict[str, list], trusted: set[str]) -> Walk:
+@dataclass(frozen=True)
+class Owner:
+    """Who may own the prefix's entries: the prefix folder's owner, with its group or the
+    owner's own primary group (a prefix that is not setgid gives new entries the latter)."""
+
+    uid: int
+    gids: frozenset[int]
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Owner:
+        try:
+            primary = {pwd.getpwuid(st.st_uid).pw_gid}
+        except KeyError:
+            primary = set()
+        return cls(st.st_uid, frozenset({st.st_gid, *primary}))
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _ownership(rel: str, st: os.stat_result, owner: Owner) -> str | None:
+    if st.st_uid != owner.uid:
+        return (f"owner changed: {rel} is owned by {user_name(st.st_uid)}, the prefix by {user_name(owner.uid)} "
+                "(its owner can change it after verify)")
+    if st.st_gid not in owner.gids:
+        return f"group changed: {rel} has group {st.st_gid}, the prefix's entries have {', '.join(map(str, sorted(owner.gids)))}"
+    return None
+
+
+# SELinux labels every file of a host that runs it: a label is no privilege of its own.
+_HARMLESS_XATTRS = {"security.selinux"}
+
+
+def _xattr_problems(rel: str, path: str) -> list[str]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return []  # a filesystem without extended attributes
+    out = []
+    for attr in sorted(names):
+        if attr == "security.capability":
+            out.append(f"file capabilities: {rel} carries security.capability (running it grants privileges, "
+                       "as setuid would; no package sets them)")
+        elif attr.startswith("security.") and attr not in _HARMLESS_XATTRS:
+            out.append(f"security attribute: {rel} carries {attr} (no package sets it)")
+        elif attr in ("system.posix_acl_access", "system.posix_acl_default"):
+            out.append(f"ACL: {rel} carries an access control list (it can let others write what its mode does not show)")
+    return out
+
+
+def _cache_copy(rel: str, e: Expected, linked: dict[str, str]) -> str | None:
+    """The package cache's copy a prefix file was hard-linked from, or None."""
+    folder = linked.get(e.package)
+    if folder is None:
+        return None
+    if rel.startswith(f"{CLOBBERS}/"):
+        rel = rel.split("/", 2)[2]  # __clobbers__/<package>/<path> is that package's <path>
+    return f"{folder}/{rel}"
+
+
+def _link_problem(rel: str, st: os.stat_result, e: Expected, linked: dict[str, str]) -> str | None:
+    if st.st_nlink < 2:
+        return None
+    copy = _cache_copy(rel, e, linked)
+    if copy is not None:
+        try:
+            cst = os.lstat(copy)
+        except (PermissionError, FileNotFoundError):
+            # The installer's private cache seen by a job user, or a copy pruned since (the file's
+            # other names are then other prefixes installed from it): the second name cannot be
+            # told apart. The file is still its prefix owner's, with no mode or ACL letting
+            # anyone else write it (checked before).
+            return None
+        except OSError:
+            cst = None
+        # The cache's copy, and perhaps other prefixes installed from the same cache.
+        if cst is not None and (cst.st_dev, cst.st_ino) == (st.st_dev, st.st_ino):
+            return None
+    return (f"hard-linked: {rel} has {st.st_nlink} names, one outside the prefix that is not the package cache's copy "
+            "(whoever can write that name can change the file after verify)")
+
+
+_HISTORY_LINE = re.compile(rb"(==> .* <==|#.*|[+-]\S+|)")
+_PID = re.compile(rb"\d{0,20}\n?")
+_CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+
+
+def _tool_problem(rel: str, path: str) -> str | None:
+    """Whether a tool file holds what its tool writes (verify accepts it without a digest)."""
+    limit = {".extforge/install.lock": 32, "CACHEDIR.TAG": 1024, "conda-meta/history": 16 << 20}.get(rel, 64 << 20)
+    try:
+        data = read_bytes(Path(path), limit=limit)
+    except (OSError, ExtforgeError) as exc:
+        return f"tool file changed: {rel} cannot be read as the tool's file ({getattr(exc, 'what', exc)})"
+    ok = {
+        ".extforge/install.lock": lambda: bool(_PID.fullmatch(data)),
+        "CACHEDIR.TAG": lambda: data.startswith(_CACHEDIR_SIGNATURE),
+        "conda-meta/history": lambda: all(_HISTORY_LINE.fullmatch(line) for line in data.splitlines()),
+        ".extforge-install.json": lambda: data.startswith(b"{"),
+    }[rel]()
+    return None if ok else f"tool file changed: {rel} does not hold what {TOOL_FILES[rel].split(' (')[0]} writes"
+
+
+def _file_problems(rel: str, st: os.stat_result, e: Expected, path: str, linked: dict[str, str]) -> list[str]:
+    """What a regular file changed since the last clean run may carry besides its bytes."""
+    out = _xattr_problems(rel, path)
+    if (bad := _link_problem(rel, st, e, linked)) is not None:
+        out.append(bad)
+    if rel in TOOL_FILES and (bad := _tool_problem(rel, path)) is not None:
+        out.append(bad)
+    return out
+
+
+def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: dict[str, list], trusted: set[str],
+         linked: dict[str, str] | None = None) -> Walk:
     """Account for every entry under root. previous: the last clean record ({rel: key}) made
-    against the same expectations; trusted: those of its entries old enough to be believed."""
+    against the same expectations; trusted: those of its entries old enough to be believed;
+    linked: {package name: its folder in the package cache} (its files' other names)."""
+    linked = linked or {}
     out = Walk()
     children: dict[str, list[str]] = {}
     for rel in previous:
@@ -128,6 +262,7 @@ def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: 
         out.owned.append(f"unreadable: the prefix itself ({exc.strerror})")
         return out
     inherit = root_st.st_mode & stat.S_ISGID
+    owner = Owner.of(root_st)
     if finding := _dir_mode("the prefix folder", root_st, inherit):
         out.owned.append(finding)
     seen: set[str] = set()
@@ -165,21 +300,24 @@ def walk(root: str, expect: dict[str, Expected], absent_ok: set[str], previous: 
             if e is None:
                 out.unowned += unowned_findings(rel, cst, f"{path}/{name}")
                 continue
-            if (bad := _check_entry(rel, cst, e, f"{path}/{name}", inherit)) is not None:
+            if (bad := _check_entry(rel, cst, e, f"{path}/{name}", inherit) or _ownership(rel, cst, owner)) is not None:
                 out.owned.append(bad)
                 blocked.append(rel)
                 continue
             if e.kind == "dir":
                 stack.append((rel, cst))
+                continue
+            k = key(cst)
+            if rel in trusted and previous.get(rel) == k:  # as the last clean run saw it, attributes included
+                out.record[rel] = k
+                out.unchanged += e.kind == "file" and e.sha256 is not None
+                continue
+            if e.kind == "file" and (bad_attrs := _file_problems(rel, cst, e, f"{path}/{name}", linked)):
+                out.owned += bad_attrs
             elif e.kind == "file" and e.sha256 is not None:
-                k = key(cst)
-                if rel in trusted and previous.get(rel) == k:
-                    out.record[rel] = k
-                    out.unchanged += 1
-                else:
-                    out.to_hash[rel] = k
+                out.to_hash[rel] = k
             else:
-                out.record[rel] = key(cst)
+                out.record[rel] = k
     missing = sorted(r for r in expect.keys() - seen if r not in absent_ok)
     for rel in missing:
         if not any(rel.startswith(f"{b}/") for b in blocked):

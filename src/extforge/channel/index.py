@@ -16,11 +16,9 @@ the others; a package nobody in the group can read is named before anything chan
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import zstandard
 
+from .. import safe_files
 from ..archive import package_tars
 from ..errors import ExtforgeError
 from ..safe_files import make_dir
@@ -39,6 +38,8 @@ from .hashing import fsync_dir
 # Every channel needs these two even when empty; conda clients ask for both.
 REQUIRED_SUBDIRS = ("noarch", "linux-64")
 TEMP_PREFIX = ".extforge-"
+# A repodata.json bigger than this is no channel's (conda-forge's linux-64 is ~300 MB).
+REPODATA_LIMIT = 2 << 30
 PACKAGE_SUFFIXES = (".conda", ".tar.bz2")
 
 
@@ -62,12 +63,14 @@ def remove_leftovers(channel: Path) -> list[Path]:
     Only call this while holding the publish lock: then no live publisher owns them.
     """
     removed = []
-    candidates = list(channel.glob(f"{TEMP_PREFIX}index-*")) + list(channel.glob(f"*/{TEMP_PREFIX}tmp-*"))
+    top = safe_files.names(channel)
+    candidates = [channel / n for n in top if n.startswith(f"{TEMP_PREFIX}index-")]
+    for sd in top:
+        if SUBDIR_PATTERN.match(sd) and (channel / sd).is_dir() and not (channel / sd).is_symlink():
+            candidates += [channel / sd / n for n in safe_files.names(channel / sd, beneath=channel)
+                           if n.startswith(f"{TEMP_PREFIX}tmp-")]
     for path in candidates:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        safe_files.remove_quietly(path, beneath=channel)
         removed.append(path)
     return removed
 
@@ -110,25 +113,27 @@ def carry_fresh_entries(live: Path, dest: Path) -> set[str] | None:
     repodata = live / "repodata.json"
     carried: set[str] = set()
     try:
-        written = repodata.stat().st_mtime_ns
-        data = json.loads(repodata.read_bytes())
+        written = repodata.lstat().st_mtime_ns
+        data = json.loads(safe_files.read_bytes(repodata, limit=REPODATA_LIMIT))
         for key in ("packages", "packages.conda"):
             entries = data.get(key) or {}
             for name in list(entries):
                 if not is_package_file(name) or "/" in name:
                     raise ValueError(f"entry {name!r} is no package file of this folder")
                 try:
-                    st = (live / name).stat()
+                    st = (live / name).lstat()
                 except OSError:
                     continue  # gone: the indexer drops it
-                if st.st_mtime_ns >= written or st.st_size != entries[name].get("size"):
+                # ctime too: an edit whose mtime was set back still moves it (no user can set it).
+                if max(st.st_mtime_ns, st.st_ctime_ns) >= written or st.st_size != entries[name].get("size"):
                     del entries[name]
                 else:
                     carried.add(name)
-    except (OSError, ValueError, AttributeError, TypeError):
-        # Empty, truncated, a JSON list, entries that are no objects: nothing in it is trusted.
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError, ExtforgeError):
+        # Empty, truncated, a JSON list, entries that are no objects, nested too deep to parse,
+        # a link or a FIFO in its place: nothing in it is trusted.
         return None
-    dest.write_text(json.dumps(data))
+    safe_files.write_atomic(dest, json.dumps(data).encode())
     return carried
 
 
@@ -178,28 +183,11 @@ def require_readable(channel: Path) -> None:
         )
 
 
-def _clone_or_copy(src: str, dest: Path) -> None:
-    """copy_file_range: the kernel clones where the filesystem can (btrfs, XFS) and NFS 4.2
-    copies on the server; a plain copy where neither works. The shadow must not alias a file
-    another user owns."""
-    with open(src, "rb") as fin, open(dest, "xb") as fout:
-        try:
-            while os.copy_file_range(fin.fileno(), fout.fileno(), 1 << 30):
-                pass
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            fin.seek(0)
-            fout.seek(0)
-            fout.truncate()
-            shutil.copyfileobj(fin, fout, 4 * 1024 * 1024)
-
-
 def _shadow_entry(entry: os.DirEntry, dest: Path) -> None:
-    if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
-        os.link(entry.path, dest)
+    if entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+        safe_files.hard_link(Path(entry.path), dest)
     else:
-        _clone_or_copy(entry.path, dest)  # another user's file, or a symlink to a package: its bytes
+        safe_files.clone(Path(entry.path), dest)  # the shadow must not alias a file another user owns
 
 
 @dataclass
@@ -208,13 +196,15 @@ class Reindexed:
     ignored: list[str] = field(default_factory=list)  # "subdir/file: why": package files not served
 
 
-def reindex(channel: Path) -> Reindexed:
+def reindex(channel: Path, withheld: dict[str, str] | None = None) -> Reindexed:
     """Index every subdir of a channel folder and atomically replace its repodata.json files.
 
     A subdir's repodata.json that is damaged (empty, truncated, not an object) is rebuilt from
-    the package files; a package file the indexer could not read is left out (not served)."""
+    the package files; a package file the indexer could not read is left out (not served), and
+    so is each of `withheld` ({subdir/file: why}, files publish found swapped)."""
+    withheld = withheld or {}
     shadow = channel / f"{TEMP_PREFIX}index-{os.getpid()}"
-    shutil.rmtree(shadow, ignore_errors=True)
+    safe_files.remove_quietly(shadow)
     done = Reindexed()
     try:
         names = subdirs(channel)
@@ -233,7 +223,15 @@ def reindex(channel: Path) -> Reindexed:
                     carried = fresh
             # Entries carried over were read when they were indexed: only new files are checked.
             for entry in os.scandir(live):
-                if not (is_package_file(entry.name) and entry.is_file()):
+                if not is_package_file(entry.name):
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    # A link could serve a file its owner never published (a private package),
+                    # and reading a FIFO or /dev/zero in its place would hang every publish.
+                    done.ignored.append(f"{sd}/{entry.name}: it is a symbolic link or not a regular file")
+                    continue
+                if why := withheld.get(f"{sd}/{entry.name}"):
+                    done.ignored.append(f"{sd}/{entry.name}: {why}")
                     continue
                 if entry.name not in carried and (why := unindexable(Path(entry.path))):
                     done.ignored.append(f"{sd}/{entry.name}: {why}")
@@ -244,27 +242,31 @@ def reindex(channel: Path) -> Reindexed:
             new = shadow / sd / "repodata.json"
             with new.open("rb") as fh:
                 os.fsync(fh.fileno())
-            os.chmod(new, 0o644)
-            os.replace(new, channel / sd / "repodata.json")
+            safe_files.set_mode(new, 0o644)
+            safe_files.rename(new, channel / sd / "repodata.json", beneath=channel)
             # A stale .zst or shard index from another tool would shadow the fresh json.
-            (channel / sd / "repodata.json.zst").unlink(missing_ok=True)
-            (channel / sd / "repodata_shards.msgpack.zst").unlink(missing_ok=True)
-            shutil.rmtree(channel / sd / "shards", ignore_errors=True)
+            for stale in ("repodata.json.zst", "repodata_shards.msgpack.zst", "shards"):
+                safe_files.remove_quietly(channel / sd / stale, beneath=channel)
             fsync_dir(channel / sd)
     finally:
-        shutil.rmtree(shadow, ignore_errors=True)
+        safe_files.remove_quietly(shadow)
+    # Linking into the shadow and unlinking it moved the ctime of this user's packages: dated
+    # after that, the repodata marks them as indexed, so the next run trusts their entries and
+    # a later change of a package (a newer ctime) is still seen.
+    for sd in names:
+        safe_files.touch(channel / sd / "repodata.json", beneath=channel)
     return done
 
 
 def index_channel(channel: Path) -> None:
     """Write repodata.json for every subdir, readable by everyone (a shared channel is served as is)."""
-    channel.mkdir(parents=True, exist_ok=True)
+    safe_files.make_dirs(channel)
     for sub in REQUIRED_SUBDIRS:
         make_dir(channel / sub, like=channel)
     for ignored in reindex(channel).ignored:
         log.warning("not indexed (not served): %s/%s", channel, ignored)
     for sub in REQUIRED_SUBDIRS:
-        for f in (channel / sub).iterdir():
-            # Another member's files keep the mode they were published with (we may not chmod them).
-            if f.is_file() and f.stat().st_uid == os.geteuid():
-                f.chmod(0o644)
+        for name in safe_files.names(channel / sub, beneath=channel):
+            # Another member's files keep the mode they were published with, and a link planted
+            # here is not followed to a private file elsewhere.
+            safe_files.set_mode(channel / sub / name, 0o644, beneath=channel)

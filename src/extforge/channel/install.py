@@ -8,6 +8,14 @@ entries are renamed into P once every file is checked: a refusal leaves P as it 
 install writes lies inside P, so a prefix pre-created by its owner inside a folder only root can
 write (/nfs/envs/team-x in a root-owned /nfs/envs) installs; the next run removes what a killed
 run left there (its staging folder, a half-done move).
+
+Install acts only on what it made: the prefix must be the installing user's own (its owner
+could swap lib/ after the checks), and its work folder P/.extforge, which holds the lock, the
+staging folder and the journal of what a killed move must undo, is trusted only when this
+user made it, private (0700); every change inside P goes through safe_files, anchored at P.
+The environment's own Python runs once, as the installing user, to byte-compile its modules
+(as conda and pixi do), isolated and without site processing: no `.pth` file of the
+environment runs.
 """
 
 from __future__ import annotations
@@ -16,15 +24,17 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import safe_files
 from ..archive import check_package
-from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import rattler_pkgs_dir
+from .accounting import user_name
 from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
@@ -92,32 +102,40 @@ def _prepare_prefix(named: Path) -> tuple[Path, list[Path]]:
         raise ExtforgeError(f"prefix {named} cannot be resolved", str(exc), "pass a path without symbolic-link loops") from None
     if prefix.exists() and not prefix.is_dir():
         raise ExtforgeError(f"prefix {prefix} is a file, not a folder", "", "pass a new or empty folder as --prefix")
+    if prefix.exists():
+        _require_own_prefix(prefix)
     created = [p for p in (prefix, *prefix.parents) if not p.exists()]
     work = prefix / WORK
     try:
-        prefix.mkdir(parents=True, exist_ok=True)
-        work.mkdir(exist_ok=True)
+        safe_files.make_dirs(prefix)
+        safe_files.make_private_dir(work, beneath=prefix)
     except OSError as exc:
-        _remove_created(work, created)
+        _remove_created(prefix, created)
         raise ExtforgeError(
             f"cannot create {work if prefix.is_dir() else prefix}: {exc.strerror}",
             "install writes only inside the prefix, and this user cannot create or write it",
             "pass a prefix you can write; a shared tree's admin pre-creates it for you (only the prefix itself must be yours)",
         ) from None
-    if work.is_symlink() or not work.is_dir():
-        raise ExtforgeError(f"{work} is not a folder", "install keeps its lock and staging there and never writes through a link",
-                            f"remove {work} and run this again")
     return prefix, created
 
 
-def _remove_created(work: Path, created: list[Path]) -> None:
+def _require_own_prefix(prefix: Path) -> None:
+    owner = prefix.lstat().st_uid
+    if owner != os.geteuid():
+        me = user_name(os.geteuid())
+        raise ExtforgeError(
+            f"prefix {prefix} belongs to {user_name(owner)}, not to you ({me})",
+            "whoever owns the folder can replace what is in it (lib/, bin/) after install has checked it, "
+            "and you would run their files; install creates environments only in folders of the installing user",
+            f"install as {user_name(owner)}, or pass a new folder, or have it given to you (`chown {me} {prefix}`)",
+        )
+
+
+def _remove_created(prefix: Path, created: list[Path]) -> None:
     if created:
-        with contextlib.suppress(OSError):
-            work.rmdir()
+        safe_files.remove_dir(prefix / WORK, beneath=prefix)
     for folder in created:  # deepest first
-        try:
-            folder.rmdir()
-        except OSError:
+        if not safe_files.remove_dir(folder):
             break
 
 
@@ -130,7 +148,7 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
             _recover(prefix)
             return _install(lock_path, env, prefix, platform, mirrors or Mirrors())
     except BaseException as exc:
-        _remove_created(prefix / WORK, created)
+        _remove_created(prefix, created)
         if isinstance(exc, Busy):
             raise ExtforgeError(
                 f"another install is running into {prefix} (pid {exc.holder})",
@@ -140,15 +158,14 @@ def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "lin
         raise
     finally:
         # Empty once the lock is released: the prefix is left as it was, or holds just the env.
-        with contextlib.suppress(OSError):
-            (prefix / WORK).rmdir()
+        safe_files.remove_dir(prefix / WORK, beneath=prefix)
 
 
 def _acquire(prefix: Path) -> contextlib.AbstractContextManager[None]:
     """The install lock, entered. Another install removes the empty work folder when it ends,
     perhaps between this one's mkdir and open: then the folder is made again."""
     for _ in range(100):
-        (prefix / WORK).mkdir(exist_ok=True)
+        safe_files.make_private_dir(prefix / WORK, beneath=prefix)
         lock = exclusive_or_busy(install_lock_path(prefix))
         try:
             lock.__enter__()
@@ -222,8 +239,8 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         result.timings["bytecode"] = time.monotonic() - tb
         _move_into(staging, prefix)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written))
+        safe_files.remove_quietly(staging, beneath=prefix)
+    write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written, str(cache)))
     result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
     return result
@@ -270,53 +287,52 @@ def _move_into(staging: Path, prefix: Path) -> None:
     conda-meta is not an environment yet. The journal lets the next run undo a killed move."""
     names = sorted((p.name for p in staging.iterdir()), key=lambda n: (n == "conda-meta", n))
     journal = prefix / WORK / _JOURNAL
-    journal.write_text(json.dumps(names))
+    safe_files.write_atomic(journal, json.dumps(names).encode(), mode=0o600, beneath=prefix)
     moved = []
     try:
         for name in names:
-            os.rename(staging / name, prefix / name)
+            safe_files.rename(staging / name, prefix / name, beneath=prefix)
             moved.append(name)
     except BaseException:
         _remove_entries(prefix, moved)
         raise
     finally:
-        journal.unlink(missing_ok=True)
+        safe_files.remove(journal, beneath=prefix)
 
 
 def _remove_entries(prefix: Path, names: list[str]) -> None:
     for name in names:
         if "/" in name or name in ("", ".", "..", WORK):
             continue  # the journal is read back: only plain names of prefix entries
-        path = prefix / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        safe_files.remove_quietly(prefix / name, beneath=prefix)
 
 
 def _recover(prefix: Path) -> None:
     """Remove what a killed install left in the prefix (the lock is held: no install runs).
-    A journal without conda-meta in the prefix is a move cut short: its entries are undone."""
+    A journal without conda-meta in the prefix is a move cut short: its entries are undone.
+    The work folder passed make_private_dir: this user made everything in it."""
     work = prefix / WORK
     journal = work / _JOURNAL
-    if journal.exists():
-        try:
-            names = json.loads(journal.read_text())
-        except (OSError, ValueError):
-            names = []
+    try:
+        names = json.loads(safe_files.read_bytes(journal, limit=1 << 20, beneath=prefix))
+    except FileNotFoundError:
+        names = None
+    except (OSError, ValueError, ExtforgeError):
+        names = []
+    if names is not None:
         if not (prefix / "conda-meta").exists() and isinstance(names, list):
             _remove_entries(prefix, [str(n) for n in names])
-        journal.unlink(missing_ok=True)
-    for entry in work.iterdir():
-        if entry.name.startswith("staging-"):
-            shutil.rmtree(entry, ignore_errors=True)
+        safe_files.remove(journal, beneath=prefix)
+    for name in safe_files.names(work, beneath=prefix):
+        if name.startswith("staging-"):
+            safe_files.remove_quietly(work / name, beneath=prefix)
 
 
-def _new_staging(staging: Path) -> None:
+def _new_staging(staging: Path, prefix: Path) -> None:
     """An empty staging folder inside the prefix's work folder: it inherits a setgid prefix's
     group, and so does everything installed into it."""
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    safe_files.remove(staging, beneath=prefix)
+    safe_files.make_dirs(staging, beneath=prefix)
 
 
 def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict]) -> list[str]:
@@ -324,7 +340,7 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
     the paths (relative) that differ from them or that no package owns."""
     from rattler import install
 
-    _new_staging(staging)
+    _new_staging(staging, prefix)
     try:
         asyncio.run(
             install(
@@ -337,12 +353,17 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
             )
         )
     except Exception as exc:  # rattler's InstallerError and friends
+        # A full disk or a name too long, deep in rattler's chain of causes: said as for any command.
+        if (code := re.search(r"\(os error (\d+)\)", str(exc))) is not None:
+            known = from_os_error(OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(staging)))
+            if known is not None:
+                raise known from exc
         raise ExtforgeError(f"installing into {prefix} failed: {exc}", type(exc).__name__,
                             "nothing was installed; run again with -vv for rattler's detail") from exc
     owned = owned_paths(manifests)
     if CACHEDIR_TAG not in owned:
         # rattler marks every prefix as a cache; backup tools would then skip the environment.
-        (staging / CACHEDIR_TAG).unlink(missing_ok=True)
+        safe_files.remove(staging / CACHEDIR_TAG, beneath=prefix)
     report = VerifyReport(prefix=prefix)
     check_files(staging, manifests, None, report, prefix=prefix)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
@@ -401,8 +422,8 @@ def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> lis
     for r in records:
         entry = cache / r.file_name.removesuffix(".conda").removesuffix(".tar.bz2")
         if any(os.path.lexists(entry / rel) for rel in rels):
-            shutil.rmtree(entry, ignore_errors=True)
-            Path(f"{entry}.lock").unlink(missing_ok=True)
+            safe_files.remove_quietly(entry, beneath=cache)
+            safe_files.remove_quietly(cache / f"{entry.name}.lock", beneath=cache)
             dropped.append(entry.name)
     return dropped
 
@@ -413,5 +434,5 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
         d = json.loads(f.read_text())
         if d.get("fn") in originals:
             d["url"], d["channel"] = originals[d["fn"]]
-            f.write_text(json.dumps(d, indent=2) + "\n")
-            f.chmod(0o644)  # rattler writes them 0600: every job's user reads them to verify
+            # 0644: rattler writes them 0600, and every job's user reads them to verify
+            safe_files.write_atomic(f, (json.dumps(d, indent=2) + "\n").encode(), mode=0o644)

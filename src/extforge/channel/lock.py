@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..locking import exclusive
-from ..safe_files import make_dir, write_atomic
+from ..safe_files import make_dir, make_dirs, write_atomic
 from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
 from .hashing import sha256_file
 from .manifest import EnvSpec, Manifest, Platform
@@ -169,7 +169,7 @@ def _check_folder_channel(url: str, env: str) -> None:
 
 
 def lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors | None = None, envs: list[str] | None = None) -> LockResult:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(lock_path.parent)
     with exclusive(run_lock_path(lock_path), transient=True):
         return _lock(manifest, lock_path, mirrors or Mirrors(), envs)
 

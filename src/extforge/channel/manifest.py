@@ -157,14 +157,22 @@ def _virtual_from_sysreq(table: dict, where: str) -> dict[str, str]:
     return out
 
 
+def _known_subdir(subdir: str, path: Path) -> None:
+    from rattler import Platform as Subdir
+
+    known = [str(p) for p in Subdir.all()]
+    if not SUBDIR.fullmatch(subdir) or subdir not in known:
+        raise ExtforgeError(f"platform {subdir!r} in {path} is not a conda subdir", f"conda knows {', '.join(known)}",
+                            'write e.g. "linux-64" or { platform = "linux-64", cuda = "13.0" }')
+
+
 def _platform(entry: str | dict, path: Path) -> Platform:
     if isinstance(entry, str):
+        _known_subdir(entry, path)
         return Platform(entry, entry)
     if "platform" not in entry:
         raise ExtforgeError(f"a platform in {path} has no `platform` key", str(entry), 'write { platform = "linux-64", cuda = "13.0" }')
-    if not SUBDIR.fullmatch(str(entry["platform"])):
-        raise ExtforgeError(f"platform {entry['platform']!r} in {path} is not a conda subdir", "a subdir is noarch or OS-ARCH",
-                            'write e.g. { platform = "linux-64" }')
+    _known_subdir(str(entry["platform"]), path)
     virtual = {}
     for key, value in entry.items():
         if key in ("name", "platform"):
@@ -207,6 +215,15 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     ws = data.get("workspace") or data.get("project")
     if not ws:
         raise ExtforgeError(f"{path} has no [workspace] table", "pixi manifests declare channels and platforms there", "add [workspace] with channels and platforms")
+    pypi = [t for t, table in [("", data), *((f"feature.{n}.", f) for n, f in data.get("feature", {}).items())]
+             if "pypi-dependencies" in table]
+    if pypi:
+        raise ExtforgeError(
+            f"{path} has [{pypi[0]}pypi-dependencies]: extforge locks conda packages only",
+            "PyPI packages would be left out of pixi.lock without a word, and `extforge install` would not install them",
+            "package them for the site channel (a conda recipe) and list them under [dependencies], "
+            "or lock this workspace with pixi itself",
+        )
     features = {DEFAULT_FEATURE: _feature(data, "[system-requirements]")}
     deprecations = []
     if "system-requirements" in data:

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 from ..errors import ExtforgeError
 from ..paths import cache_root, mark_used
+from ..safe_files import atomic_writer, hard_link, make_dirs, remove, rename, temp_name
 from .hashing import digest_file, sha256_file
 from .mirrors import Mirrors
 
@@ -95,19 +96,34 @@ def md5_size_mismatch(record: Any, path: Path) -> str | None:
 STALL_ENV = "EXTFORGE_DOWNLOAD_STALL_SECONDS"
 DEFAULT_STALL_SECONDS = 60.0
 STALL_BYTES = 64 * 1024
+# A server can keep just above the stall rule for ever (65 KiB every 59 s: ten days for 1 GB):
+# past the first stall window a transfer must also average this many KiB/s overall.
+MIN_RATE_ENV = "EXTFORGE_DOWNLOAD_MIN_KIB_PER_S"
+DEFAULT_MIN_RATE_KIB = 256.0
 _CHUNK = 1024 * 1024
+# A socket timeout beyond a day is no setting anyone means (and `inf` overflows the timeout).
+_MAX_SECONDS = 24 * 3600.0
+
+
+def _setting(name: str, default: float, what: str, *, allow_zero: bool = False) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not (0 <= value <= _MAX_SECONDS if allow_zero else 0 < value <= _MAX_SECONDS):
+        raise ExtforgeError(f"${name}={raw!r} is not {what}", f"it must be a {'non-negative' if allow_zero else 'positive'} "
+                            f"number up to {_MAX_SECONDS:.0f}", f"set it to such a number (default {default:g}) or unset it")
+    return value
 
 
 def stall_seconds() -> float:
-    raw = os.environ.get(STALL_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_STALL_SECONDS
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ExtforgeError(f"${STALL_ENV}={raw!r} is not a number of seconds", "it says how long a download may stall",
-                            f"set it to a positive number (default {DEFAULT_STALL_SECONDS:.0f}) or unset it")
-    return value
+    return _setting(STALL_ENV, DEFAULT_STALL_SECONDS, "a number of seconds")
+
+
+def min_rate() -> float:
+    """Bytes per second a transfer must average once it has run one stall window (0: no floor)."""
+    return _setting(MIN_RATE_ENV, DEFAULT_MIN_RATE_KIB, "a rate in KiB/s", allow_zero=True) * 1024
 
 
 class TooBig(Exception):
@@ -118,11 +134,16 @@ class Stalled(Exception):
     """Less than STALL_BYTES arrived in stall_seconds()."""
 
 
-def _pump(read: Callable[[int], bytes], out: BinaryIO | None, limit: int | None, stall: float) -> str:
-    """sha256 of what read() gives (copied to out): at most `limit` bytes, never stalling."""
+class TooSlow(Exception):
+    """The transfer's average rate fell below min_rate()."""
+
+
+def _pump(read: Callable[[int], bytes], out: BinaryIO | None, limit: int | None, stall: float, floor: float = 0.0) -> str:
+    """sha256 of what read() gives (copied to out): at most `limit` bytes, never stalling, and
+    averaging at least `floor` bytes/s once a stall window has passed."""
     h = hashlib.sha256()
     total = mark_bytes = 0
-    mark_time = time.monotonic()
+    start = mark_time = time.monotonic()
     while chunk := read(_CHUNK):
         total += len(chunk)
         if limit is not None and total > limit:
@@ -135,6 +156,8 @@ def _pump(read: Callable[[int], bytes], out: BinaryIO | None, limit: int | None,
             mark_time, mark_bytes = now, total
         elif now - mark_time > stall:
             raise Stalled(total)
+        if now - start > stall and total < floor * (now - start):
+            raise TooSlow(total, now - start)
     return h.hexdigest()
 
 
@@ -152,6 +175,24 @@ def _open_regular(path: str | Path, url: str) -> BinaryIO:
     return os.fdopen(fd, "rb", buffering=0)
 
 
+def _link_in(local: str, dest: Path, url: str, size: int | None, stall: float) -> str | None:
+    """Hard-link a local channel file in as dest and hash the linked file; None where the
+    kernel will not link it (another filesystem, another user's file)."""
+    tmp = dest.parent / temp_name(dest.name, "part-")
+    try:
+        hard_link(Path(local), tmp, follow=True)
+    except OSError:
+        return None
+    try:
+        with _open_regular(tmp, url) as src:
+            digest = _pump(src.read, None, size, stall)
+        rename(tmp, dest)
+    except BaseException:
+        remove(tmp)
+        raise
+    return digest
+
+
 def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     """Link, copy or download url to dest through a temp name; return the sha256 of the bytes.
 
@@ -159,45 +200,37 @@ def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     ~4 GB of archives): the hash is taken of the linked file, and every later use re-hashes it,
     so a write into either name is caught as bytes that differ from the lock. At most `size`
     bytes (the lock's) are read: more raises TooBig; a stalled transfer raises Stalled."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    # A leftover of a killed run may be a link to a channel file: never write through it.
-    tmp.unlink(missing_ok=True)
+    make_dirs(dest.parent)
     parsed = urlparse(url)
     local = (unquote(parsed.path) if parsed.scheme else url) if parsed.scheme in ("file", "") else None
-    stall = stall_seconds()
+    stall, floor = stall_seconds(), min_rate()
     try:
         if local is not None:
             _open_regular(local, url).close()
-            try:
-                os.link(local, tmp)
-            except OSError:
-                pass  # another filesystem, or a file the kernel will not let us link: copy below
-            else:
-                try:
-                    with _open_regular(tmp, url) as src:
-                        digest = _pump(src.read, None, size, stall)
-                    tmp.replace(dest)
-                    return digest
-                except BaseException:
-                    tmp.unlink(missing_ok=True)
-                    raise
-        with tmp.open("wb") as out:
+            if (linked := _link_in(local, dest, url, size, stall)) is not None:
+                return linked
+        # A temporary under a fresh name, renamed over dest: a link planted in the store is replaced, not written through.
+        with atomic_writer(dest, tmp_prefix="part-") as out:
             if local is not None:
                 with _open_regular(local, url) as src:
                     digest = _pump(src.read, out, size, stall)
             else:
                 with urllib.request.urlopen(url, timeout=stall) as resp:
-                    digest = _pump(resp.read1, out, size, stall)
-        tmp.replace(dest)
+                    digest = _pump(resp.read1, out, size, stall, floor)
         return digest
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         if isinstance(exc, (Stalled, TimeoutError)):
             raise ExtforgeError(
                 f"download of {url} stalled",
                 f"less than {STALL_BYTES // 1024} KiB arrived in {stall:g} s",
                 f"check the server or mirror; on a slow link raise ${STALL_ENV} (now {stall:g})",
+            ) from None
+        if isinstance(exc, TooSlow):
+            got, seconds = exc.args
+            raise ExtforgeError(
+                f"download of {url} is too slow",
+                f"{got // 1024} KiB in {seconds:.0f} s, less than the {floor / 1024:g} KiB/s a download must average",
+                f"check the server or mirror; on a slow link lower ${MIN_RATE_ENV} (0: no floor)",
             ) from None
         if isinstance(exc, OSError):
             raise ExtforgeError(
@@ -234,7 +267,7 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
                 bad.append(f"{r.file_name} (lock size {size} bytes, {mirrors.redirect(r.url)} gave more; stopped there)")
                 continue
         if got != want:
-            dest.unlink(missing_ok=True)
+            remove(dest)
             bad.append(f"{r.file_name} (lock sha256 {want[:12]}…, got {got[:12]}… from {mirrors.redirect(r.url)})")
             continue
         if (why := md5_size_mismatch(r, dest)) is not None:

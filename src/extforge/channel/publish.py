@@ -18,7 +18,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -33,9 +32,9 @@ from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from ..safe_files import append, atomic_writer, make_dir, truncate
+from ..safe_files import append, atomic_writer, make_dir, make_dirs, read_bytes, remove_quietly, truncate
 from .hashing import sha256_file
-from .index import TEMP_PREFIX, is_package_file, reindex, remove_leftovers, require_readable, subdirs
+from .index import REPODATA_LIMIT, TEMP_PREFIX, is_package_file, reindex, remove_leftovers, require_readable, subdirs
 from .names import file_stem, identity_problems
 
 LOCK_NAME = f"{TEMP_PREFIX}publish.lock"
@@ -69,6 +68,8 @@ class PublishResult:
     log_repaired: list[str] = field(default_factory=list)  # package files the log lacked (a killed run)
     repodata_rebuilt: list[str] = field(default_factory=list)  # subdirs whose repodata.json was damaged
     ignored: list[str] = field(default_factory=list)  # "subdir/file: why": files in the channel not served
+    # "swapped: …", "deleted: …": published files changed or removed since the publish log recorded them
+    changed_behind: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -111,40 +112,116 @@ def _log_entry(file: str, digest: str, status: str, audit: str, override: str | 
     }
 
 
-def logged_files(channel: Path) -> set[str]:
-    """`subdir/file` of every package the publish log has an entry for (torn lines skipped)."""
-    path = channel / LOG_NAME
-    if not path.exists():
-        return set()
-    files = set()
-    for line in path.read_text(errors="replace").splitlines():
+# A publish log bigger than this is no log (a channel's log grows ~300 bytes per package).
+LOG_LIMIT = 1 << 30
+
+
+def logged(channel: Path) -> dict[str, dict]:
+    """`subdir/file`: the publish log's last entry for it (torn lines skipped). The log is read
+    without following a link, and a FIFO or device in its place is refused, not waited on."""
+    try:
+        text = read_bytes(channel / LOG_NAME, limit=LOG_LIMIT).decode(errors="replace")
+    except FileNotFoundError:
+        return {}
+    entries: dict[str, dict] = {}
+    for line in text.splitlines():
         try:
-            files.add(json.loads(line)["file"])
-        except (ValueError, KeyError, TypeError):
+            entry = json.loads(line)
+            entries[str(entry["file"])] = entry
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
-    return files
+    return entries
 
 
-def _repair_entries(root: Path) -> list[dict]:
+def logged_files(channel: Path) -> set[str]:
+    """`subdir/file` of every package the publish log has an entry for."""
+    return set(logged(channel))
+
+
+@dataclass(frozen=True)
+class Served:
+    """A subdir's regular package files (a link or a FIFO under a package name is no package
+    of the channel: never opened) and what its repodata.json says of them."""
+
+    files: dict[str, os.stat_result]  # name: lstat
+    indexed: dict[str, dict]  # name: repodata entry
+    indexed_ns: int  # when repodata.json was written (0: none)
+
+
+def _served(root: Path, sd: str) -> Served:
+    files = {}
+    for entry in os.scandir(root / sd):
+        if is_package_file(entry.name) and entry.is_file(follow_symlinks=False):
+            files[entry.name] = entry.stat(follow_symlinks=False)
+    try:
+        path = root / sd / "repodata.json"
+        indexed_ns = path.lstat().st_mtime_ns
+        repodata = json.loads(read_bytes(path, limit=REPODATA_LIMIT))
+        indexed = {**repodata.get("packages", {}), **repodata.get("packages.conda", {})}
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError, ExtforgeError):
+        indexed, indexed_ns = {}, 0  # damaged: the re-index rebuilds it and says so
+    return Served(files, indexed, indexed_ns)
+
+
+def _channel_state(root: Path) -> dict[str, Served]:
+    return {sd: _served(root, sd) for sd in subdirs(root) if (root / sd).is_dir() and not (root / sd).is_symlink()}
+
+
+def _repair_entries(root: Path, state: dict[str, Served], log: dict[str, dict]) -> list[dict]:
     """Log entries for the package files the log lacks, to write before the re-index serves
     them: those a killed publisher copied in but did not log ("recovered"), or, in a channel
     without a log yet, those another tool put there ("adopted")."""
-    status = "recovered" if (root / LOG_NAME).exists() else "adopted"
-    logged = logged_files(root)
+    status = "recovered" if os.path.lexists(root / LOG_NAME) else "adopted"
     entries = []
-    for sd in subdirs(root):
-        if not (root / sd).is_dir():
-            continue
-        try:
-            repodata = json.loads((root / sd / "repodata.json").read_bytes())
-            indexed = {**repodata.get("packages", {}), **repodata.get("packages.conda", {})}
-        except (OSError, ValueError, AttributeError):
-            indexed = {}
-        for name in sorted(e.name for e in os.scandir(root / sd)):
-            if is_package_file(name) and f"{sd}/{name}" not in logged:
-                digest = (indexed.get(name) or {}).get("sha256") or sha256_file(root / sd / name)
+    for sd, served in state.items():
+        for name in sorted(served.files):
+            if f"{sd}/{name}" not in log:
+                digest = (served.indexed.get(name) or {}).get("sha256") or sha256_file(root / sd / name)
                 entries.append(_log_entry(f"{sd}/{name}", digest, status, "unknown", None))
     return entries
+
+
+# The log's status for a published file found deleted (with the sha256 it was published with):
+# later publishes do not report it again.
+GONE = "gone"
+
+
+@dataclass
+class Behind:
+    """What changed in the channel behind the publish log's back."""
+
+    findings: list[str] = field(default_factory=list)  # one line each, for the output
+    withheld: dict[str, str] = field(default_factory=dict)  # swapped files not to serve: {subdir/file: why}
+    gone: list[dict] = field(default_factory=list)  # log entries of deleted files, so they are reported once
+
+
+def _changed_behind(root: Path, state: dict[str, Served], log: dict[str, dict]) -> Behind:
+    """Logged packages swapped for other bytes (left out of the index) or deleted since their
+    publish.
+
+    A file is hashed only when it may have changed since its subdir was indexed: its ctime
+    (which no user can set back) is newer, its size differs, or it was never indexed."""
+    out = Behind()
+    for rel, entry in sorted(log.items()):
+        sd, _, name = rel.partition("/")
+        served = state.get(sd)
+        by = f"published by {entry.get('user', '?')} at {entry.get('time', '?')}"
+        if served is None or name not in served.files:
+            # Reported once, by the publish that logged it gone; if it comes back, its bytes are checked.
+            if entry.get("status") != GONE and served is not None and not os.path.lexists(root / rel):
+                out.findings.append(f"deleted: {rel} ({by}) is gone from the channel")
+                out.gone.append(_log_entry(rel, str(entry.get("sha256", "")), GONE, "unknown", None))
+            continue
+        st, record = served.files[name], served.indexed.get(name) or {}
+        if st.st_ctime_ns < served.indexed_ns and st.st_size == record.get("size") and record.get("sha256") == entry.get("sha256"):
+            continue
+        digest = sha256_file(root / rel)
+        if digest != entry.get("sha256"):
+            why = (f"its bytes (sha256 {digest[:12]}…) are not those {by} (sha256 {str(entry.get('sha256'))[:12]}…): "
+                   "replaced behind the channel's back; not served")
+            out.findings.append(f"swapped: {rel}: {why}")
+            out.withheld[rel] = why
+    return out
 
 
 def parse_channel(channel: Path | str) -> tuple[str, str]:
@@ -235,15 +312,20 @@ def publish(
         return result
 
     root = Path(where).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     planned = [(p, subdir_of[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
         # Check the whole batch before writing anything: a refusal leaves the channel as it was.
         require_readable(root)
-        present = _refuse_identity_clashes(root, planned)
-        log = _repair_entries(root)
+        state = _channel_state(root)
+        present = _refuse_identity_clashes(root, state, planned)
+        seen = logged(root)
+        behind = _changed_behind(root, state, seen)
+        result.changed_behind = behind.findings
+        log = _repair_entries(root, state, seen)
         result.log_repaired = [e["file"] for e in log]
+        log += behind.gone
         copied: list[Path] = []
         made = [root / sd for sd in sorted({sd for _, sd, _ in planned}) if not (root / sd).exists()]
         had_log = os.path.lexists(root / LOG_NAME)
@@ -262,7 +344,7 @@ def publish(
             # Logged before the re-index serves them: the log never lacks a served package.
             # One append, so a failed re-index undoes the repair entries with ours.
             log_size = _append_log(root, log)
-            reindexed = reindex(root)
+            reindexed = reindex(root, behind.withheld)
             result.repodata_rebuilt, result.ignored = reindexed.rebuilt, reindexed.ignored
         except BaseException:
             _undo(root, copied, made, log_size, had_log)
@@ -274,14 +356,12 @@ def publish(
 def _undo(root: Path, copied: list[Path], made: list[Path], log_size: int | None, had_log: bool) -> None:
     """Put the channel back as it was after a failed copy or re-index: the packages this run
     copied in, the subdirs it made, and its log append (log_size: the size before it)."""
-    for dest in copied:
-        dest.unlink(missing_ok=True)
-    for folder in made:
-        shutil.rmtree(folder, ignore_errors=True)
+    for path in [*copied, *made]:
+        remove_quietly(path, beneath=root)
     if log_size is not None and had_log:
         truncate(root / LOG_NAME, log_size)
     elif log_size is not None:
-        (root / LOG_NAME).unlink(missing_ok=True)
+        remove_quietly(root / LOG_NAME, beneath=root)
 
 
 def _checked_subdir(path: Path) -> str:
@@ -301,17 +381,15 @@ def _checked_subdir(path: Path) -> str:
     return meta.subdir
 
 
-def _refuse_identity_clashes(root: Path, planned: list[tuple[Path, str, str]]) -> set[tuple[str, str]]:
+def _refuse_identity_clashes(root: Path, state: dict[str, Served], planned: list[tuple[Path, str, str]]) -> set[tuple[str, str]]:
     """(subdir, file) of the planned packages already in the channel with the same bytes;
     ExtforgeError when a planned identity (name-version-build) is in the channel, or twice in
     the batch, as another file: another subdir, the other format, or other bytes."""
     on_disk: dict[str, list[tuple[str, str]]] = {}
-    for sd in subdirs(root):
-        if (root / sd).is_dir():
-            for entry in os.scandir(root / sd):
-                stem = file_stem(entry.name) if is_package_file(entry.name) else None
-                if stem:
-                    on_disk.setdefault(stem, []).append((sd, entry.name))
+    for sd, served in state.items():
+        for name in served.files:
+            if stem := file_stem(name):
+                on_disk.setdefault(stem, []).append((sd, name))
     present: set[tuple[str, str]] = set()
     claimed: dict[str, tuple[str, str, str]] = {}
     for p, subdir, digest in planned:

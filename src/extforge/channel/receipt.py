@@ -23,11 +23,12 @@ import json
 import os
 import stat
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import safe_files
+from ..errors import ExtforgeError
 from .hashing import hash_many
 
 SCHEMA = 1
@@ -63,15 +64,17 @@ class Receipt:
     environment: str
     packages: list[Pinned]
     written: dict[str, list] = field(default_factory=dict)  # relative path: [sha256, mode] of files install wrote
+    # The package cache rattler hard-linked the files from: verify accepts a file's second name there.
+    cache: str = ""
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "prefix": self.prefix, "lock": self.lock, "environment": self.environment,
-                "packages": [asdict(p) for p in self.packages], "written": self.written}
+                "packages": [asdict(p) for p in self.packages], "written": self.written, "cache": self.cache}
 
     @classmethod
     def from_json(cls, data: dict) -> Receipt:
         return cls(data["prefix"], data["lock"], data["environment"], [Pinned(**p) for p in data["packages"]],
-                   {k: list(v) for k, v in data["written"].items()})
+                   {k: list(v) for k, v in data["written"].items()}, str(data.get("cache", "")))
 
     def verify_command(self) -> str:
         return f"extforge verify {self.prefix} --env {self.environment} --lock {self.lock}"
@@ -93,19 +96,24 @@ def receipt_paths(prefix: Path) -> list[Path]:
 
 def write_receipt(receipt: Receipt) -> Path:
     prefix = Path(receipt.prefix)
+    data = json.dumps(receipt.to_json(), separators=(",", ":")).encode()
+    tried = []
     for path in receipt_paths(prefix):
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        except OSError:
+            # 0644: every job's user reads it; only its owner writes it
+            safe_files.write_atomic(path, data, mode=0o644)
+        except OSError as exc:  # a folder we may not write, or a folder in the record's place
+            tried.append(f"{path}: {exc.strerror}")
             continue
-        with os.fdopen(fd, "w") as fh:
-            json.dump(receipt.to_json(), fh, separators=(",", ":"))
-        os.chmod(tmp, 0o644)  # every job's user reads it; only its owner writes it
-        os.replace(tmp, path)
         if path.parent != prefix:
-            (prefix / INSIDE).unlink(missing_ok=True)  # an older one, from when the folder was not writable
+            safe_files.remove(prefix / INSIDE)  # an older one, from when the folder was not writable
         return path
-    raise OSError(f"neither {prefix.parent} nor {prefix} can be written")
+    raise ExtforgeError(
+        f"the environment in {prefix} is installed, but its install record could not be written",
+        "; ".join(tried),
+        f"remove what is in the record's place, or run `extforge verify {prefix} --env {receipt.environment} "
+        f"--lock {receipt.lock}` with the lock instead of the record",
+    )
 
 
 def _untrusted_why(path: Path, prefix: Path) -> str | None:
@@ -166,10 +174,13 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
     if not sources or not python.exists():
         return {}
-    # -I: no PYTHON* variables or user site; -B: Python itself writes nothing besides what compileall does.
+    # The environment's own interpreter runs here, as the installing user (conda and pixi do
+    # the same). -I: no PYTHON* variables or user site; -S: no site module, so no `.pth` file
+    # or sitecustomize of the environment runs; -B: Python itself writes nothing besides what
+    # compileall does.
     try:
         subprocess.run(
-            [str(python), "-I", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
+            [str(python), "-I", "-S", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
             input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
         )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..machine import detect
+from ..paths import rattler_pkgs_dir
 from ..stamp import read_stamps
 from .accounting import TOOL_FILES, expectations, unchanged, walk
 from .admission import Check, admission_checks
@@ -236,6 +237,7 @@ class Accounting:
     previous: dict[str, list]
     trusted: set[str]
     hashed_files: int  # how many of the recorded entries are files checked by hash
+    linked: dict[str, str]  # package name: its folder in the package cache its files are hard links of
 
 
 def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport, acc: Accounting, *,
@@ -245,7 +247,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     entries = {name: list(expected_entries(name, body, prefix)) for name, body in manifests.items()}
     expect, absent_ok = expectations(entries, acc.written, acc.record_names)
     taken_ns = time.time_ns()
-    found = walk(str(prefix), expect, absent_ok, acc.previous, acc.trusted)
+    found = walk(str(prefix), expect, absent_ok, acc.previous, acc.trusted, acc.linked)
     want = {rel: (expect[rel].sha256 or "", expect[rel].package) for rel in found.to_hash}
     hashed, good = _hash_and_compare(prefix, want, dict(found.to_hash), threads, report)
     found.record.update(good)
@@ -286,7 +288,11 @@ def verify_prefix(
     mirrors: Mirrors | None = None,
 ) -> VerifyReport:
     start = time.monotonic()
-    prefix = prefix.resolve()
+    try:
+        prefix = prefix.resolve()
+    except (OSError, RuntimeError) as exc:  # 3.11 raises RuntimeError for a symlink loop
+        raise ExtforgeError(f"prefix {prefix} cannot be resolved", str(exc), "pass the environment's folder, "
+                            "not a path through symbolic-link loops") from None
     report = VerifyReport(prefix=prefix)
     records = read_prefix_records(prefix)
     t = report.lap("conda-meta records", start)
@@ -317,7 +323,9 @@ def verify_prefix(
     record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
     basis = record_basis(prefix, locked, written, record_names)
     previous, trusted, hashed_files = ({}, set(), 0) if rehash else _load_snapshot(prefix, basis)
-    acc = Accounting(written, record_names, basis, previous, trusted, hashed_files)
+    cache = receipt.cache if receipt is not None and receipt.cache else str(rattler_pkgs_dir())
+    linked = {p.name: f"{cache}/{name}" for p, name in zip(locked, record_names, strict=True)}
+    acc = Accounting(written, record_names, basis, previous, trusted, hashed_files, linked)
     t = report.lap("record of the last clean run", t)
     if unchanged(str(prefix), previous, trusted):
         report.checks += _all_unchanged(report, acc)

@@ -50,10 +50,12 @@ def run(args: argparse.Namespace) -> int:
         if result.repodata_rebuilt:
             console.print(f"  repodata.json of {', '.join(result.repodata_rebuilt)} was damaged (empty, truncated or not an "
                           "index) and was rebuilt from the package files", markup=False, soft_wrap=True)
+        for change in result.changed_behind:
+            console.print(f"  warning: changed behind the publish log: {change}", markup=False, soft_wrap=True)
         if result.ignored:
-            console.print(f"  warning: {len(result.ignored)} file(s) in the channel are no readable package and are not "
-                          f"served: {'; '.join(result.ignored)}. Someone with write access put them there (or a copy "
-                          f"broke): remove them from {args.channel}", markup=False, soft_wrap=True)
+            console.print(f"  warning: {len(result.ignored)} file(s) in the channel are not served: {'; '.join(result.ignored)}. "
+                          f"Someone with write access put them there (or a copy broke): remove them from {args.channel}, "
+                          "or put the published bytes back", markup=False, soft_wrap=True)
         for p in result.packages:
             note = f" (audit override: {p.audit_override})" if p.audit_override else ""
             console.print(f"  {p.status:16} {p.subdir}/{p.file}  audit {p.audit}{note}", markup=False)

@@ -8,7 +8,6 @@ file, and the state is read in order: channel (published?), squeue, exit file, s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from pathlib import Path
 from ..channel_ref import listing as listing_of
 from ..channel_ref import local_folder
 from ..errors import ExtforgeError
+from ..safe_files import make_dirs, write_atomic
 
 STATE_NAME = "state.json"
 SCHEMA = 1
@@ -75,10 +75,8 @@ def load_state(root: Path) -> BuildState | None:
 
 def save_state(root: Path, state: BuildState) -> None:
     path = state_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    make_dirs(path.parent)
+    write_atomic(path, (json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n").encode())
 
 
 def now_iso() -> str:

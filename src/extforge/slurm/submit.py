@@ -17,6 +17,7 @@ from ..errors import ExtforgeError
 from ..explain import explain_text
 from ..machine import Machine, parse_memory
 from ..plan import plan_build, slurm_request
+from ..safe_files import make_dirs, remove, write_atomic
 from ..variants import resolve
 from .config import SlurmConfig
 from .matrix import Variant, expand
@@ -153,9 +154,9 @@ def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
         if dry_run:
             continue
         for d in (job.files.script.parent, job.files.log.parent, job.files.exit_file.parent, job.files.output_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        job.files.script.write_text(text)
-        job.files.exit_file.unlink(missing_ok=True)
+            make_dirs(d)
+        write_atomic(job.files.script, text.encode())
+        remove(job.files.exit_file)
         job_id = sbatch(job.files.script)
         record = JobRecord(v.id, job_id, dict(v.values), list(v.outputs), str(job.files.log), str(job.files.exit_file), str(job.files.script), now_iso())
         state.jobs[v.id] = record

@@ -1,0 +1,81 @@
+"""One layer (safe_files) for every change extforge makes on disk where others can write: a
+link planted in the cache, a channel or a log folder must not lead a prune, a re-index chmod
+or a crash log to a target elsewhere."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from extforge import cli
+from extforge.channel.index import index_channel
+
+
+def _old(path: Path, days: float = 30) -> None:
+    then = time.time() - days * 24 * 3600
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_prune_never_follows_an_area_folder_that_is_a_link(sandbox):
+    # Someone who can write the shared cache root replaced its `logs` area with a link to an
+    # unrelated folder of old files; `cache --prune` used to delete them.
+    unrelated = sandbox.path("unrelated")
+    for name in ("thesis.tex", "data"):
+        (unrelated / name).write_text("mine")
+        _old(unrelated / name)
+    (sandbox.cache / "logs").symlink_to(unrelated)
+    own = sandbox.cache / "mirror" / "wheel-store"
+    own.mkdir(parents=True)
+    (own / "old.whl").write_text("x")
+    _old(own / "old.whl")
+    with sandbox.unchanged_outside():
+        sandbox.run("cache", "--prune", "1", expect=0)
+    assert sorted(p.name for p in unrelated.iterdir()) == ["data", "thesis.tex"]
+    assert not (own / "old.whl").exists()  # the prune itself still works
+    assert (sandbox.cache / "logs").is_symlink()
+
+
+def test_reindex_never_chmods_through_a_planted_link(tmp_path: Path):
+    # build and mirror re-index their output folder and make what they wrote 0644: a link there
+    # to a private file made it world-readable.
+    private = tmp_path / "private"
+    private.write_text("secret")
+    private.chmod(0o600)
+    channel = tmp_path / "out"
+    (channel / "linux-64").mkdir(parents=True)
+    (channel / "linux-64" / "evil-1.0-0.conda").symlink_to(private)
+    fifo = channel / "noarch" / "fifo-1.0-0.conda"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    index_channel(channel)  # a FIFO under a package name is not opened: this returns
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    served = (channel / "linux-64" / "repodata.json").read_text()
+    assert "evil" not in served
+
+
+def test_a_crash_log_is_never_written_through_a_planted_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    (victim_dir / "keep").write_text("precious")
+    _old(victim_dir / "keep")
+    (cache / "logs").symlink_to(victim_dir)
+    monkeypatch.setenv("EXTFORGE_CACHE", str(cache))
+    where = cli._crash_log(["build"], RuntimeError("boom"))
+    assert where.startswith("(no log: refusing to create") and "symbolic link" in where, where
+    assert sorted(p.name for p in victim_dir.iterdir()) == ["keep"]
+    # A real folder: the log is written, private to its user, and old ones beyond the kept
+    # number go; a link at an old log's name is removed as a link, its target untouched.
+    (cache / "logs").unlink()
+    (cache / "logs").mkdir()
+    for i in range(cli.CRASH_LOGS_KEPT):
+        (cache / "logs" / f"crash-2000010{i:02d}.log").symlink_to(victim_dir / "keep")
+    where = cli._crash_log(["build"], RuntimeError("boom"))
+    assert stat.S_IMODE(Path(where).stat().st_mode) == 0o600
+    assert len(list((cache / "logs").iterdir())) == cli.CRASH_LOGS_KEPT
+    assert (victim_dir / "keep").read_text() == "precious"
