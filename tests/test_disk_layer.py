@@ -110,7 +110,8 @@ def raw_changes(tree: ast.AST) -> list[tuple[str, int, str]]:
 def _scan() -> dict[str, list[str]]:
     by_place: dict[str, list[str]] = {}
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == LAYER and path.parent == SRC:
+        # data/ holds scripts that run inside a build env (the build layer's), not extforge's code.
+        if path.name == LAYER and path.parent == SRC or "data" in path.relative_to(SRC).parts:
             continue
         rel = path.relative_to(SRC).as_posix()
         for where, line, what in raw_changes(ast.parse(path.read_text(), str(path))):

@@ -14,7 +14,6 @@ write_settings(output_dir, values).
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -24,6 +23,8 @@ from importlib import resources
 from pathlib import Path
 
 from ruamel.yaml import YAML
+
+from . import safe_files
 
 LAYER_PACKAGE = "extforge-torch-build"
 SHARE = "share/extforge-torch-build"
@@ -97,11 +98,7 @@ def settings_text(values: Mapping[str, str]) -> str:
 def write_settings(output_dir: Path, values: Mapping[str, str]) -> Path:
     """The settings file the next build in `output_dir` reads (owner-only writable: the
     activation ignores one that someone else could have written)."""
-    bld = output_dir / "bld"
-    bld.mkdir(parents=True, exist_ok=True)
-    path = bld / SETTINGS_FILE
-    tmp = bld / f".{SETTINGS_FILE}.{os.getpid()}"
-    tmp.write_text(settings_text(values))
-    tmp.chmod(0o644)
-    tmp.replace(path)
+    path = output_dir / "bld" / SETTINGS_FILE
+    safe_files.make_dirs(path.parent, beneath=output_dir)
+    safe_files.write_atomic(path, settings_text(values).encode(), mode=0o644, beneath=output_dir)
     return path

@@ -168,7 +168,7 @@ def save(entry: Learned, store: Path | None = None) -> Learned:
         return old
     peaks = [p for p in (entry.largest_process_bytes, old.largest_process_bytes if old else None) if p]
     kept = dataclasses.replace(entry, largest_process_bytes=max(peaks, default=None), path=path)
-    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    safe_files.make_dirs(path.parent.parent)
     # Group bits of the store's folder: a store shared by a site's build nodes stays writable to them.
     safe_files.make_dir(path.parent)
     safe_files.write_atomic(path, (json.dumps(kept.to_json(), indent=1) + "\n").encode())

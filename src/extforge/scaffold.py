@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import build_layer
+from . import build_layer, safe_files
 from .channel.hashing import sha256_file
 from .errors import ExtforgeError
 
@@ -151,7 +151,7 @@ def download(sdist: Sdist, into: Path) -> Path:
     """The sdist at `into/<filename>`, checked against the index's sha256."""
     target = into / sdist.filename
     try:
-        with urllib.request.urlopen(sdist.url, timeout=300) as response, target.open("wb") as out:
+        with urllib.request.urlopen(sdist.url, timeout=300) as response, safe_files.atomic_writer(target) as out:
             shutil.copyfileobj(response, out)
     except OSError as exc:
         raise ExtforgeError(f"could not download {sdist.url}", str(exc), "retry, or pass --sdist FILE") from exc

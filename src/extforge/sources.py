@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, paths
+from . import engine, paths, safe_files
 from .channel.hashing import sha256_file
 from .channel_ref import channel_url
 from .errors import ExtforgeError
@@ -91,7 +91,7 @@ def read_specs(recipe: Path, channels: Sequence[str] = ()) -> list[SourceSpec]:
     variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
     with tempfile.TemporaryDirectory(prefix="extforge-sources-") as tmp:
         part = Path(tmp) / "recipe.yaml"
-        part.write_text(source_sections(path.read_text()))
+        safe_files.write_atomic(part, source_sections(path.read_text()).encode())
         config = engine.load_variant_files([*variant_files[:1], *channel_files([channel_url(c) for c in channels])])
         try:
             rendered = [v.recipe.to_dict() for v in engine.render(part, config, target_platform="linux-64")]

@@ -6,6 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from .. import safe_files
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..options import option_type
 from ..ui import console, emit_json
@@ -68,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
                             "its PKG-INFO names another release", "pass the sdist of the release asked for")
     made = scaffold.scaffold(facts, sdist, args.archs)
     undecided = [*derived, *made.undecided]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "recipe.yaml").write_text(made.recipe_yaml())
-    (folder / "variants.yaml").write_text(made.variants_yaml())
+    safe_files.make_dirs(folder)
+    safe_files.write_atomic(folder / "recipe.yaml", made.recipe_yaml().encode())
+    safe_files.write_atomic(folder / "variants.yaml", made.variants_yaml().encode())
     if args.json:
         emit_json({"recipe": str(folder), "files": [str(folder / "recipe.yaml"), str(folder / "variants.yaml")],
                    "sdist": {"filename": sdist.filename, "url": sdist.url, "sha256": sdist.sha256},
