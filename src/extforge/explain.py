@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 from . import machine
 from .audit.abi import abi_evidence
 from .audit.demangle import demangle
+from .build_layer import switch_for
 from .doctor.diagnosis import planner_values
 from .errors import ExtforgeError
 
@@ -226,11 +227,22 @@ def _compile_failure(values: dict[str, str], ctx: Context) -> dict[str, str]:
     return _plan(values, ctx)
 
 
+def _download_switch(values: dict[str, str], ctx: Context) -> dict[str, str]:
+    """The package whose prebuilt wheel the log names, and its switch (build_layer's data)."""
+    switch = switch_for(" ".join(values.get(k, "") for k in ("url", "wheel", "path")))
+    if switch is None:
+        return {"package": "the package", "switch": "its *_FORCE_BUILD switch",  # said as "... unset"
+                "assignment": "its *_FORCE_BUILD switch is TRUE"}
+    return {"package": switch.package, "switch": next(iter(switch.values)),
+            "assignment": switch.assignment(), "variant": "known-switch"}
+
+
 ANALYZERS: dict[str, Callable[[dict[str, str], Context], dict[str, str]]] = {
     "undefined_symbol": _undefined_symbol,
     "driver_version": _driver_version,
     "plan": _plan,
     "compile_failure": _compile_failure,
+    "download_switch": _download_switch,
 }
 
 
@@ -258,7 +270,9 @@ def _match(sig: Signature, text: str, ctx: Context) -> Diagnosis | None:
         values[f"{k}_text"] = f" ({k} {v})"
     if sig.analyzer:
         values |= ANALYZERS[sig.analyzer](values, ctx)
+    # An analyzer serves several signatures: a variant this one does not have is no variant.
     variant = values.pop("variant", None)
+    variant = variant if variant in sig.variants else None
     chosen = sig.variants.get(variant, {}) if variant else {}
     fill = _Template(values)
     return Diagnosis(

@@ -79,10 +79,18 @@ def test_demo_package_was_audited_against_its_build_env(demo_package: Path, demo
 
 
 @pytest.mark.slow
-def test_demo_package_records_the_cxx_standard_its_torch_required(demo_package: Path):
-    # torch 2.14.1's ATen/ATen.h refuses anything older than C++20.
+def test_demo_package_records_what_the_build_layer_enforced(demo_package: Path):
     build = json.loads(_package_member(demo_package, "share/extforge/build/demo-ext.json"))
-    assert build == {"schema": 1, "name": "demo-ext", "cxx_std": "c++20"}
+    # torch 2.14.1's ATen/ATen.h refuses anything older than C++20.
+    assert build["cxx_std"] == "c++20" and build["cxx11_abi"] is True and build["torch"].startswith("2.14.1")
+    assert build["layer"] == "extforge-torch-build" and build["network"] in ("namespace", "proxy")
+    # setup.py hard-codes sm_75 beside sm_90 (as causal-conv1d does): replaced by the variant's list,
+    # and the package carries exactly that (the audit fails any other arch).
+    assert build["cuda_archs"] == ["sm_90"]
+    assert "arch: -gencode arch=compute_75,code=sm_75" in build["upstream_flags_replaced"]
+    stamp = json.loads(_package_member(demo_package, "share/extforge/audit/demo-ext.json"))
+    assert stamp["sass_archs"] == ["sm_90"] and not stamp.get("ptx_archs"), stamp
+    assert _package_member(demo_package, "share/extforge/build/demo-ext.ninja_log").startswith(b"# ninja log")
 
 
 @pytest.mark.slow

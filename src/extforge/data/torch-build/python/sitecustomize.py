@@ -12,9 +12,11 @@ import socket
 import sys
 import sysconfig
 import traceback
+import urllib.parse
 
 LOCAL_NAMES = {"localhost", "", "::1", "0.0.0.0"}
 STDLIB = sysconfig.get_paths()["stdlib"]
+REFUSING_PROXY = "http://127.0.0.1:9"  # activate.sh's
 
 
 class NetworkRefused(BaseException):
@@ -28,7 +30,9 @@ def _local(host: object) -> bool:
 
 
 def _hook(event: str, args: tuple) -> None:
-    if event == "socket.getaddrinfo":
+    if event == "urllib.Request":
+        host = urllib.parse.urlsplit(args[0]).hostname
+    elif event == "socket.getaddrinfo":
         host = args[0]
     elif event == "socket.connect" and args[0].family in (socket.AF_INET, socket.AF_INET6):
         host = args[1][0]
@@ -39,7 +43,9 @@ def _hook(event: str, args: tuple) -> None:
     # The innermost caller outside the standard library: upstream's setup.py, usually.
     frame = next((f for f in reversed(traceback.extract_stack()[:-1])
                   if not f.filename.startswith(STDLIB) and f.filename != __file__), None)
-    where = f" from {frame.filename}:{frame.lineno}" if frame else ""
+    # Relative to the build's source folder where it is there: `setup.py:330`.
+    name = os.path.relpath(frame.filename) if frame and frame.filename.startswith(os.getcwd() + os.sep) else None
+    where = f" from {name or frame.filename}:{frame.lineno}" if frame else ""
     line = f"{host}{where} (python {' '.join(sys.argv[:3])})"
     log = os.environ.get("EXTFORGE_NETWORK_LOG")
     if log:
@@ -48,4 +54,9 @@ def _hook(event: str, args: tuple) -> None:
     raise NetworkRefused(f"extforge-torch-build: network access during a build is refused: {line}")
 
 
+# The layer points non-Python downloaders at a refusing proxy; in Python the hook is the guard, and
+# a request sent to that (local) proxy would never name the host it was for.
+for _name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+    if os.environ.get(_name) == REFUSING_PROXY:
+        del os.environ[_name]
 sys.addaudithook(_hook)

@@ -1,0 +1,186 @@
+"""The build layer (extforge-torch-build) piece by piece, with real processes: the nvcc wrapper
+around the real nvcc (the object's fatbin read back), the network refusal in a real interpreter,
+upstream's build files scanned, a build that tries to download failing inside rattler-build, and
+a build stopped by SIGTERM. demo-ext's build (tests/build/test_demo_pipeline.py) is the layer on
+every seed row."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from extforge import build_layer
+from extforge.build import build_recipe
+from extforge.build_options import BuildOptions
+from extforge.errors import ExtforgeError
+from extforge.fatbin import arch_sets, parse_fatbin
+
+LAYER = Path(build_layer.__file__).parent / "data" / "torch-build"
+NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+needs_nvcc = pytest.mark.skipif(not Path(NVCC).exists(), reason="no nvcc on this machine")
+
+KERNEL = "__global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+
+
+def wrapper_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    gencodes, names, _ = subprocess.run([sys.executable, str(LAYER / "archs.py"), "9.0"], capture_output=True,
+                                        text=True, check=True).stdout.split()
+    return {**os.environ, "EXTFORGE_REAL_NVCC": NVCC, "EXTFORGE_REWRITES_LOG": str(tmp_path / "rewrites.log"),
+            "EXTFORGE_GENCODE_LIST": gencodes, "EXTFORGE_ARCH_NAMES": names, "TORCH_CUDA_ARCH_LIST": "9.0",
+            "NVCC_THREADS": "1", "EXTFORGE_CXX_STD": "c++17", **extra}
+
+
+def fatbin_archs(obj: Path) -> tuple[list[str], list[str]]:
+    with obj.open("rb") as fh:
+        section = ELFFile(fh).get_section_by_name(".nv_fatbin")
+        return arch_sets(parse_fatbin(section.data()))
+
+
+def test_arch_lists_become_nvcc_flags_the_audit_names_and_cmake_archs() -> None:
+    def parse(value: str) -> list[str]:
+        proc = subprocess.run([sys.executable, str(LAYER / "archs.py"), value], capture_output=True, text=True)
+        return proc.stdout.split() if proc.returncode == 0 else [proc.stderr.strip()]
+
+    assert parse("8.0;9.0+PTX") == ["arch=compute_80,code=sm_80;arch=compute_90,code=sm_90;arch=compute_90,code=compute_90",
+                                    "sm_80,sm_90,compute_90", "80-real;90"]
+    assert parse("9.0a") == ["arch=compute_90a,code=sm_90a", "sm_90a", "90a-real"]
+    assert parse("Hopper") == ["error: Hopper is not a compute capability like 9.0, 9.0a or 9.0+PTX"]
+
+
+@needs_nvcc
+def test_upstream_arch_threads_and_std_flags_are_replaced_on_the_real_nvcc(tmp_path: Path) -> None:
+    (tmp_path / "k.cu").write_text(KERNEL)
+    # causal-conv1d's setup.py: its own -gencode list and --threads 4; mamba-ssm's -std=c++14-style pins.
+    subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "k.cu", "-o", "k.o", "-gencode", "arch=compute_75,code=sm_75",
+                    "-gencode=arch=compute_80,code=sm_80", "--threads", "4", "-std=c++14"],
+                   cwd=tmp_path, env=wrapper_env(tmp_path), check=True)
+    assert fatbin_archs(tmp_path / "k.o") == (["sm_90"], [])
+    assert (tmp_path / "rewrites.log").read_text().splitlines() == [
+        "arch: -gencode arch=compute_75,code=sm_75", "arch: -gencode=arch=compute_80,code=sm_80",
+        "threads: --threads 4", "std: -std=c++14"]
+
+
+@needs_nvcc
+def test_a_foreign_arch_is_refused_when_the_recipe_asks_for_refusal(tmp_path: Path) -> None:
+    (tmp_path / "k.cu").write_text(KERNEL)
+    proc = subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "k.cu", "-o", "k.o", "-arch=sm_80"], cwd=tmp_path,
+                          env=wrapper_env(tmp_path, EXTFORGE_ARCH_FLAGS="refuse"), capture_output=True, text=True)
+    assert proc.returncode == 1 and not (tmp_path / "k.o").exists()
+    assert "upstream passes '-arch=sm_80' but the variant's archs are sm_90" in proc.stderr
+
+
+def test_upstream_build_files_are_named_before_the_compile(tmp_path: Path) -> None:
+    (tmp_path / "setup.py").write_text(
+        'cc_flag = []\ncc_flag.append("-gencode")\ncc_flag.append("arch=compute_75,code=sm_75")\n'
+        'cc_flag += ["-gencode", "arch=compute_90,code=sm_90"]\nnvcc = ["--threads", "4", "-std=c++17"]\n')
+    scan = [sys.executable, str(LAYER / "scan_flags.py"), str(tmp_path)]
+    noted = subprocess.run([*scan, "rewrite", "sm_90"], capture_output=True, text=True)
+    assert noted.returncode == 0
+    assert "setup.py:3: arch=compute_75,code=sm_75: an arch outside the variant's, replaced at each compile by sm_90" in noted.stderr
+    assert "compute_90" not in noted.stderr.split("setup.py:4")[-1].split("\n")[0]
+    assert "setup.py:5: nvcc --threads 4 (NVCC_THREADS wins)" in noted.stderr
+    refused = subprocess.run([*scan, "refuse", "sm_90"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "setup.py:3" in refused.stderr and "refused" in refused.stderr
+
+
+def test_no_python_process_of_a_build_reaches_the_network(tmp_path: Path) -> None:
+    # flash-attn's and causal-conv1d's setup.py catch urllib's errors and build instead, or retry;
+    # the refusal is not an error they catch, and it is recorded for the end-of-build check.
+    script = ("import urllib.request, urllib.error, socket\n"
+              "s = socket.socket(); s.settimeout(1)\n"
+              "try:\n    s.connect(('127.0.0.1', 9))\nexcept OSError:\n    print('loopback allowed')\n"
+              "try:\n    urllib.request.urlretrieve('https://github.com/x/y/releases/download/v1/pkg-1.0-cp311.whl', 'w')\n"
+              "except (urllib.error.HTTPError, urllib.error.URLError):\n    print('fell back')\n")
+    (tmp_path / "setup.py").write_text(script)
+    log = tmp_path / "network.log"
+    proc = subprocess.run([sys.executable, "setup.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(LAYER / "python"), "EXTFORGE_NETWORK_LOG": str(log)})
+    assert proc.returncode == 1 and "loopback allowed" in proc.stdout and "fell back" not in proc.stdout
+    assert "network access during a build is refused: github.com from setup.py:8" in proc.stderr
+    assert log.read_text().startswith("github.com from setup.py:8")
+
+
+def test_known_download_switches_are_data_and_found_from_the_url() -> None:
+    url = ("Guessing wheel URL:  https://github.com/Dao-AILab/causal-conv1d/releases/download/v1.7.0/"
+           "causal_conv1d-1.7.0+cu13torch2.14cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
+    switch = build_layer.switch_for(url)
+    assert switch is not None and switch.package == "causal-conv1d"
+    assert switch.assignment() == "CAUSAL_CONV1D_FORCE_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=FALSE"
+    assert build_layer.switch_for("flash_attn-2.8.3+cu12torch2.6-cp312.whl").package == "flash-attn"
+    assert build_layer.switch_for("no wheel here") is None
+    assert "export MAMBA_FORCE_BUILD=TRUE" in build_layer.switches_sh()
+
+
+def test_settings_reach_the_build_as_a_file_only_its_owner_writes(tmp_path: Path) -> None:
+    path = build_layer.write_settings(tmp_path, {"MAX_JOBS": "3", "CCACHE_DIR": "/a dir/with 'quotes'"})
+    assert path == tmp_path / "bld" / build_layer.SETTINGS_FILE and oct(path.stat().st_mode & 0o777) == "0o644"
+    out = subprocess.run(["bash", "-c", f"source {path}; echo \"$MAX_JOBS|$CCACHE_DIR\""], capture_output=True, text=True)
+    assert out.stdout.strip() == "3|/a dir/with 'quotes'"
+
+
+def _tiny_recipe(folder: Path, setup_py: str, *, layer: bool, script: str) -> Path:
+    folder.mkdir()
+    (folder / "src").mkdir()
+    (folder / "src" / "setup.py").write_text(setup_py)
+    build_deps = "    - extforge-torch-build\n" if layer else ""
+    host = "    - python\n    - pip\n    - setuptools\n    - pytorch\n" if layer else ""
+    (folder / "recipe.yaml").write_text(
+        "schema_version: 1\npackage: {name: net-probe, version: '1.0'}\nsource: {path: src}\n"
+        f"build:\n  script:\n    env:\n      TORCH_CUDA_ARCH_LIST: '9.0'\n    content: {script}\n"
+        f"requirements:\n  build:\n{build_deps or '    []'}\n  host:\n{host or '    []'}\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_a_build_that_tries_to_download_fails_in_the_build(tmp_path: Path, mirror_channel: Path) -> None:
+    # upstream's pattern (flash-attn, causal-conv1d) without any *_FORCE_BUILD switch set: try the
+    # wheel, fall back to a build on an HTTP error. Here it must fail, saying what it tried.
+    recipe = _tiny_recipe(tmp_path / "net-probe", (
+        "import urllib.request, urllib.error\n"
+        "url = 'https://github.com/example/net-probe/releases/download/v1.0/net_probe-1.0+cu13torch2.14-cp311-cp311-linux_x86_64.whl'\n"
+        "print('Guessing wheel URL: ', url)\n"
+        "try:\n    urllib.request.urlretrieve(url, 'w.whl')\n"
+        "except urllib.error.URLError:\n    print('Precompiled wheel not found. Building from source...')\n"),
+        layer=True, script="${{ PYTHON }} setup.py")
+    with pytest.raises(ExtforgeError) as err:
+        build_recipe(BuildOptions.make(recipe, [str(mirror_channel)], tmp_path / "out", test=False, audit=False))
+    text = err.value.render()
+    assert "network" in text and "github.com" in text, text
+    log = next((tmp_path / "out" / "logs").glob("net-probe-*.log")).read_text()
+    assert "network access during a build is refused: github.com from setup.py:5" in log
+    assert "Building from source" not in log
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_running_build_at_once_and_says_stopped(tmp_path: Path) -> None:
+    channel = tmp_path / "empty"
+    (channel / "noarch").mkdir(parents=True)
+    (channel / "noarch" / "repodata.json").write_text('{"info": {"subdir": "noarch"}, "packages": {}}')
+    folder = tmp_path / "sleeper"
+    folder.mkdir()
+    marker = tmp_path / "compiling"
+    (folder / "recipe.yaml").write_text(
+        "schema_version: 1\npackage: {name: sleeper, version: '1.0'}\nbuild:\n  noarch: generic\n  script:\n"
+        f"    - touch {marker}\n    - sleep 299.5\n")
+    proc = subprocess.Popen([sys.executable, "-m", "extforge", "build", str(folder), "-c", str(channel), "-o",
+                             str(tmp_path / "out"), "--no-audit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), proc.communicate(timeout=10)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 20, "the build waited for its script"
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "build stopped by SIGTERM" in err and "out of memory" not in err
+    assert not subprocess.run(["pgrep", "-f", "sleep 299.5"], capture_output=True).stdout
