@@ -254,7 +254,7 @@ def test_the_demo_echoes_commands_that_paste_back(tmp_path):
 
 @pytest.mark.parametrize(
     ("verdict", "shown"),
-    [("pass", "audit pass"), ("fail", "audit fail: run `extforge audit"), (None, "not audited (--no-audit)")],
+    [("pass", "audit pass"), ("fail", "audit fail, kept aside (not in the output channel): run `extforge audit"), (None, "not audited (--no-audit)")],
 )
 def test_build_prints_the_audit_verdict(tmp_path, verdict, shown):
     from extforge.build import BuiltPackage
