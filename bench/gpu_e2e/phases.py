@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import lzma
+import os
 import re
 import shutil
 import subprocess
@@ -334,7 +335,8 @@ def phase_finish(run: Run, o: Options) -> None:
 def gpu_tests(run: Run, o: Options, env: dict[str, str], prefix: Path) -> None:
     """tests/gpu and the attention benchmark with the installed prefix's python."""
     pyx = str(prefix / "bin" / "python")
-    test_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    # The prefix's python alone: none of this checkout's or the bundled site tree's paths.
+    test_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     # Where a GPU is present, a missing one (or a missing package) must fail, not skip.
     test_env |= {"EXTFORGE_GPU_REQUIRED": "1" if gpu_facts()["gpus"] != "none" else "0", "PYTHONUNBUFFERED": "1"}
     run.step("doctor (installed prefix)", extforge(o.python, "doctor", "--python", pyx), env=env, ok_codes=(0, 1),
