@@ -74,6 +74,15 @@ def test_lock_one_env_keeps_the_others(tiny_packages, tmp_path):
     assert (tmp_path / "b" / "share" / "tiny-05" / "data.txt").is_file()
 
 
+def test_a_first_lock_of_one_env_holds_pixis_default_too(tiny_packages, tmp_path):
+    """pixi writes `default` into every lock; with an empty default feature it costs no solve."""
+    ws = _workspace(tmp_path, tiny_packages)
+    proc = _lock_cli(ws, "--env", "b")
+    assert proc.returncode == 0, proc.stderr
+    locked = _env_packages(ws / "pixi.lock")
+    assert set(locked) == {"default", "b"} and locked["default"] == []
+
+
 def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     ws = _workspace(tmp_path, tiny_packages)
     runs = [subprocess.Popen([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml"), *(["--env", "b"] if i % 2 else [])],

@@ -181,7 +181,10 @@ def _lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors, envs: list[str]
     from rattler import LockChannel, LockFile, LockPlatform
 
     start = time.monotonic()
-    names = envs or manifest.env_names()
+    # An environment without dependencies is locked whatever was asked: it costs no solve, and
+    # pixi writes it into every lock (`default`, even with an empty default feature).
+    names = [*envs, *(n for n in manifest.env_names() if n not in envs and not manifest.env(n).specs)] if envs \
+        else manifest.env_names()
     specs = [manifest.env(n) for n in names]
     kept = _kept_environments(lock_path, manifest, names) if envs else []
     kept_records = {name: old_env.conda_repodata_records() for name, old_env in kept}
