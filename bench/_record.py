@@ -1,10 +1,10 @@
-"""Shared by the bench scripts: append one dated section to docs/benchmarks.md."""
+"""Shared by the bench scripts: append one dated section to docs/benchmarks-history.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-history.md"
 
 
 def append_section(lines: list[str]) -> None:

@@ -19,7 +19,7 @@ flash-attn's forward TFLOP/s to SDPA's must be within 3% of the ratio a plain
 `setup.py bdist_wheel` build of the same flash-attn source reached on an H100: 312 / 531.
 
 Prints a table on stdout; writes JSON to --out (default: $EXTFORGE_BENCH_OUT, if set);
---write-docs appends a dated section to docs/benchmarks.md. A head-dim subset build is timed on
+--write-docs appends a dated section to docs/benchmarks-history.md. A head-dim subset build is timed on
 its own head dims only. Exit code: 0 ratio within 3%, 3 outside it, 2 could not run (no CUDA
 device, no flash_attn, or no kernels for the reference head dim); 1 is a crash, never a verdict.
 Where the flash-attn-3 package is installed (`flash_attn_interface`), FlashAttention-3 is timed in
@@ -201,7 +201,7 @@ def flash_attn_sentence(verdict: dict[str, Any]) -> str:
 
 
 def render_docs(report: dict[str, Any]) -> list[str]:
-    """The dated section for docs/benchmarks.md."""
+    """The dated section for docs/benchmarks-history.md."""
     env, verdict = report["environment"], report["verdict"]
     lines = [
         f"## Attention speed: flash-attn vs torch SDPA ({report['date']})",
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=100, help="timed calls per measurement (median)")
     parser.add_argument("--out", type=Path, default=os.environ.get(OUT_ENV), help=f"JSON results (default ${OUT_ENV})")
-    parser.add_argument("--write-docs", action="store_true", help="append a dated section to docs/benchmarks.md")
+    parser.add_argument("--write-docs", action="store_true", help="append a dated section to docs/benchmarks-history.md")
     args = parser.parse_args(argv)
 
     try:

@@ -8,7 +8,7 @@ extforge cache (installed there by the audit tests' torch fixture or by this scr
   - libtorch_cuda.so of the torch wheel (~500 MB, a real fatbin and ~thousands of
     undefined symbols).
 Prints one JSON line per input (best and median of --repeat runs, page cache warm) and
-appends a dated section to docs/benchmarks.md unless --no-record.
+appends a dated section to docs/benchmarks-history.md unless --no-record.
 
     python bench/audit_bench.py [--repeat 3] [--no-record]
 """
@@ -90,7 +90,7 @@ def measure(path: Path, against: Path, repeat: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
     torch = torch_target()
     with tempfile.TemporaryDirectory(prefix="extforge-auditbench-") as tmp:
@@ -115,7 +115,7 @@ def main() -> int:
               f"{r['median_s']} |" for r in results],
             "",
         ]
-        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+        path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-history.md"
         with path.open("a") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0

@@ -24,7 +24,7 @@ Phases (seconds from the start of each build):
 Where both builds do not fit one node allocation, run `--only recipe --json-out recipe.json` and
 `--only plain --json-out plain.json` one after the other and `--merge` them; the summed
 per-unit compile seconds compare them with less noise than wall time. The table and the line
-`recipe/plain wall ratio: X.XX (node, date)` are appended to docs/benchmarks.md unless
+`recipe/plain wall ratio: X.XX (node, date)` are appended to docs/benchmarks-history.md unless
 --no-record; --emit-costs writes the per-unit seconds in extforge's data format
 (src/extforge/data/unit-costs.yaml).
 """

@@ -18,7 +18,7 @@ e.g. flash-attn on a GPU build node:
         --jobs 16 --set FLASH_ATTENTION_FORCE_BUILD=TRUE --set FLASH_ATTN_CUDA_ARCHS=90 \
         --set NVCC_THREADS=1 --keep-so OUT/
 
-Appends a dated section to docs/benchmarks.md unless --no-record; --json-out writes the results.
+Appends a dated section to docs/benchmarks-history.md unless --no-record; --json-out writes the results.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="MAX_JOBS for torch's ninja build")
     ap.add_argument("--keep-so", type=Path, help="copy the cold build's extension modules here")
     ap.add_argument("--json-out", type=Path, help="write the results as JSON here")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
     extra_env = dict(kv.split("=", 1) for kv in args.set)
 

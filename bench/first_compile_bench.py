@@ -76,7 +76,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2, help="builds in a row (the first warms the package cache)")
     ap.add_argument("--no-test", action="store_true", help="skip the package's own tests")
     ap.add_argument("--label", default="", help="what this run measures (for the table)")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
 
     results = []

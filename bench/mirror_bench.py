@@ -4,7 +4,7 @@
 
 Cold means an empty extforge cache (a fresh --cache folder, the default): pip's download of the
 wheels from the local index, every package built with rattler-build. Warm is the same command
-again. Prints the numbers and appends a dated section to docs/benchmarks.md unless --no-record.
+again. Prints the numbers and appends a dated section to docs/benchmarks-history.md unless --no-record.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", type=Path, help="extforge cache to use (default: a fresh temporary one)")
     ap.add_argument("--torch", default="torch==2.14.1")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
 
     cache = args.cache or Path(tempfile.mkdtemp(prefix="extforge-bench-"))
@@ -106,7 +106,7 @@ def main() -> int:
             "|---|---:|---|",
             *(f"| {what} | {seconds:.1f} | {note} |" for what, seconds, note in rows),
         ]
-        with (REPO / "docs" / "benchmarks.md").open("a") as fh:
+        with (REPO / "docs" / "benchmarks-history.md").open("a") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0
 

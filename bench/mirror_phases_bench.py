@@ -8,7 +8,7 @@ is built. Phases: reading the inputs (pip skipped, the wheels hashed once), pack
 package with rattler-build, placing and indexing the channel. The limit, on the same wheels:
 unzip every wheel and write its files once, sha256 every file once, and one tar + zstd of the
 files at the level the mirror uses and at a fast one, with every core. Prints the numbers and
-the load average beside them; appends a dated section to docs/benchmarks.md unless --no-record.
+the load average beside them; appends a dated section to docs/benchmarks-history.md unless --no-record.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, required=True, help="an extforge cache with the row's wheels downloaded")
     ap.add_argument("--torch", default="torch==2.14.1")
     ap.add_argument("--skip-limit", action="store_true", help="only the mirror's own phases")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
     os.environ["EXTFORGE_CACHE"] = str(args.cache)
     os.environ.pop("RATTLER_CACHE_DIR", None)

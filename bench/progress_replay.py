@@ -48,7 +48,7 @@ def replay(header: str, edges: list[tuple[str, float]], machine: Machine, at: fl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
     link = plan.load_profiles()["flash-attn"].link_seconds
     rows = ["| build | at (s after ninja started) | units done | speed | predicted end s | measured end s | error |",

@@ -7,7 +7,7 @@ is the first --mib MiB of a real CUDA library (default: libtorch_cuda.so of the 
 torch 2.14.1, or --payload FILE), the size of the full flash-attn 2.8.3 module (212 MiB) and as
 compressible as a fatbin. `stamp_package` is timed with one compression thread (what it did
 before) and with its default (this machine's cores, at most MAX_ZSTD_THREADS). Prints one JSON
-line and appends a dated section to docs/benchmarks.md unless --no-record.
+line and appends a dated section to docs/benchmarks-history.md unless --no-record.
 
     python bench/stamp_bench.py [--payload FILE] [--mib 212] [--repeat 2] [--no-record]
 """
@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=212)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--node", default="", help="the machine, in words (default: cores and memory)")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
     source = args.payload or torch_target() / "torch" / "lib" / "libtorch_cuda.so"
     with source.open("rb") as fh:

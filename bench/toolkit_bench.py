@@ -4,7 +4,7 @@
 
 Runs in an empty extforge cache (a temporary folder): the download (apt for Debian, pip for
 NVIDIA's wheels), the unpack into the toolkit layout, then every package of the set built with
-rattler-build. Prints the numbers and appends a dated section to docs/benchmarks.md unless
+rattler-build. Prints the numbers and appends a dated section to docs/benchmarks-history.md unless
 --no-record.
 """
 

@@ -9,7 +9,7 @@ number of compiles at once, which fits the slowdown per extra compile (unit_cost
 A `.jobs` file beside a log (seconds since the build started, nvcc processes on the machine)
 counts compiles the log does not know (another build beside it). The default logs are the ones
 in bench/data/ (see its README). --emit-costs writes the data-file entry that
-src/extforge/data/unit-costs.yaml keeps; the predictions go to docs/benchmarks.md.
+src/extforge/data/unit-costs.yaml keeps; the predictions go to docs/benchmarks-history.md.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--log", type=Path, action="append", help="a ninja log (repeatable; default: bench/data's)")
     ap.add_argument("--reference", type=int, default=16, help="compiles at once the data's seconds are for")
     ap.add_argument("--emit-costs", type=Path, help="write the flash-attn entry of unit-costs.yaml here")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     ap.add_argument("--across-nodes", action="store_true",
                     help="fit the slowdown from the logs (their nodes' speeds count as slowdown) instead of taking "
                          "the one measured on one node")

@@ -9,7 +9,7 @@ package archive fetched and sha256-checked, its paths.json made a trusted manife
 hashed), --rehash (manifests known, every file hashed), with the files in the page cache, then
 the default run that re-hashes only files changed since the last clean run (what a Slurm
 prolog runs), and, with --cold as root, a full run with the page cache dropped.
-Prints the numbers and appends a dated section to docs/benchmarks.md unless --no-record.
+Prints the numbers and appends a dated section to docs/benchmarks-history.md unless --no-record.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, help="where to build it (default: a temp dir on local disk)")
     ap.add_argument("--threads", type=int, help="hashing threads (default: verify's)")
     ap.add_argument("--cold", action="store_true", help="also time with the page cache dropped (root; slows everything else on the machine)")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="verify-bench-", dir=args.dir))
@@ -200,7 +200,7 @@ def main() -> int:
             *rows,
             "",
         ]
-        with (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").open("a") as fh:
+        with (Path(__file__).resolve().parents[1] / "docs" / "benchmarks-history.md").open("a") as fh:
             fh.write("\n".join(lines) + "\n")
     return 0
 

@@ -1,8 +1,10 @@
 """Real other users for the tests where permissions matter (a channel shared by a Unix group).
 
-As root, `peer_site` creates (once per machine, idempotently) the group `extforge-site` and two
-system users in it, `extforge-peer` and `extforge-peer2`, and a folder under the temp dir that
-they can reach. `PeerSite.run(peer, ...)` runs the real `extforge` CLI as that user through
+As root, `peer_site` creates the group `extforge-site` and two system users in it,
+`extforge-peer` and `extforge-peer2`, and a folder under the temp dir that they can reach; the
+last test session that uses them removes them when it ends (sessions running side by side share
+them: each leaves a marker with its pid, and a session's end removes the users only when no other
+live session's marker is left). `PeerSite.run(peer, ...)` runs the real `extforge` CLI as that user through
 `setpriv` (real uid, gid and supplementary groups; no capabilities), with the umask given, so
 the kernel's permission checks (fs.protected_hardlinks, group modes, setgid folders) apply as
 they would to two admins of one site. Not root: the tests skip, saying why.
@@ -10,6 +12,8 @@ they would to two admins of one site. Not root: the tests skip, saying why.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import os
 import pwd
@@ -86,21 +90,61 @@ class PeerSite:
         return out
 
 
-def _ensure_users() -> tuple[int, tuple[Peer, ...]]:
-    subprocess.run(["groupadd", "-f", GROUP], check=True, capture_output=True)
-    for user in USERS:
+def _ensure_users(group: str, users: tuple[str, ...]) -> tuple[int, tuple[Peer, ...]]:
+    subprocess.run(["groupadd", "-f", group], check=True, capture_output=True)
+    for user in users:
         try:
             pwd.getpwnam(user)
         except KeyError:
             proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                                   "--groups", GROUP, user], capture_output=True, text=True)
+                                   "--groups", group, user], capture_output=True, text=True)
             # exit 9: another test session created it a moment ago
             if proc.returncode not in (0, 9):
                 raise RuntimeError(f"useradd {user}: {proc.stderr.strip()}") from None
-        if GROUP not in [g.gr_name for g in grp.getgrall() if user in g.gr_mem]:
-            subprocess.run(["usermod", "--append", "--groups", GROUP, user], check=True, capture_output=True)
-    gid = grp.getgrnam(GROUP).gr_gid
-    return gid, tuple(Peer(u, pwd.getpwnam(u).pw_uid, pwd.getpwnam(u).pw_gid) for u in USERS)
+        if group not in [g.gr_name for g in grp.getgrall() if user in g.gr_mem]:
+            subprocess.run(["usermod", "--append", "--groups", group, user], check=True, capture_output=True)
+    gid = grp.getgrnam(group).gr_gid
+    return gid, tuple(Peer(u, pwd.getpwnam(u).pw_uid, pwd.getpwnam(u).pw_gid) for u in users)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+# Machine-wide like the users themselves, not under TMPDIR (a session may have its own); root's alone.
+SESSIONS = Path("/run/extforge-site-sessions")
+
+
+@contextlib.contextmanager
+def site_users(group: str = GROUP, users: tuple[str, ...] = USERS,
+               sessions: Path = SESSIONS) -> Iterator[tuple[int, tuple[Peer, ...]]]:
+    """The group and its users for this session: created if missing, removed (users with their
+    own groups, then the group) when the last live session that uses them ends. A marker left by a
+    session that was killed names a dead pid and counts for nothing."""
+    sessions.mkdir(mode=0o700, exist_ok=True)
+    marker = sessions / f"{group}.{os.getpid()}"
+    with open(sessions / f"{group}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = _ensure_users(group, users)
+        marker.touch()
+    try:
+        yield found
+    finally:
+        with open(sessions / f"{group}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            marker.unlink(missing_ok=True)
+            if not any(_pid_alive(int(m.suffix[1:])) for m in sessions.glob(f"{group}.*") if m.suffix[1:].isdigit()):
+                for user in users:
+                    subprocess.run(["userdel", user], capture_output=True)
+                subprocess.run(["groupdel", group], capture_output=True)
+                for m in sessions.glob(f"{group}.*[0-9]"):
+                    m.unlink(missing_ok=True)
 
 
 def _peer_python(peer: Peer) -> str | None:
@@ -124,14 +168,15 @@ def peer_site() -> Iterator[PeerSite]:
         pytest.skip("the multi-user tests create real users (useradd) and switch to them (setpriv): run them as root, as CI does")
     if not shutil.which("setpriv") or not shutil.which("useradd"):
         pytest.skip("the multi-user tests need setpriv and useradd (util-linux, passwd)")
-    gid, peers = _ensure_users()
-    python = _peer_python(peers[0])
-    if python is None:
-        pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that {peers[0].name} may execute "
-                    f"({sys.executable} lies in a folder only root can enter)")
-    root = Path(tempfile.mkdtemp(prefix="extforge-site-"))
-    os.chmod(root, 0o755)
-    try:
-        yield PeerSite(root, gid, peers, python)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with site_users() as (gid, peers):
+        python = _peer_python(peers[0])
+        if python is None:
+            pytest.skip(f"no Python {sys.version_info.major}.{sys.version_info.minor} that {peers[0].name} may execute "
+                        f"({sys.executable} lies in a folder only root can enter)")
+        root = Path(tempfile.mkdtemp(prefix="extforge-site-"))
+        os.chmod(root, 0o755)
+        try:
+            yield PeerSite(root, gid, peers, python)
+        finally:
+            # Before the users go: what they wrote here would be left to uids nobody has.
+            shutil.rmtree(root, ignore_errors=True)

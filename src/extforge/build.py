@@ -251,15 +251,25 @@ def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str],
     )
 
 
+# Beside the output channel's subdirs, never one of them: what lies here is not indexed, so a
+# lock, an install or a build that uses the output folder as a channel never sees it.
+REJECTED_DIR = "rejected"
+
+
 def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
     """Audit and stamp every built package against the host env its build used (`build_env`)
-    where that holds the torch it pins, else the channel's."""
+    where that holds the torch it pins, else the channel's. A package that fails is moved to
+    the output folder's `rejected/` (kept for `extforge audit`, not served)."""
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         stamp_package(pkg.path, report.to_stamp(pkg.path))
         pkg.audit_verdict = report.verdict
         if not report.ok:
-            log.warning("audit of %s: %s (run `extforge audit %s` for details)", pkg.path.name, report.verdict, pkg.path)
+            aside = pkg.path.parent.parent / REJECTED_DIR
+            aside.mkdir(exist_ok=True)
+            pkg.path = pkg.path.replace(aside / pkg.path.name)
+            log.warning("audit of %s: %s; kept aside in %s, not in the channel (run `extforge audit %s` for details)",
+                        pkg.path.name, report.verdict, aside, pkg.path)
 
 
 def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:

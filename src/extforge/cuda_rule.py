@@ -28,14 +28,19 @@ class Offer:
     def key(self) -> tuple[int, int]:
         return version_key(self.version)
 
-def choose(torch_cuda: str, offers: list[Offer]) -> Offer:
-    """The toolkit for a torch built with CUDA `torch_cuda`, by the rule in docs/architecture.md.
+def takes(torch_cuda: str, toolkit: str) -> bool:
+    """Whether a torch built with CUDA `torch_cuda` takes a toolkit (both major.minor): same major
+    (torch's cpp_extension refuses another), minor at most torch's (torch only warns about a
+    lower one, and code built with an older minor runs on the newer runtime)."""
+    want, have = version_key(torch_cuda), version_key(toolkit)
+    return have[0] == want[0] and have[1] <= want[1]
 
-    Same major (torch's cpp_extension refuses another), minor at most torch's (torch only warns
-    about a lower one, and code built with an older minor runs on the newer runtime); the exact
-    minor first, else the highest lower one."""
+
+def choose(torch_cuda: str, offers: list[Offer]) -> Offer:
+    """The toolkit for a torch built with CUDA `torch_cuda`, by the rule in docs/architecture.md
+    (`takes`): the exact minor first, else the highest lower one."""
     want = version_key(torch_cuda)
-    fitting = [o for o in offers if o.key[0] == want[0] and o.key[1] <= want[1]]
+    fitting = [o for o in offers if takes(torch_cuda, o.version)]
     if fitting:
         return max(fitting, key=lambda o: (o.key, o.source != "host"))
     same_major = sorted({o.version for o in offers if o.key[0] == want[0]}, key=version_key)
@@ -55,7 +60,7 @@ def fitting_toolkits(major: int, minor: int, toolkits: set[str]) -> list[str]:
     """The toolkits (major.minor) that compile for a torch of CUDA major.minor: same major, minor at
     most the asked one, oldest first."""
     shorts = {".".join(v.split(".")[:2]) for v in toolkits}
-    return sorted((s for s in shorts if version_key(s)[0] == major and version_key(s)[1] <= minor), key=version_key)
+    return sorted((s for s in shorts if takes(f"{major}.{minor}", s)), key=version_key)
 
 
 def missing_toolkit(specs: list[str], channel_toolkits: set[str]) -> ExtforgeError | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import engine
 from .channel_ref import local_folder
-from .cuda_rule import fitting_toolkits, missing_toolkit, version_key
+from .cuda_rule import fitting_toolkits, missing_toolkit, takes, version_key
 from .errors import ExtforgeError
 from .ui import log
 
@@ -140,9 +140,17 @@ def mirror_command(wanted: Mapping[str, str], like: Mapping[str, str], folder: P
     words = [f"CC=gcc-{row['c_compiler_version']}", f"CXX=g++-{row.get('cxx_compiler_version', row['c_compiler_version'])}"] \
         if {"c_compiler_version", "cxx_compiler_version"} & wanted.keys() and "c_compiler_version" in row else []
     words += ["extforge", "mirror", "--channel", shlex.quote(str(folder)) if folder else "CHANNEL_DIR"]
+    toolkit = wanted.get("cuda_compiler_version")
+    # The mirror packages a toolkit only for a torch that takes it (cuda_rule.takes). The row's
+    # torch surely takes what it already took, or an older minor of that major; any other toolkit
+    # comes with a torch built for it, and pip's index serves one CUDA build per torch release.
+    had = like.get("cuda_compiler_version", "")  # "None" in a CPU row
     if "cxx_abi" in wanted:
         # pip's index serves one ABI per torch release; a wheel of the other comes from elsewhere.
         words += ["--from-wheels", f"/path/to/wheels-with-a-{row['cxx_abi']}-torch"]
+    elif toolkit is not None and not (had[:1].isdigit() and takes(had, toolkit)):
+        major = toolkit.split(".")[0]
+        words += ["--from-wheels", f"/path/to/wheels-with-a-torch-built-with-cuda-{toolkit}-or-a-later-{major}.x"]
     else:
         words += ["--from-pip", "--torch", f"torch=={row.get('pytorch', 'VERSION')}"]
     if "python" in row:

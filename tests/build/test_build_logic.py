@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -204,7 +205,7 @@ def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
     assert "--node-speed" not in built_line(BuiltPackage(pkg.path, "demo-ext", "0.1", "x_0", "linux-64", "pass"))
 
 
-def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path) -> None:
+def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compile of a flash-attn build reports units done and the time left while it runs, from
     rattler-build's log callback (it holds the GIL while building: no thread of ours would run),
     read from the log ninja appends to in the variant's work folder, which appears after the
@@ -232,6 +233,10 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path) ->
             temp = bld / "rattler-build_flash-attn_2" / "work" / "build" / "temp.linux-x86_64-cpython-312"
             temp.mkdir(parents=True)
             (temp / ".ninja_log").write_text(ninja_log_text(dict(list(per_unit.items())[:10]), 16, 0.8))
+            # One moment for every report: on a loaded machine a second passed between two
+            # reports, and the time left they said differed by it.
+            now = time.time()
+            monkeypatch.setattr(time, "time", lambda: now)
             sink.on_log(line)
             sink.on_log(line)  # the same estimate is not said twice
         sink.on_log(line)  # nor after the variant's build

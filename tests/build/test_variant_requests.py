@@ -77,7 +77,10 @@ def test_a_variant_file_asking_for_a_python_the_channel_lacks_is_refused(tmp_pat
     [
         ("python=3.12", "it has no python 3.12", "--from-pip --torch torch==2.14.1 --python /path/to/python3.12"),
         ("pytorch=2.7.1", "it has no pytorch 2.7.1", "--from-pip --torch torch==2.7.1 --python /path/to/python3.11"),
-        ("cuda_compiler_version=12.4", "it has no CUDA toolkit 12.4", "--cuda-home /usr/local/cuda-12.4"),
+        # The row's torch is a CUDA 13 build, which takes no 12.x toolkit: a torch built for it comes too.
+        ("cuda_compiler_version=12.4", "it has no CUDA toolkit 12.4",
+         "--from-wheels /path/to/wheels-with-a-torch-built-with-cuda-12.4-or-a-later-12.x --python /path/to/python3.11 "
+         "--cuda-home /usr/local/cuda-12.4"),
         ("cxx_abi=cxx98", "it has no C++ ABI cxx98", "--from-wheels /path/to/wheels-with-a-cxx98-torch"),
     ],
 )
@@ -90,6 +93,24 @@ def test_a_variant_override_the_channel_lacks_is_refused(tmp_path, one_python, c
     assert command in doc["fix"] and "--extra" not in doc["fix"]
     key = variant.split("=")[0]
     assert f"--variant {key}=" in doc["fix"]
+
+
+@pytest.mark.parametrize(("had", "asked", "same_torch"), [("12.4", "12.2", True), ("12.4", "12.4", True),
+                                                         ("12.4", "12.8", False), ("12.4", "13.0", False),
+                                                         ("13.0", "12.8", False), ("None", "13.0", False)])
+def test_the_mirror_command_for_a_toolkit_is_one_the_toolkit_rule_accepts(had, asked, same_torch):
+    """Suggesting --cuda-home 12.8 beside a CUDA 13 torch sent users to a mirror run that refuses it."""
+    from extforge.cuda_rule import takes
+    from extforge.variants import mirror_command
+
+    row = {"python": "3.11", "pytorch": "2.14.1", "cuda_compiler_version": had, "cxx_abi": "cxx11"}
+    words = shlex.split(mirror_command({"cuda_compiler_version": asked}, row, Path("/ch")))
+    assert words[words.index("--cuda-home") + 1] == f"/usr/local/cuda-{asked}"
+    assert ("--torch" in words and "torch==2.14.1" in words) is same_torch
+    if same_torch:  # the row's torch took its toolkit, so its CUDA takes the one asked for
+        assert takes(had, asked)
+    else:
+        assert words[words.index("--from-wheels") + 1].endswith(f"-cuda-{asked}-or-a-later-{asked.split('.')[0]}.x")
 
 
 def test_one_missing_value_of_several_is_refused_not_dropped(tmp_path, one_python, capsys):
@@ -254,7 +275,7 @@ def test_the_demo_echoes_commands_that_paste_back(tmp_path):
 
 @pytest.mark.parametrize(
     ("verdict", "shown"),
-    [("pass", "audit pass"), ("fail", "audit fail: run `extforge audit"), (None, "not audited (--no-audit)")],
+    [("pass", "audit pass"), ("fail", "audit fail, kept aside (not in the output channel): run `extforge audit"), (None, "not audited (--no-audit)")],
 )
 def test_build_prints_the_audit_verdict(tmp_path, verdict, shown):
     from extforge.build import BuiltPackage

@@ -74,8 +74,16 @@ def test_lock_install_twice_identical_and_verify(tiny_packages, http_root, tmp_p
     text = lock_path.read_text()
     assert "version: 7" in text and "https://conda.anaconda.org/internal/noarch/tiny-app-1.0-h0_0.conda" in text
     assert url not in text  # the lock names the channel, not this site's mirror of it
+    # pixi writes its implicit `default` environment even when the default feature is empty.
+    from rattler import LockFile
+
+    assert sorted(name for name, _ in LockFile.from_path(lock_path).environments()) == ["app", "default", "tiny-05"]
+    assert "  default:\n    channels:\n    - url: https://conda.anaconda.org/internal/\n    packages: {}\n" in text
+    with pytest.raises(ExtforgeError, match="'default' of .* has no packages") as empty:
+        _install(lock_path, "default", tmp_path / "envs" / "default")
+    assert "app, tiny-05" in empty.value.fix and not (tmp_path / "envs" / "default").exists()
     explicit = (lock_path.parent / "envs" / "app.explicit.txt").read_text().splitlines()
-    assert "@EXPLICIT" in explicit and sum(line.startswith("https://conda.anaconda.org/internal/") and "#" in line for line in explicit) == 3
+    assert explicit[1:3] == ["# platform: linux-64", "@EXPLICIT"] and sum(line.startswith("https://conda.anaconda.org/internal/") and "#" in line for line in explicit) == 3
     assert "tiny-app=1.0=h0_0" in (lock_path.parent / "envs" / "app.environment.yml").read_text()
 
     a, b = tmp_path / "envs" / "a", tmp_path / "envs" / "b"

@@ -48,7 +48,7 @@ def _workspace(tmp_path: Path, tiny_packages, *, a: str = "a", app: str = "*") -
 
 def _env_packages(lock_path: Path) -> dict[str, list[str]]:
     doc = YAML(typ="safe").load(lock_path.read_text())
-    return {name: sorted(p["conda"] for p in env["packages"]["linux-64"]) for name, env in doc["environments"].items()}
+    return {name: sorted(p["conda"] for p in env["packages"].get("linux-64", [])) for name, env in doc["environments"].items()}
 
 
 def _lock_cli(ws: Path, *args: str) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def test_lock_one_env_keeps_the_others(tiny_packages, tmp_path):
     lock(read_manifest(ws / "pixi.toml"), ws / "pixi.lock")
     before = _env_packages(ws / "pixi.lock")
     b_exports = {p.name: p.read_bytes() for p in (ws / "envs").glob("b.*")}
-    assert set(before) == {"a", "b"} and any("tiny-05" in u for u in before["b"])
+    assert set(before) == {"default", "a", "b"} and before["default"] == [] and any("tiny-05" in u for u in before["b"])
 
     _workspace(tmp_path, tiny_packages, app=">=1.0")  # a changes
     proc = _lock_cli(ws, "--env", "a")
@@ -74,6 +74,15 @@ def test_lock_one_env_keeps_the_others(tiny_packages, tmp_path):
     assert (tmp_path / "b" / "share" / "tiny-05" / "data.txt").is_file()
 
 
+def test_a_first_lock_of_one_env_holds_pixis_default_too(tiny_packages, tmp_path):
+    """pixi writes `default` into every lock; with an empty default feature it costs no solve."""
+    ws = _workspace(tmp_path, tiny_packages)
+    proc = _lock_cli(ws, "--env", "b")
+    assert proc.returncode == 0, proc.stderr
+    locked = _env_packages(ws / "pixi.lock")
+    assert set(locked) == {"default", "b"} and locked["default"] == []
+
+
 def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     ws = _workspace(tmp_path, tiny_packages)
     runs = [subprocess.Popen([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml"), *(["--env", "b"] if i % 2 else [])],
@@ -81,7 +90,7 @@ def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     for run in runs:
         _, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
-    assert set(_env_packages(ws / "pixi.lock")) == {"a", "b"}
+    assert set(_env_packages(ws / "pixi.lock")) == {"default", "a", "b"}
     assert _lock_cli(ws, "--check").returncode == 0
     assert [p.name for p in ws.rglob("*.tmp")] == []
     # A run waits while another holds the workspace's lock, then goes on.

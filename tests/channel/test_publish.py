@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,27 @@ def test_audit_gate_refuses_then_logs_the_override(tiny_packages, tmp_path):
     (entry,) = [json.loads(line) for line in (channel / LOG_NAME).read_text().splitlines()]
     assert entry["audit"] == "fail" and entry["audit_override"] == "fixture without ELF"
     assert entry["file"] == f"noarch/{pkg.name}"
+
+
+def test_a_built_package_that_fails_its_audit_is_kept_aside_out_of_the_output_channel(tiny_packages, tmp_path):
+    """rattler-build indexes its output folder as it builds: a package left there would be locked
+    and installed from a channel that `extforge build -o` made, its failed audit unseen."""
+    import shutil
+
+    from extforge.build import REJECTED_DIR, BuiltPackage, after_build
+    from extforge.channel.index import index_channel
+
+    out = tmp_path / "output"
+    (out / "noarch").mkdir(parents=True)
+    built = shutil.copy2(tiny_packages.distinct[4], out / "noarch")  # no ELF inside: the audit fails it
+    index_channel(out)
+    assert tiny_packages.distinct[4].name in (out / "noarch" / "repodata.json").read_text()
+    pkg = BuiltPackage(Path(built), "tiny-04", "1.0", "h0_0", "noarch")
+    after_build([pkg], [])
+    index_channel(out)
+    assert pkg.audit_verdict == "fail" and pkg.path == out / REJECTED_DIR / tiny_packages.distinct[4].name
+    assert pkg.path.is_file() and not (out / "noarch" / pkg.path.name).exists()
+    assert pkg.path.name not in (out / "noarch" / "repodata.json").read_text()
 
 
 def test_channel_kinds():

@@ -72,7 +72,7 @@ class SeedChannel:
 
 
 # What the seed part adds to the disk, per part, measured from an empty cache on the 2-core machine
-# with the seed tests alone (docs/benchmarks.md, "Cold test suite ... (2026-11-25, issue 27)"):
+# with the seed tests alone (docs/benchmarks-history.md, "Cold test suite ... (2026-11-25, issue 27)"):
 # free disk fell 48.9 GiB at the peak and the cache grew 48.8 GiB; the rows' wheels, mirror
 # packages and channel (mirror/ + channels/) peaked at 23.5 GiB, the rest of the cache (extracted
 # packages, demo-ext builds, the rows' envs) is the other 25.3 GiB; outside the cache the run held

@@ -90,8 +90,11 @@ class Manifest:
     deprecations: list[str] = field(default_factory=list)
 
     def env_names(self) -> list[str]:
+        """Every environment pixi writes into pixi.lock: `default` always (pixi adds it, the default
+        feature alone, even when that feature is empty; a lock reader may expect it), then the
+        manifest's own."""
         names = list(self.environments)
-        if DEFAULT_FEATURE not in names and self.features[DEFAULT_FEATURE].dependencies:
+        if DEFAULT_FEATURE not in names:
             names.insert(0, DEFAULT_FEATURE)
         return names
 

@@ -63,6 +63,13 @@ def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> lis
     if environment is None:
         names = [name for name, _ in lock_file.environments()]
         raise ExtforgeError(f"environment {env!r} is not in {lock_path}", f"it has: {', '.join(names)}", "pass one of those or re-run `extforge lock`")
+    if not environment.platforms():
+        others = sorted(name for name, e in lock_file.environments() if e.platforms())
+        raise ExtforgeError(
+            f"environment {env!r} of {lock_path} has no packages",
+            "its features list no dependencies (pixi locks such an environment all the same: `default` is always there)",
+            f"install one with packages ({', '.join(others) or 'none in this lock'}), or add dependencies to it and re-lock",
+        )
     # rattler wants the lock file's own platform object, not a new LockPlatform.
     owned = next((p for p in environment.platforms() if p.name == platform), None)
     records = environment.conda_repodata_records_for_platform(owned) if owned else None

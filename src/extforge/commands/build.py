@@ -64,7 +64,8 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
 def built_line(pkg: BuiltPackage) -> str:
     """The console line of one built package: its path and its audit verdict."""
     verdict = {None: "not audited (--no-audit)", "pass": "audit pass (stamped into the package)"}.get(
-        pkg.audit_verdict, f"audit {pkg.audit_verdict}: run `extforge audit {shlex.quote(str(pkg.path))}` for details")
+        pkg.audit_verdict, f"audit {pkg.audit_verdict}, kept aside (not in the output channel): "
+        f"run `extforge audit {shlex.quote(str(pkg.path))}` for details")
     speed = ("" if pkg.node_speed is None else f"\n  this machine compiled at {pkg.node_speed:.2f}x the planner's unit costs: "
              f"plan the next build here with `extforge plan --node-speed {pkg.node_speed}`")
     return f"built {pkg.path}; {verdict}{speed}"

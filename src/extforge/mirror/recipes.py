@@ -52,7 +52,7 @@ class PackageJob:
     def package_format(self) -> str:
         # A mirror channel is read from local disk, rarely shipped: zstd level 1 instead of
         # rattler-build's 15 (level 3 took 217 s instead of 597 s for torch + nvidia, +5% size;
-        # level 1 adds ~2% more, docs/benchmarks.md "Mirror phases of one row").
+        # level 1 adds ~2% more, docs/benchmarks-history.md "Mirror phases of one row").
         return "conda:1"
 
     def cache_key(self) -> str:

@@ -1,0 +1,127 @@
+"""bench/gpu_e2e, the GPU node pipeline: what its phases share through the work folder, and its
+pure parts, on any machine (the pipeline itself runs on a GPU node)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from gpu_e2e import builds, cli, node, phases, state
+
+
+def _options(work: Path, *argv: str) -> phases.Options:
+    args = cli.parser().parse_args([*argv, "--work", str(work), "--out", str(work / "out")])
+    return cli.options(args, state.Run(work, work / "out").state["options"])
+
+
+def _start(work: Path, *argv: str) -> phases.Options:
+    """What `start` remembers, without running it."""
+    o = _options(work, "start", *argv)
+    state.Run(work, work / "out").remember({k: getattr(o, k) for k in state.REMEMBERED})
+    return o
+
+
+def test_finish_takes_what_start_was_given(tmp_path):
+    """`finish --env fa3` after `start --fa3` locked without flash-attn-3 until --fa3 was given again."""
+    _start(tmp_path, "--fa3", "--archs", "80;90", "--head-dims", "128", "--python", "/node/python3")
+    o = _options(tmp_path, "finish", "--env", "fa3")
+    assert (o.fa3, o.archs, o.head_dims, o.python, o.env) == (True, "80;90", "128", "/node/python3", "fa3")
+    # Given again, an option wins; an option start never remembers keeps its own default.
+    o = _options(tmp_path, "finish", "--archs", "90")
+    assert (o.archs, o.fa3, o.env, o.rebuild) == ("90", True, "runtime", False)
+
+
+def test_a_new_start_forgets_the_last_runs_options(tmp_path):
+    _start(tmp_path, "--fa3", "--side-by-side")
+    o = _start(tmp_path)
+    assert (o.fa3, o.side_by_side, o.archs) == (False, False, "90")
+    assert _options(tmp_path, "wait").fa3 is False
+
+
+def test_merged_options_take_only_remembered_keys():
+    merged = state.merged_options({"archs": None, "fa3": None}, {"archs": "80", "env": "fa3", "fa3": True},
+                                  {"archs": "90", "fa3": False, "env": "runtime"})
+    assert merged == {"archs": "80", "fa3": True, "env": "runtime"}
+
+
+def test_phases_and_steps_are_recorded_and_summarized(tmp_path):
+    run = state.Run(tmp_path, tmp_path / "out")
+    run.begin("start")
+    run.step("say hello", [sys.executable, "-c", "print('hello')"])
+    with pytest.raises(state.StepFailed):
+        run.step("fail loudly", [sys.executable, "-c", "import sys; print('boom'); sys.exit(4)"])
+    run.fact("device", "H100")
+    run.end("stopped at 'fail loudly'")
+    again = state.Run(tmp_path, tmp_path / "out2")  # the next call, its output folder empty
+    assert [p["phase"] for p in again.state["phases"]] == ["start"] and again.has_step("say hello")
+    assert not again.ok()
+    again.save()
+    summary = (tmp_path / "out2" / "summary.md").read_text()
+    assert "- device: H100" in summary and "| fail loudly | FAILED (exit 4) |" in summary
+    assert "- start: " in summary and "stopped at 'fail loudly'" in summary and "boom" in summary
+    assert "**1 of 2 steps passed.**" in summary
+    assert json.loads((tmp_path / "out2" / "summary.json").read_text())["facts"] == {"device": "H100"}
+
+
+def test_a_state_written_before_phases_were_kept_still_loads(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({"started": "2026-11-26T10:00:00+00:00", "steps": [], "facts": {}}))
+    loaded = state.load_state(tmp_path / "state.json")
+    assert loaded["phases"] == [] and loaded["options"] == {}
+
+
+def test_a_chained_build_runs_from_the_snapshot_when_the_tree_is_gone(tmp_path):
+    """Run U's plain side, chained after the recipe build, failed with `can't open file
+    'bench/build_side_by_side.py'`: a later call had laid the synced tree anew."""
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    for part in builds.SNAPSHOT_PARTS:
+        (repo / part).mkdir(parents=True)
+    (repo / "bench" / "build_side_by_side.py").write_text("import sys; print('plain side', sys.argv[1:])\n")
+    (work / "logs").mkdir(parents=True)
+    tree = builds.snapshot(work, repo)
+    run = state.Run(work, work / "out")
+    script = phases.side_by_side_script(run)
+    assert Path(script).is_absolute() and Path(script).is_relative_to(tree)
+    line = builds.build_script(work, "plain-fa", [sys.executable, script, "--only", "plain"], tree, after=["build-fa"])
+    waiting = subprocess.Popen(["bash", "-c", line], cwd=repo)
+    shutil.rmtree(repo)  # laid anew: gone while the chained build waits
+    (work / "build-fa.done").write_text("0 1.0 2.0\n")
+    assert waiting.wait(timeout=30) == 0
+    rc, start, end = builds.parse_done((work / "plain-fa.done").read_text())
+    assert rc == 0 and end >= start
+    assert (work / "logs" / "plain-fa.log").read_text() == "plain side ['--only', 'plain']\n"
+
+
+def test_the_side_by_side_commands_read_only_the_work_folder(tmp_path):
+    o = _start(tmp_path, "--side-by-side", "--python", "/node/python3")
+    run = state.Run(tmp_path, tmp_path / "out")
+    for cmd in (phases.plain_build_cmd(run, o, ["--jobs", "8"]), phases.fa_build_cmd(run, o, settings=["--jobs", "8"])):
+        assert cmd[1] == str(tmp_path / "tree" / "bench" / "build_side_by_side.py")
+        assert cmd[2] == str(phases.sdist(tmp_path)) and cmd[2].startswith(str(tmp_path))
+    plain = phases.fa_build_cmd(run, o)
+    assert plain[:4] == ["/node/python3", "-m", "extforge", "build"] and "flash_attn_cuda_archs=90" in plain
+
+
+def test_node_words_and_cpu_halves():
+    smi = "NVIDIA H100 80GB HBM3, 9.0, 580.65.06, 81559 MiB"
+    assert node.describe_node(smi, 16, 125.9) == "an H100 node (16 cores, 126 GiB, no network)"
+    assert node.describe_node("\n".join([smi] * 2), 32, 251.0).startswith("a node with two H100s (32 cores")
+    assert node.describe_node("none", 2, 7.6) == "a GPU node (2 cores, 8 GiB, no network)"
+    # Hyperthread siblings stay together, sockets in order.
+    cores = {(0, 0): [0, 4], (0, 1): [1, 5], (1, 0): [2, 6], (1, 1): [3, 7]}
+    assert node.halves(cores) == ([0, 4, 1, 5], [2, 6, 3, 7])
+    assert node.halves({(0, 0): [0, 1]}) is None
+    assert node.cpu_list([8, 0, 1, 2, 3]) == "0-3,8"
+    assert node.sm_archs("80;90") == "sm_80,sm_90"
+    assert node.planned('note: x\n{"plan": {"max_jobs": 8}}') == {"max_jobs": 8}
+
+
+def test_progress_reads_ninjas_last_count():
+    assert builds.progress_line("build-fa", "[1/73] a\n[12/73] b\n") == "build-fa: 12/73 compile steps"
+    assert builds.progress_line("build-fa", "solving") == "build-fa: preparing"

@@ -1,0 +1,75 @@
+"""The README's figures come from docs/benchmarks.md, whose every row says when, where and which
+run measured it (the page of current figures; the run-by-run history is benchmarks-history.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+NUMBER = r"~?\d+(?:\.\d+)?"
+# A figure: a number with its unit ("1.239x", "~19 min 5 s", "1400-1514 s", "58 GiB", "4%").
+FIGURE = re.compile(rf"(?<![\w.]){NUMBER} min \d+ s\b|(?<![\w.]){NUMBER}(?:-{NUMBER})? ?(?:x|×|%|s|ms|min|GiB|GB|MiB|MB|KiB|TFLOP/s)(?!\w)")
+# Numbers with a unit that the README uses as settings or examples, not as results.
+NOT_MEASURED = {
+    "1 MiB",  # `extforge explain` reads the last 1 MiB of a log
+    "~3 min 17 s",  # a line `extforge build` prints, shown as an example
+}
+
+
+def figures(text: str) -> set[str]:
+    return {m.group(0).replace("×", "x") for m in FIGURE.finditer(" ".join(text.split()))}
+
+
+def test_the_readme_quotes_only_figures_the_benchmarks_page_holds():
+    readme = figures((REPO / "README.md").read_text())
+    page = figures((DOCS / "benchmarks.md").read_text())
+    assert readme, "no figure found in the README: the pattern is broken"
+    missing = sorted(readme - page - NOT_MEASURED)
+    assert not missing, f"README figures docs/benchmarks.md does not hold (update the README from the page): {missing}"
+
+
+def test_figures_are_found_as_the_readme_writes_them():
+    assert figures("~19 min 5 s on 32 cores, 1.239x SDPA, 1400-1514 s, under 1 s, 58 GiB, within 4%") == {
+        "~19 min 5 s", "1.239x", "1400-1514 s", "1 s", "58 GiB", "4%"}
+    # Not figures: versions, archs, build strings, a number inside a word.
+    assert figures("python 3.12, sm_90, cuda130_torch211, b4 s4096 h16 d128, x86_64, 0.51 s") == {"0.51 s"}
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings (a repeated heading gets -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in markdown.splitlines():
+        if m := re.match(r"^#+ (.*)", line):
+            anchor = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(anchor, 0)
+            seen[anchor] = n + 1
+            out.add(anchor if n == 0 else f"{anchor}-{n}")
+    return out
+
+
+def test_every_current_figure_has_its_date_machine_and_run():
+    page = (DOCS / "benchmarks.md").read_text()
+    rows, in_table = [], False
+    for line in page.splitlines():
+        # The tables of figures; the page's other tables (a profile) explain one of their rows.
+        in_table = line.startswith("| figure | value | date | machine | run |") or (in_table and line.startswith("|"))
+        if in_table and not line.startswith(("| figure |", "|---")):
+            rows.append(line)
+    assert len(rows) > 20
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 5, row
+        figure, value, date, machine, run = cells
+        assert figure and value and machine, row
+        assert re.fullmatch(r"2\d{3}-\d\d-\d\d", date), row
+        links = re.findall(r"\]\(([^)]+)\)", run)
+        assert links or re.search(r"\bcommits? [0-9a-f]{7}", run) or "issue" in run, row
+        for link in links:
+            target, _, anchor = link.partition("#")
+            path = (DOCS / (target or "benchmarks.md")).resolve()
+            assert path.is_file(), (row, link)
+            if anchor:
+                assert anchor in _anchors(path.read_text()), (row, link)
