@@ -15,6 +15,7 @@ FIGURE = re.compile(rf"(?<![\w.]){NUMBER} min \d+ s\b|(?<![\w.]){NUMBER}(?:-{NUM
 NOT_MEASURED = {
     "1 MiB",  # `extforge explain` reads the last 1 MiB of a log
     "~3 min 17 s",  # a line `extforge build` prints, shown as an example
+    "4.4 GiB", "3.4 GiB",  # the planner's per-job estimate for a recipe it has no costs for (a setting)
 }
 
 
