@@ -231,8 +231,7 @@ def _download_switch(values: dict[str, str], ctx: Context) -> dict[str, str]:
     """The package whose prebuilt wheel the log names, and its switch (build_layer's data)."""
     switch = switch_for(" ".join(values.get(k, "") for k in ("url", "wheel", "path")))
     if switch is None:
-        return {"package": "the package", "switch": "its *_FORCE_BUILD switch",  # said as "... unset"
-                "assignment": "its *_FORCE_BUILD switch is TRUE"}
+        return {"package": "<package>", "switch": "<PACKAGE>_FORCE_BUILD", "assignment": "<PACKAGE>_FORCE_BUILD=TRUE"}
     return {"package": switch.package, "switch": next(iter(switch.values)),
             "assignment": switch.assignment(), "variant": "known-switch"}
 
