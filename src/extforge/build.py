@@ -359,6 +359,10 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     # rattler-build starts build scripts with a clean environment: the layer reads these from a file.
     layer_settings = {k: v for k, v in env.items() if k != "CONDA_OVERRIDE_CUDA"}
     uses_layer = build_layer.uses_layer(recipe_file.read_text())
+    if not uses_layer and build_layer.builds_torch_extension(recipe_file.read_text()):
+        log.warning("%s compiles against torch without %s in its build requirements: its build may download, "
+                    "compile other GPU archs than its variant's, or pick its own C++ standard; add the package "
+                    "(every `extforge mirror` channel has it) to requirements.build", recipe_file, build_layer.LAYER_PACKAGE)
     with log_file.open("w") as fh, environment(env), stopping.stoppable() as stop:
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = engine.LogSink(fh, on_step)

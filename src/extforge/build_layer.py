@@ -8,7 +8,7 @@ build record. What `extforge build` decides for one variant (the planner's job c
 compile cache) reaches the activation through a settings file beside rattler-build's work
 folders: rattler-build starts build scripts with a clean environment.
 
-Public API: LAYER_PACKAGE, layer_files(), switches(), switch_for(text), uses_layer(text),
+Public API: LAYER_PACKAGE, layer_files(), switches(), switch_for(text), uses_layer(text), builds_torch_extension(text),
 write_settings(output_dir, values).
 """
 
@@ -89,6 +89,11 @@ LISTED = re.compile(rf"^\s*-\s*{re.escape(LAYER_PACKAGE)}\b", re.M)
 def uses_layer(recipe_text: str) -> bool:
     """Whether a recipe lists the layer package (in its build requirements)."""
     return bool(LISTED.search(recipe_text))
+
+
+def builds_torch_extension(recipe_text: str) -> bool:
+    """Whether a recipe compiles CUDA against torch (the recipes the layer is for)."""
+    return "compiler('cuda')" in recipe_text.replace('"', "'") and re.search(r"^\s*-\s*pytorch\b", recipe_text, re.M) is not None
 
 
 def settings_text(values: Mapping[str, str]) -> str:

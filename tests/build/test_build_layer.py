@@ -184,3 +184,12 @@ def test_sigterm_stops_a_running_build_at_once_and_says_stopped(tmp_path: Path) 
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "build stopped by SIGTERM" in err and "out of memory" not in err
     assert not subprocess.run(["pgrep", "-f", "sleep 299.5"], capture_output=True).stdout
+
+
+def test_a_torch_extension_recipe_without_the_layer_is_told_so() -> None:
+    recipes = Path(__file__).resolve().parents[2] / "recipe"
+    for name in ("demo-ext", "causal-conv1d", "mamba-ssm", "torch-scatter", "flash-attn", "flash-attn-3"):
+        text = (recipes / name / "recipe.yaml").read_text()
+        assert build_layer.builds_torch_extension(text) and build_layer.uses_layer(text), name
+    bare = (recipes / "demo-ext" / "recipe.yaml").read_text().replace("    - extforge-torch-build\n", "")
+    assert build_layer.builds_torch_extension(bare) and not build_layer.uses_layer(bare)
