@@ -64,10 +64,12 @@ def step(title: str, *, quiet: bool = False) -> Iterator[dict[str, float]]:
         console.print(f"[bold]→[/bold] {title} …")
     try:
         yield timing
-    except BaseException:
+    except BaseException as exc:
         timing["seconds"] = time.monotonic() - start
         if not quiet:
-            console.print(f"[red]✗[/red] {title} failed after {timing['seconds']:.1f} s")
+            # A stop signal's error exits 128 + the signal: the step was stopped, it did not fail.
+            verb = "stopped" if getattr(exc, "exit_code", 0) > 128 or isinstance(exc, KeyboardInterrupt) else "failed"
+            console.print(f"[red]✗[/red] {title} {verb} after {timing['seconds']:.1f} s")
         raise
     timing["seconds"] = time.monotonic() - start
     if not quiet:
