@@ -126,16 +126,21 @@ def test_settings_reach_the_build_as_a_file_only_its_owner_writes(tmp_path: Path
     assert out.stdout.strip() == "3|/a dir/with 'quotes'"
 
 
-def _tiny_recipe(folder: Path, setup_py: str, *, layer: bool, script: str) -> Path:
-    folder.mkdir()
-    (folder / "src").mkdir()
+COMPILERS = "    - ${{ compiler('c') }}\n    - ${{ compiler('cxx') }}\n    - ${{ compiler('cuda') }}\n"
+
+
+def _tiny_recipe(folder: Path, setup_py: str, *, script: str, name: str = "net-probe", compilers: str = "",
+                 files: dict[str, str] | None = None) -> Path:
+    """A recipe that lists the layer, with torch in its host env."""
+    (folder / "src").mkdir(parents=True)
     (folder / "src" / "setup.py").write_text(setup_py)
-    build_deps = "    - extforge-torch-build\n" if layer else ""
-    host = "    - python\n    - pip\n    - setuptools\n    - pytorch\n" if layer else ""
+    for rel, text in (files or {}).items():
+        (folder / "src" / rel).write_text(text)
     (folder / "recipe.yaml").write_text(
-        "schema_version: 1\npackage: {name: net-probe, version: '1.0'}\nsource: {path: src}\n"
+        f"schema_version: 1\npackage: {{name: {name}, version: '1.0'}}\nsource: {{path: src}}\n"
         f"build:\n  script:\n    env:\n      TORCH_CUDA_ARCH_LIST: '9.0'\n    content: {script}\n"
-        f"requirements:\n  build:\n{build_deps or '    []'}\n  host:\n{host or '    []'}\n")
+        f"requirements:\n  build:\n{compilers}    - extforge-torch-build\n"
+        "  host:\n    - python\n    - pip\n    - setuptools\n    - pytorch\n")
     return folder
 
 
@@ -149,7 +154,7 @@ def test_a_build_that_tries_to_download_fails_in_the_build(tmp_path: Path, mirro
         "print('Guessing wheel URL: ', url)\n"
         "try:\n    urllib.request.urlretrieve(url, 'w.whl')\n"
         "except urllib.error.URLError:\n    print('Precompiled wheel not found. Building from source...')\n"),
-        layer=True, script="${{ PYTHON }} setup.py")
+        script="${{ PYTHON }} setup.py")
     with pytest.raises(ExtforgeError) as err:
         build_recipe(BuildOptions.make(recipe, [str(mirror_channel)], tmp_path / "out", test=False, audit=False))
     text = err.value.render()
@@ -157,6 +162,25 @@ def test_a_build_that_tries_to_download_fails_in_the_build(tmp_path: Path, mirro
     log = next((tmp_path / "out" / "logs").glob("net-probe-*.log")).read_text()
     assert "network access during a build is refused: github.com from setup.py:5" in log
     assert "Building from source" not in log
+
+
+@pytest.mark.slow
+def test_torchs_build_without_ninja_gets_the_variants_archs_too(tmp_path: Path, mirror_channel: Path) -> None:
+    # torch-scatter's shape: setuptools compiling one unit at a time (no ninja), which runs
+    # $CUDA_HOME/bin/nvcc instead of PYTORCH_NVCC; upstream's own arch list and --threads beside it.
+    recipe = _tiny_recipe(tmp_path / "plain-ext", (
+        "from setuptools import setup\nfrom torch.utils.cpp_extension import BuildExtension, CUDAExtension\n"
+        "setup(name='plain-ext', version='1.0', cmdclass={'build_ext': BuildExtension.with_options(use_ninja=False)},\n"
+        "      ext_modules=[CUDAExtension('plain_ext', ['k.cu'], extra_compile_args={'cxx': [], 'nvcc': [\n"
+        "          '-gencode', 'arch=compute_75,code=sm_75', '--threads', '4']})])\n"),
+        name="plain-ext", compilers=COMPILERS, script="${{ PYTHON }} -m pip install . --no-deps --no-build-isolation -v",
+        files={"k.cu": "#include <Python.h>\n" + KERNEL + "static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "
+               "\"plain_ext\", nullptr, -1, nullptr};\nPyMODINIT_FUNC PyInit_plain_ext(void) { return PyModule_Create(&mod); }\n"})
+    (built,) = build_recipe(BuildOptions.make(recipe, [str(mirror_channel)], tmp_path / "out", test=False))
+    # The audit holds the package to its build record's exact list: an sm_75 cubin would fail it.
+    assert built.audit_verdict == "pass", built
+    log = next((tmp_path / "out" / "logs").glob("plain-ext-*.log")).read_text()
+    assert "replaced in upstream's compile lines: arch: -gencode arch=compute_75,code=sm_75; threads: --threads 4" in log
 
 
 @pytest.mark.slow

@@ -77,8 +77,21 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     [[ -x "${EXTFORGE_REAL_NVCC}" ]] || _xf_fail "no nvcc in the build env; list \${{ compiler('cuda') }} in the recipe's build requirements"
     export EXTFORGE_REAL_NVCC EXTFORGE_REWRITES_LOG="${_xf_state}/rewrites.log"
     : > "${EXTFORGE_REWRITES_LOG}"
-    # torch.utils.cpp_extension runs PYTORCH_NVCC; CMake's CUDA language runs CUDACXX.
+    # torch.utils.cpp_extension runs PYTORCH_NVCC; CMake's CUDA language runs CUDACXX; torch's
+    # setuptools path without ninja (torch-scatter) runs $CUDA_HOME/bin/nvcc; a script, plain nvcc.
     export PYTORCH_NVCC="${BUILD_PREFIX}/bin/extforge-nvcc" CUDACXX="${BUILD_PREFIX}/bin/extforge-nvcc"
+    ln -sfn "${BUILD_PREFIX}/bin/extforge-nvcc" "${_xf_state}/bin/nvcc"
+    export PATH="${_xf_state}/bin:${PATH}"
+    if [[ -n "${CUDA_HOME:-}" && -d "${CUDA_HOME}/bin" ]]; then
+        # A CUDA_HOME of links to the real one, but bin/nvcc: the wrapper.
+        mkdir -p "${_xf_state}/cuda/bin"
+        for _xf_e in "${CUDA_HOME}"/*; do
+            [[ "$(basename "${_xf_e}")" == bin ]] || ln -sfn "${_xf_e}" "${_xf_state}/cuda/"
+        done
+        for _xf_e in "${CUDA_HOME}"/bin/*; do ln -sfn "${_xf_e}" "${_xf_state}/cuda/bin/"; done
+        ln -sfn "${BUILD_PREFIX}/bin/extforge-nvcc" "${_xf_state}/cuda/bin/nvcc"
+        export CUDA_HOME="${_xf_state}/cuda" CUDA_PATH="${_xf_state}/cuda"
+    fi
     # torch >= 2.14 would prepend a ccache/sccache found on PATH by itself; only extforge decides.
     export TORCH_NO_COMPILER_WRAPPER=1
     if [[ -n "${CXX:-}" ]]; then
