@@ -268,8 +268,11 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
             aside = pkg.path.parent.parent / REJECTED_DIR
             aside.mkdir(exist_ok=True)
             pkg.path = pkg.path.replace(aside / pkg.path.name)
-            log.warning("audit of %s: %s; kept aside in %s, not in the channel (run `extforge audit %s` for details)",
-                        pkg.path.name, report.verdict, aside, pkg.path)
+            first = next((f for f in report.findings if f.severity == "error"), None)
+            against = f" --channel {shlex.quote(channels[0])}" if channels else ""
+            log.warning("audit of %s: %s%s; kept aside in %s, not in the channel (every finding: `extforge audit %s%s`)",
+                        pkg.path.name, report.verdict, f": {first.message} (fix: {first.fix})" if first else "", aside,
+                        shlex.quote(str(pkg.path)), against)
 
 
 def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:

@@ -338,7 +338,9 @@ def import_names(facts: SdistFacts) -> tuple[list[str], list[str]]:
         undecided.append("no top-level Python package found: tests.python.imports lists the extension modules only")
     if setup and not exts:
         undecided.append("setup.py declares no CUDAExtension/CppExtension that could be read: "
-                         "add the compiled modules to tests.python.imports")
+                         "add the compiled modules to tests.python.imports, or, where they are torch op libraries "
+                         "that the package loads with torch.ops.load_library (not importable), a script test "
+                         "that calls one of their ops through torch.ops")
     return list(dict.fromkeys([*tops, *exts])), undecided
 
 

@@ -139,6 +139,21 @@ def test_python_without_extension_module_is_refused(tmp_path):
     assert "Python code but no extension module" in finding.cause
 
 
+def test_a_torch_op_library_beside_the_python_code_is_the_compiled_part(elfs, tmp_path):
+    # torch-scatter's shape: `_scatter_cuda.so` (no Python ABI tag; torch.ops.load_library loads
+    # it) inside the package. The same library installed outside site-packages is still refused.
+    good = elfs["good"].read_bytes()
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "outside").mkdir()
+    beside = make_conda(tmp_path / "beside", "greeter", {"lib/python3.11/site-packages/greeter/__init__.py": b"",
+                                                        "lib/python3.11/site-packages/greeter/_ops_cuda.so": good}, [])
+    assert not [f for f in audit_target(beside, against=elfs["v1"]).errors if f.check == "packaging"]
+    outside = make_conda(tmp_path / "outside", "greeter", {"lib/python3.11/site-packages/greeter/__init__.py": b"",
+                                                          "lib/libgreeter_ops.so": good}, [])
+    (finding,) = [f for f in audit_target(outside, against=elfs["v1"]).errors if f.check == "packaging"]
+    assert "no compiled module beside them" in finding.message and "torch.ops.load_library" in finding.fix
+
+
 def test_pure_python_wheel_is_refused(tmp_path):
     wheel = tmp_path / "flash_attn-2.8.3-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:

@@ -215,6 +215,13 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
     return payload
 
 
+def beside_python_code(payload: Payload) -> list[Path]:
+    """Shared objects inside an installed Python package (`*-packages/<pkg>/...so`): extension
+    modules, or torch op libraries a package loads with torch.ops.load_library (torch-scatter's
+    `_scatter_cuda.so` has no Python ABI tag in its name and is no importable module)."""
+    return [p for p in payload.elf_files if any(part.endswith("-packages") for part in Path(payload.relative(p)).parts[:-2])]
+
+
 def packaging_findings(payload: Payload) -> list[Finding]:
     """A CUDA extension package must carry compiled code where its Python expects it."""
     findings: list[Finding] = []
@@ -233,11 +240,13 @@ def packaging_findings(payload: Payload) -> list[Finding]:
             cause="ships Python code but no extension module" if payload.python_files else "the package is empty",
             fix="check that the build compiled the extension and installed it into the package",
         ))
-    elif payload.python_files and not payload.extension_modules and payload.kind in ("conda", "wheel"):
+    elif payload.python_files and not payload.extension_modules and not beside_python_code(payload) \
+            and payload.kind in ("conda", "wheel"):
         findings.append(Finding(
             "error", "packaging",
-            f"{payload.source.name} ships {payload.python_files} Python file(s) but no Python extension module",
+            f"{payload.source.name} ships {payload.python_files} Python file(s) but no compiled module beside them",
             cause="the extension module was not built or was installed outside the package",
-            fix="check the build script installs the compiled *.cpython-*.so next to its Python code",
+            fix="check the build script installs the compiled *.cpython-*.so (or the torch op library that "
+                "torch.ops.load_library loads) next to its Python code",
         ))
     return findings
