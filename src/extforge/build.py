@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, stopping
+from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, stopping
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -265,9 +265,11 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
         stamp_package(pkg.path, report.to_stamp(pkg.path))
         pkg.audit_verdict = report.verdict
         if not report.ok:
-            aside = pkg.path.parent.parent / REJECTED_DIR
-            aside.mkdir(exist_ok=True)
-            pkg.path = pkg.path.replace(aside / pkg.path.name)
+            output = pkg.path.parent.parent
+            aside = output / REJECTED_DIR
+            safe_files.make_dirs(aside, beneath=output)
+            safe_files.rename(pkg.path, aside / pkg.path.name, beneath=output)
+            pkg.path = aside / pkg.path.name
             first = next((f for f in report.findings if f.severity == "error"), None)
             against = f" --channel {shlex.quote(channels[0])}" if channels else ""
             log.warning("audit of %s: %s%s; kept aside in %s, not in the channel (every finding: `extforge audit %s%s`)",
@@ -400,6 +402,9 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 fh.write(f"error: {engine.engine_message(exc)}\n{failure.render()}\n")
                 fh.flush()
                 raise failure from exc
+            finally:
+                # Read once, by this variant's activation: nothing of the build stays behind.
+                safe_files.remove_quietly(bld / build_layer.SETTINGS_FILE, beneath=output_dir)
             packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform)
                         for p in result.packages]
             for pkg in packages:

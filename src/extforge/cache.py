@@ -43,6 +43,7 @@ AREAS = (
     Area("sources", "sources/sha256", "recipe sources, by sha256"),
     Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
     Area("mirror-work", "mirror/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
+    Area("unit-costs", "unit-costs", "compile costs learned from this machine's builds, per recipe and version (the planner's)"),
     Area("channels", "channels", "channels kept under the cache (scripts/demo's mirror)"),
     Area("audit-torch", "audit-torch", "unpacked torch wheels the test suite and the audit bench audit against"),
     Area("test-tools", "tools", "tools the test suite installs once (conda-lock's environment)"),
