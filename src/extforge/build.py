@@ -352,7 +352,8 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
-    env = build_environment(recipe_file.read_text(), urls, merged, options.profile or recipe_file.parent.name)
+    recipe_text = recipe_file.read_text()
+    env = build_environment(recipe_text, urls, merged, options.profile or recipe_file.parent.name)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env, recipe_file, matrix)
     log_dir = output_dir / "logs"
@@ -363,8 +364,8 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     built: list[BuiltPackage] = []
     # rattler-build starts build scripts with a clean environment: the layer reads these from a file.
     layer_settings = {k: v for k, v in env.items() if k != "CONDA_OVERRIDE_CUDA"}
-    uses_layer = build_layer.uses_layer(recipe_file.read_text())
-    if not uses_layer and build_layer.builds_torch_extension(recipe_file.read_text()):
+    uses_layer = build_layer.uses_layer(recipe_text)
+    if not uses_layer and build_layer.builds_torch_extension(recipe_text):
         log.warning("%s compiles against torch without %s in its build requirements: its build may download, "
                     "compile other GPU archs than its variant's, or pick its own C++ standard; add the package "
                     "(every `extforge mirror` channel has it) to requirements.build", recipe_file, build_layer.LAYER_PACKAGE)
