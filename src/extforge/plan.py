@@ -32,6 +32,14 @@ class BuildProfile:
     seconds_per_unit_arch: float
     link_seconds: float
     calibration: tuple[float, int, int] | None = None  # (wall seconds, jobs, archs) of a measured build
+    # Each unit compiles for one arch of its own (FA3's `_sm80.cu` and `_sm90.cu` files): the unit
+    # count already holds every arch's units, so more archs add no work per unit and nvcc
+    # --threads has nothing to run in parallel.
+    one_arch_per_unit: bool = False
+
+    def work_archs(self, archs: Sequence[str]) -> int:
+        """How many archs one unit compiles for when the build targets `archs`."""
+        return 1 if self.one_arch_per_unit else max(1, len(archs))
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ def load_profiles() -> dict[str, BuildProfile]:
             link_seconds=float(d["link_seconds"]),
             calibration=(float(d["calibration"]["wall_seconds"]), int(d["calibration"]["jobs"]),
                          int(d["calibration"]["archs"])) if d.get("calibration") else None,
+            one_arch_per_unit=bool(d.get("one_arch_per_unit", False)),
         )
         for name, d in data.items()
     }
@@ -195,7 +204,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         # Without a unit count, as many units as the machine can run at once: one wave.
         p = replace(p, translation_units=machine.cores)
     archs = tuple(archs) or DEFAULT_ARCHS
-    n_archs = len(archs)
+    n_archs = p.work_archs(archs)
     limit = machine.memory_bytes - headroom_bytes(machine.memory_bytes)
     candidates = []
     for threads in range(1, n_archs + 1):
@@ -239,10 +248,10 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         f"memory limit {limit / GIB:.1f} GiB = memory - {headroom_bytes(machine.memory_bytes) / GIB:.1f} GiB "
         "headroom for the link and the OS",
         f"one nvcc job peaks at ~{job_peak_bytes(p, threads, n_archs) / GIB:.1f} GiB "
-        f"({profile}, {n_archs} arch(s), {threads} nvcc thread(s))",
+        f"({profile}, {n_archs} arch(s) per unit, {threads} nvcc thread(s))",
         (f"{p.translation_units} translation units" if numbers.units_known else
          "unit count unknown, taken as one wave over the job slots") +
-        f" x {n_archs} arch(s) x ~{p.seconds_per_unit_arch:.0f} s"
+        f" x {n_archs} arch(s) per unit x ~{p.seconds_per_unit_arch:.0f} s"
         if not costs else
         f"{len(per_unit)} translation units, per-unit costs "
         f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
@@ -281,7 +290,7 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     costs = numbers.costs
     if not costs or not costs.concurrency:
         return None
-    expected = unit_seconds(numbers.profile, costs, len(archs) or 1, max(1, threads))
+    expected = unit_seconds(numbers.profile, costs, numbers.profile.work_archs(archs), max(1, threads))
     edges = unit_costs.parse_ninja_log(ninja_log)
     split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
     try:

@@ -140,3 +140,12 @@ def test_the_plan_shows_the_wall_time_over_the_measured_nodes(capsys: pytest.Cap
     assert main(["plan", "--cores", "16", "--memory", "125.9G", "--archs", "90"]) == 0
     shown = capsys.readouterr()
     assert "on the nodes measured so far" in shown.out + shown.err
+
+
+def test_fa3_units_compile_for_one_arch_each_whatever_the_variant_names() -> None:
+    """FA3's sm80 kernels are files of their own: naming sm_80 beside sm_90 adds no work per unit,
+    while flash-attn compiles every unit once per arch (two nvcc threads pay off there)."""
+    one, two = (plan_build(node(64, 512), "flash-attn-3", archs) for archs in (("90",), ("80", "90")))
+    assert (two.max_jobs, two.nvcc_threads, two.expected_wall_seconds) == (one.max_jobs, 1, one.expected_wall_seconds)
+    assert any("1 arch(s) per unit" in r for r in two.reasons)
+    assert plan_build(node(64, 512), "flash-attn", ("80", "90")).nvcc_threads == 2
