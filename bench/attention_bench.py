@@ -25,7 +25,9 @@ device, no flash_attn, or no kernels for the reference head dim); 1 is a crash, 
 Where the flash-attn-3 package is installed (`flash_attn_interface`), FlashAttention-3 is timed in
 the same run, and its goal on the reference case is judged too: FA3/SDPA >= 1.15 forward and
 >= 1.10 forward+backward (what a hand build of upstream's hopper/setup.py reached on an H100:
-665/572 forward, 502/445 forward+backward); a miss is exit code 3 as well.
+665/572 forward, 502/445 forward+backward); a miss is exit code 3 as well. Where that build has
+fp8 kernels, FA3's fp8 (e4m3) forward is timed on the reference case beside SDPA's bf16 forward
+(`fa3 fp8/sdpa ratio`): reported, not judged.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ REFERENCE_RATIO = REFERENCE_FLASH_TFLOPS / REFERENCE_SDPA_TFLOPS
 RATIO_TOLERANCE = 0.03
 IMPLS = ("flash_attn", "sdpa")
 FA3 = "fa3"
+FA3_FP8 = "fa3_fp8"
 # FlashAttention-3 over SDPA on the reference case, per mode, that the package must reach.
 FA3_GOALS = {"fwd": 1.15, "fwd_bwd": 1.10}
 MODES = ("fwd", "fwd_bwd")
@@ -99,6 +102,12 @@ def built_head_dims() -> tuple[int, ...] | None:
     return None if built is None else tuple(sorted(built))
 
 
+def fa3_has_fp8() -> bool:
+    """Whether the installed FlashAttention-3 build has fp8 kernels (its build record's dtypes)."""
+    record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn-3.json"
+    return record.is_file() and "fp8" in json.loads(record.read_text())["subset"]["dtypes"]
+
+
 def built_cases() -> tuple[Case, ...]:
     built = built_head_dims()
     return CASES if built is None else tuple(c for c in CASES if c.headdim in built)
@@ -142,8 +151,10 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
         for mode, goal in FA3_GOALS.items():
             got = find(timings, REFERENCE_CASE, FA3, mode).tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
             fa3[mode] = {"ratio": got, "goal": goal, "met": got >= goal}
+    fp8 = [t for t in timings if t.impl == FA3_FP8 and t.case == REFERENCE_CASE]
     return {
         "fa3": fa3,
+        "fa3_fp8_sdpa_ratio": fp8[0].tflops / sdpa if fp8 else None,
         "case": REFERENCE_CASE.label,
         "flash_attn_tflops": flash,
         "sdpa_tflops": sdpa,
@@ -230,7 +241,14 @@ def render_docs(report: dict[str, Any]) -> list[str]:
             f"- fa3/sdpa fwd+bwd ratio: {fa3['fwd_bwd']['ratio']:.3f} (goal >= {fa3['fwd_bwd']['goal']:.2f}: "
             f"{'met' if fa3['fwd_bwd']['met'] else 'NOT met'})",
         ]
+    if verdict.get("fa3_fp8_sdpa_ratio") is not None:
+        lines.append(f"- {fp8_sentence(verdict)}")
     return lines
+
+
+def fp8_sentence(verdict: dict[str, Any]) -> str:
+    return (f"fa3 fp8/sdpa ratio: {verdict['fa3_fp8_sdpa_ratio']:.3f} (FA3's e4m3 forward against SDPA's bf16 "
+            "forward; reported, no goal)")
 
 
 def _time_interleaved(calls: dict[str, Any], *, reps: int, warmup: int, rounds: int) -> dict[str, float]:
@@ -298,6 +316,22 @@ def measure(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUN
     return [Timing(case, impl, mode, ms[impl], tflops(case, mode, ms[impl])) for impl in calls for mode, ms in per_mode.items()]
 
 
+def measure_fp8(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUNDS) -> list[Timing]:
+    """FA3's fp8 (e4m3) forward, interleaved with SDPA's bf16 forward on the same case: the
+    speed an inference site gets from the fp8 kernels. Inputs are the bf16 ones cast down, with
+    no descale factors (the kernels' default of 1)."""
+    import torch
+    import torch.nn.functional as F
+
+    fa3 = fa3_func()
+    bshd, bhsd = _inputs(case)
+    fp8 = [x.detach().to(torch.float8_e4m3fn) for x in bshd]
+    with torch.no_grad():
+        ms = _time_interleaved({"sdpa": lambda: F.scaled_dot_product_attention(*bhsd, is_causal=case.causal),
+                                FA3_FP8: lambda: fa3(*fp8, causal=case.causal)}, reps=reps, warmup=warmup, rounds=rounds)
+    return [Timing(case, FA3_FP8, "fwd", ms[FA3_FP8], tflops(case, "fwd", ms[FA3_FP8]))]
+
+
 def fa3_func():
     """FlashAttention-3's flash_attn_func where the flash-attn-3 package is installed, else None."""
     import importlib.util
@@ -349,6 +383,8 @@ def _environment() -> dict[str, Any]:
 
 def run(*, reps: int) -> dict[str, Any]:
     timings = [t for case in built_cases() for t in measure(case, reps=reps)]
+    if fa3_func() is not None and fa3_has_fp8():
+        timings += measure_fp8(REFERENCE_CASE, reps=reps)
     env = _environment()
     env["sdpa_kernels"] = _sdpa_kernels(REFERENCE_CASE)
     return {
@@ -393,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode, fa3 in verdict["fa3"].items():
         print(f"FlashAttention-3 / SDPA, {mode}: {fa3['ratio']:.3f} (goal >= {fa3['goal']:.2f}: "
               + ("met)" if fa3["met"] else "NOT met)"))
+    if verdict["fa3_fp8_sdpa_ratio"] is not None:
+        print(fp8_sentence(verdict))
     if args.write_docs:
         append_section(render_docs(report))
     judged = verdict["within_tolerance"] is not False and all(f["met"] for f in verdict["fa3"].values())

@@ -101,9 +101,32 @@ def test_fa3_goals_are_judged_per_mode(fwd, fwd_bwd, met):
     assert "| FA3 TFLOP/s | FA3/SDPA |" in text
 
 
+def test_fa3_fp8_is_reported_against_sdpa_bf16_without_a_goal():
+    case = bench.REFERENCE_CASE
+    fa3 = [bench.Timing(c, bench.FA3, mode, 0.8, bench.tflops(c, mode, 0.8)) for c in bench.CASES for mode in bench.MODES]
+    fp8 = bench.Timing(case, bench.FA3_FP8, "fwd", 0.5, bench.tflops(case, "fwd", 0.5))
+    timings = _timings(2.0, 1.0) + fa3 + [fp8]
+    verdict = bench.ratio_verdict(timings)
+    assert math.isclose(verdict["fa3_fp8_sdpa_ratio"], 2.0)
+    # The fp8 timing adds no row: the table stays one row per case and mode.
+    assert len(bench.table_rows(timings)) == len(bench.CASES) * len(bench.MODES)
+    assert "fa3 fp8/sdpa ratio: 2.000" in bench.fp8_sentence(verdict)
+
+
+def test_fp8_is_timed_only_where_the_fa3_build_has_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench.sys, "prefix", str(tmp_path))
+    record = tmp_path / "share" / "extforge" / "build" / "flash-attn-3.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"subset": {"head_dims": [128], "dtypes": ["bf16", "fp16"]}}')
+    assert not bench.fa3_has_fp8()
+    record.write_text('{"subset": {"head_dims": [64, 128], "dtypes": ["bf16", "fp16", "fp8"]}}')
+    assert bench.fa3_has_fp8()
+
+
 def test_without_fa3_the_report_is_unchanged():
     timings = _timings(2.0, 1.0)
     assert bench.ratio_verdict(timings)["fa3"] == {}
+    assert bench.ratio_verdict(timings)["fa3_fp8_sdpa_ratio"] is None
     assert bench.header(bench.table_rows(timings)) == bench.HEADER
 
 
