@@ -8,6 +8,7 @@
 #   bench/node_extensions.sh start [SECONDS]   copy the tree to $XF_WORK, start the chain in the
 #                                               background, then poll up to SECONDS
 #   bench/node_extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
+# To share a node with other work, start it under `taskset -c CPUS` and with CUDA_VISIBLE_DEVICES.
 # Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
 # (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
 set -uo pipefail
@@ -47,12 +48,19 @@ run_chain() {
     done
     step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda \
         --extra einops --extra transformers --extra pytest --extra packaging || return
+    # torch-scatter compiles one unit at a time (upstream turns ninja off): it builds beside the
+    # others, in an output folder of its own (two rattler-builds never index one folder at once).
+    step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$XF_WORK/out-scatter" &
+    local scatter=$!
     step build-causal-conv1d "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$out" || return
-    step build-mamba-ssm "${xf[@]}" build recipe/mamba-ssm -c "$ch" -c "$out" -o "$out"
-    step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$out"
-    # The second build is planned from what the first one's ninja log taught the cost store.
+    # The second build is planned from what the first one's ninja log taught the cost store; it
+    # runs beside mamba-ssm's build (the planner is told of neither: its error includes that).
     step plan-causal-conv1d-second "${xf[@]}" plan recipe/causal-conv1d
-    step build-causal-conv1d-second "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$XF_WORK/out2"
+    step build-causal-conv1d-second "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$XF_WORK/out2" &
+    local second=$!
+    step build-mamba-ssm "${xf[@]}" build recipe/mamba-ssm -c "$ch" -c "$out" -o "$out"
+    wait "$scatter" "$second"
+    cp "$XF_WORK"/out-scatter/linux-64/*.conda "$out/linux-64/" 2>/dev/null
     local pkgs=("$out"/linux-64/*.conda)
     step publish "${xf[@]}" publish "${pkgs[@]}" --channel "$XF_WORK/channel" --upstream "$ch" || return
     step lock "${xf[@]}" lock --manifest envs/gpu-node/pixi.toml --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}" || return

@@ -7,7 +7,10 @@
     → attention benchmark → a warm compile-cache rebuild of flash-attn.
 With --fa3, FlashAttention-3 (recipe/flash-attn-3, a kernel subset) is built beside flash-attn,
 published, locked and installed with it, and tested by our tests/gpu, a sample of upstream's
-hopper/test_flash_attn.py and the benchmark.
+hopper/test_flash_attn.py and the benchmark. `--no-flash-attn --fa3 --fa3-head-dims all
+--fa3-dtypes all --fa3-features all` builds the full FA3 alone, planned by `extforge build` for
+the CPUs the run may use (start it under taskset to share a node), audits its sm_90a and sm_80
+code, and samples every upstream test function, one shard per GPU (`finish --env fa3-full`).
 
 A call to a remote machine may be limited to minutes, so the run is split into phases that
 share a work folder and can be chained: `start` (set up, mirror, start the builds), `wait`

@@ -56,14 +56,18 @@ def build_script(work: Path, out_dir: str, cmd: Sequence[str], cwd: Path, after:
 
 
 def sampler_script(work: Path, out_dir: str, after: Sequence[str] = ()) -> str:
-    """Memory peak, the first nvcc (how long the build waits before compiling) and the busy
-    compilers every 2 s (whether the last minutes still use every job slot)."""
+    """Memory peak, the largest compiler process (the planner's per-job figure, and a peak of the
+    build's own where other work shares the node), the first nvcc (how long the build waits
+    before compiling) and the busy compilers every 2 s (whether the last minutes still use every
+    job slot)."""
     wait = "".join(f"while [ ! -e {shlex.quote(str(work / a))}.done ]; do sleep 2; done; " for a in after)
     w = shlex.quote(str(work / out_dir))
     return (
         f"{wait}free -b | awk '/^Mem:/{{print $3}}' > {w}.base; t0=$(date +%s.%N); peak=0; while [ ! -e {w}.done ]; do "
         "used=$(free -b | awk '/^Mem:/{print $3}'); [ $used -gt $peak ] && peak=$used; "
         f"echo $peak > {w}.peak; n=$(pgrep -x nvcc | wc -l); "
+        "p=$(ps -C cicc,ptxas,cc1plus,cudafe++ -o rss= | sort -n | tail -1); [ \"${p:-0}\" -gt \"${proc:-0}\" ] && proc=$p; "
+        f"echo ${{proc:-0}} > {w}.peak-proc; "
         "t=$(awk -v a=$t0 -v b=$(date +%s.%N) 'BEGIN{printf \"%.1f\", b-a}'); "
         f"echo \"$t $n\" >> {w}.jobs; [ $n -gt 0 ] && [ ! -e {w}.first-nvcc ] && echo $t > {w}.first-nvcc; "
         "sleep 2; done"
@@ -129,6 +133,9 @@ def wait_build(run: Run, out_dir: str, deadline: float) -> bool:
                    (log.read_text(errors="replace")[-1500:] + tail[-1500:] if rc else ""))
         run.fact(f"{out_dir} wall", f"{end - start:.0f} s")
         run.fact(f"{out_dir} peak RAM above idle", f"{peak / 2**30:.1f} GiB")
+        proc = run.work / f"{out_dir}.peak-proc"
+        if proc.exists():
+            run.fact(f"{out_dir} largest compiler process", f"{int(proc.read_text() or 0) / 2**20:.2f} GiB")
         if speed := re.search(r"--node-speed ([\d.]+)", log.read_text(errors="replace")):
             run.fact(f"{out_dir} node speed (against the planner's unit costs)", speed.group(1))
         collect_build_probes(run, out_dir)

@@ -50,7 +50,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--serial", action="store_true",
                     help="start: flash-attn compiles alone, timed against the planner; flash-attn-3 and demo-ext "
                          "start when it is done")
-    ap.add_argument("--fa3-jobs", type=int, default=8, help="MAX_JOBS of the flash-attn-3 build (it builds beside flash-attn)")
     remembered = ap.add_argument_group("given to start, remembered by the later phases of the run (given again, they win)")
     remembered.add_argument("--python", help="python of the node's torch environment (mirrored as the upstream)")
     remembered.add_argument("--archs", help="FLASH_ATTN_CUDA_ARCHS for the build (e.g. '80;90'; default 90)")

@@ -125,3 +125,24 @@ def test_node_words_and_cpu_halves():
 def test_progress_reads_ninjas_last_count():
     assert builds.progress_line("build-fa", "[1/73] a\n[12/73] b\n") == "build-fa: 12/73 compile steps"
     assert builds.progress_line("build-fa", "solving") == "build-fa: preparing"
+
+
+@pytest.mark.parametrize(("output", "counts"), [
+    ("....\n1100 passed, 3 skipped, 13200 deselected in 120.52s (0:02:00)\n",
+     {"passed": 1100, "skipped": 3, "deselected": 13200}),
+    ("FF.\n=== 2 failed, 1 passed, 1 error in 3.0s ===\n", {"failed": 2, "passed": 1, "error": 1}),
+    # Stopped by `timeout -s INT`: pytest still prints what ran.
+    ("!!!!!!! KeyboardInterrupt !!!!!!!\n500 passed, 10 skipped, 9000 deselected in 240.01s (0:04:00)\n",
+     {"passed": 500, "skipped": 10, "deselected": 9000}),
+    ("ImportError while loading conftest\n", {}),
+])
+def test_upstream_test_counts_come_from_pytests_last_summary_line(output, counts):
+    assert phases.pytest_counts(output) == counts
+
+
+def test_the_full_fa3_build_is_audited_for_its_sm80_kernels_and_planned_as_such(tmp_path):
+    full = _start(tmp_path, "--fa3", "--fa3-head-dims", "all", "--fa3-dtypes", "all", "--fa3-features", "all")
+    (tmp_path / "subset").mkdir()
+    subset = _start(tmp_path / "subset", "--fa3")
+    assert (phases.fa3_sm80(full), phases.fa3_plan_archs(full)) == (True, "80,90")
+    assert (phases.fa3_sm80(subset), phases.fa3_plan_archs(subset)) == (False, "90")
