@@ -146,3 +146,18 @@ def test_subset_build_strings_are_valid_and_the_envs_spec_selects_them() -> None
     spec = MatchSpec(f"flash-attn-3 {wanted['version']} {wanted['build']}")
     assert spec.matches(PackageRecord(name="flash-attn-3", version="3.0.0", build=BuildString(slim["build"]["string"]),
                                       build_number=0, subdir="linux-64"))
+
+
+def test_a_subset_that_spells_out_every_choice_is_the_full_build() -> None:
+    """`fa3_head_dims=256;64;...` (every head dim, any order) builds the package a plain request
+    resolves to: the same build string, no second full build under a subset's name."""
+    spelled = {"fa3_head_dims": [";".join(str(d) for d in reversed(prep.HEAD_DIMS))],
+               "fa3_dtypes": [";".join(reversed(list(prep.DTYPES)))],
+               "fa3_features": [";".join(reversed(list(prep.FEATURES)))]}
+    (_, full), *_ = _render("variants-offline.yaml")
+    (_, same), *_ = _render("variants-offline.yaml", spelled)
+    assert same["build"]["string"] == full["build"]["string"]
+    assert same["build"]["variant"]["down_prioritize_variant"] == 0
+    # One choice short of the full set stays a subset, named in its build string.
+    (_, fewer), *_ = _render("variants-offline.yaml", spelled | {"fa3_head_dims": ["64;96;128;192"]})
+    assert "_hd64_96_128_192_" in fewer["build"]["string"]
