@@ -24,7 +24,8 @@ def _pairs(variant_file: str, subset: dict[str, str], recipe: Path = RECIPE) -> 
     values |= {k: [v] for k, v in subset.items()}
     rendered = Stage0Recipe.from_file(recipe / "recipe.yaml").render(
         engine.variant_config(values, zips), RenderConfig(platform=PlatformConfig(target_platform="linux-64")))
-    return [(v.recipe.to_dict(), render(recipe, {k: str(x) for k, x in v.variant.items()})) for v in rendered]
+    # The subset keys are out of rattler-build's hash (ignore_keys), so out of its used variant too.
+    return [(v.recipe.to_dict(), render(recipe, {k: str(x) for k, x in v.variant.items()} | subset)) for v in rendered]
 
 
 @pytest.fixture(scope="module", params=[(f, i) for f in ("variants.yaml", "variants-offline.yaml")
