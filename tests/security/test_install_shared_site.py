@@ -98,25 +98,6 @@ def test_dangling_and_looping_symlink_prefixes_are_refused(sandbox):
         res.refused("cannot be resolved")
 
 
-def test_what_a_killed_install_left_is_removed_by_the_next_run(sandbox):
-    lock = _locked(sandbox)
-    prefix = sandbox.path("envs", "killed")
-    work = prefix / WORK
-    # A staging folder, a stale lock file and a move cut short after `lib` reached the prefix,
-    # in a work folder as install makes it (its own, 0700).
-    work.mkdir(parents=True)
-    work.chmod(0o700)
-    (work / "staging-999999" / "lib").mkdir(parents=True)
-    (work / "staging-999999" / "lib" / "big.so").write_bytes(bytes(1024))
-    (work / "install.lock").write_text("999999\n")
-    (prefix / "lib").mkdir()
-    (prefix / "lib" / "libpyish.so").write_bytes(b"half-moved")
-    (work / "moving.json").write_text(json.dumps(["lib", "conda-meta"]))
-    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
-    assert not work.exists()
-    sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
-
-
 def test_a_real_sigkill_mid_install_is_cleaned_up_by_the_next_run(sandbox):
     lock = _locked(sandbox)
     for attempt in range(20):

@@ -11,8 +11,13 @@ run left there (its staging folder, a half-done move).
 
 Install acts only on what it made: the prefix must be the installing user's own (its owner
 could swap lib/ after the checks), and its work folder P/.extforge, which holds the lock, the
-staging folder and the journal of what a killed move must undo, is trusted only when this
-user made it, private (0700); every change inside P goes through safe_files, anchored at P.
+staging folder and the journal of what a killed run must undo, is trusted only when this
+user made it, private (0700). The journal is written before the staging folder exists and
+removed only after it is gone; it names the prefix and carries an HMAC keyed by the user's
+private trust folder (trust.sign, as verify's record), so a journal this user's install did not
+write for this prefix (edited, copied from another prefix, signed with another user's key) and
+a staging folder no journal names are refused, with nothing deleted. Every change inside P
+goes through safe_files, anchored at P.
 The environment's own Python runs once, as the installing user, to byte-compile its modules
 (as conda and pixi do), isolated and without site processing: no `.pth` file of the
 environment runs.
@@ -39,7 +44,7 @@ from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
-from .trust import PackageRef, expected_paths, manifests_for, owned_paths
+from .trust import PackageRef, expected_paths, manifests_for, owned_paths, sign, trust_dir, verify_signed
 from .verify import VerifyReport, check_files, verify_prefix
 
 
@@ -77,9 +82,11 @@ def _identity(records: list) -> set[tuple[str, str, str, str]]:
     return {(r.name.normalized, str(r.version), str(r.build), record_sha256(r)) for r in records}
 
 
-# install's own folder inside the prefix: its lock, staging folder and move journal.
+# install's own folder inside the prefix: its lock, staging folder and journal.
 WORK = ".extforge"
-_JOURNAL = "moving.json"
+JOURNAL = "moving.json"
+# Marks a signed body as an install journal: the same key signs verify's records and manifests.
+_JOURNAL_SCHEMA = 1
 
 
 def install_lock_path(prefix: Path) -> Path:
@@ -219,6 +226,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     cache = rattler_pkgs_dir()
     t = time.monotonic()
     try:
+        _write_journal(prefix, staging, None)
         bad_files = _link_and_check(records, staging, prefix, cache, manifests)
         if bad_files:
             # The extracted cache (perhaps shared, on NFS) gave other bytes than the packages the
@@ -239,7 +247,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         result.timings["bytecode"] = time.monotonic() - tb
         _move_into(staging, prefix)
     finally:
-        safe_files.remove_quietly(staging, beneath=prefix)
+        _forget(prefix, staging)
     write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written, str(cache)))
     result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
@@ -286,8 +294,7 @@ def _move_into(staging: Path, prefix: Path) -> None:
     """Rename staging's entries into the (empty) prefix, conda-meta last: a prefix without
     conda-meta is not an environment yet. The journal lets the next run undo a killed move."""
     names = sorted((p.name for p in staging.iterdir()), key=lambda n: (n == "conda-meta", n))
-    journal = prefix / WORK / _JOURNAL
-    safe_files.write_atomic(journal, json.dumps(names).encode(), mode=0o600, beneath=prefix)
+    _write_journal(prefix, staging, names)
     moved = []
     try:
         for name in names:
@@ -296,8 +303,50 @@ def _move_into(staging: Path, prefix: Path) -> None:
     except BaseException:
         _remove_entries(prefix, moved)
         raise
-    finally:
-        safe_files.remove(journal, beneath=prefix)
+
+
+def _write_journal(prefix: Path, staging: Path, moving: list[str] | None) -> None:
+    body = {"journal": _JOURNAL_SCHEMA, "prefix": str(prefix), "staging": staging.name, "moving": moving}
+    safe_files.write_atomic(prefix / WORK / JOURNAL, sign(body), mode=0o600, beneath=prefix)
+
+
+def _forget(prefix: Path, staging: Path) -> None:
+    """Remove a staging folder, then the journal: one that could not go stays vouched for."""
+    safe_files.remove_quietly(staging, beneath=prefix)
+    if not os.path.lexists(staging):
+        safe_files.remove_quietly(prefix / WORK / JOURNAL, beneath=prefix)
+
+
+def _untrusted(path: Path, why: str) -> ExtforgeError:
+    work = path.parent
+    return ExtforgeError(
+        f"refusing to act on {path}: {why}",
+        "install deletes what a killed install left (a staging folder, a move cut short) only as its own journal "
+        f"names it, written for this prefix and signed with your key in {trust_dir()}; nothing was deleted",
+        f"check what is in {work} and in the prefix; if no install of yours was killed there, "
+        f"remove {work} yourself (`rm -r {work}`) and run again",
+    )
+
+
+def _journal(prefix: Path) -> dict | None:
+    """The journal a killed install of this user left for this prefix; None if there is none."""
+    path = prefix / WORK / JOURNAL
+    try:
+        raw = safe_files.read_bytes(path, limit=1 << 20, beneath=prefix)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _untrusted(path, f"it cannot be read ({exc.strerror})") from None
+    body = verify_signed(raw)
+    if body is None or body.get("journal") != _JOURNAL_SCHEMA:
+        raise _untrusted(path, "it carries no valid MAC of yours (another user, another extforge cache or an edit wrote it)")
+    if body.get("prefix") != str(prefix):
+        raise _untrusted(path, f"it was written for another prefix ({body.get('prefix')})")
+    staging, moving = body.get("staging"), body.get("moving")
+    if not (isinstance(staging, str) and staging.startswith("staging-") and "/" not in staging
+            and (moving is None or isinstance(moving, list) and all(isinstance(n, str) for n in moving))):
+        raise _untrusted(path, "it is not a journal this version of extforge writes")
+    return body
 
 
 def _remove_entries(prefix: Path, names: list[str]) -> None:
@@ -309,23 +358,19 @@ def _remove_entries(prefix: Path, names: list[str]) -> None:
 
 def _recover(prefix: Path) -> None:
     """Remove what a killed install left in the prefix (the lock is held: no install runs).
-    A journal without conda-meta in the prefix is a move cut short: its entries are undone.
-    The work folder passed make_private_dir: this user made everything in it."""
+    A journal naming a move without conda-meta in the prefix is a move cut short: its entries
+    are undone. Everything is checked before anything is removed."""
     work = prefix / WORK
-    journal = work / _JOURNAL
-    try:
-        names = json.loads(safe_files.read_bytes(journal, limit=1 << 20, beneath=prefix))
-    except FileNotFoundError:
-        names = None
-    except (OSError, ValueError, ExtforgeError):
-        names = []
-    if names is not None:
-        if not (prefix / "conda-meta").exists() and isinstance(names, list):
-            _remove_entries(prefix, [str(n) for n in names])
-        safe_files.remove(journal, beneath=prefix)
+    journal = _journal(prefix)
+    staging = journal["staging"] if journal is not None else None
     for name in safe_files.names(work, beneath=prefix):
-        if name.startswith("staging-"):
-            safe_files.remove_quietly(work / name, beneath=prefix)
+        if name.startswith("staging-") and name != staging:
+            raise _untrusted(work / name, "no journal of an install of yours names it")
+    if journal is None:
+        return
+    if journal["moving"] is not None and not (prefix / "conda-meta").exists():
+        _remove_entries(prefix, journal["moving"])
+    _forget(prefix, work / journal["staging"])
 
 
 def _new_staging(staging: Path, prefix: Path) -> None:

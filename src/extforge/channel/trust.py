@@ -10,7 +10,8 @@ rattler rewrites them, from the archive's original bytes (once per package and p
 
 Every file in that folder (manifests, the record of files unchanged since a clean run) carries
 an HMAC-SHA256 keyed with a per-user secret kept there too, so a copy planted or edited by
-someone else is rejected and rebuilt rather than believed.
+someone else is rejected and rebuilt rather than believed. Install's journal, kept in the
+prefix, carries the same MAC (`sign`), so install undoes only what it wrote there itself.
 """
 
 from __future__ import annotations
@@ -79,28 +80,40 @@ def _secret(d: Path) -> bytes:
     return path.read_bytes()
 
 
-def write_signed(path: Path, body: dict) -> None:
+def sign(body: dict) -> bytes:
+    """body as JSON, after a line with its HMAC-SHA256 keyed by the user's secret: what
+    `verify_signed` accepts back only from this user (and this cache)."""
     data = json.dumps(body, separators=(",", ":")).encode()
-    mac = hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode()
+    return hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode() + b"\n" + data
+
+
+def verify_signed(raw: bytes) -> dict | None:
+    """The body `sign` wrapped in raw, or None when its HMAC is missing or does not match."""
+    mac, _, data = raw.partition(b"\n")
+    want = hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode()
+    if not hmac.compare_digest(mac, want):
+        return None
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def write_signed(path: Path, body: dict) -> None:
+    data = sign(body)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".w-")
     with os.fdopen(fd, "wb") as fh:
-        fh.write(mac + b"\n" + data)
+        fh.write(data)
     os.replace(tmp, path)
 
 
 def read_signed(path: Path) -> dict | None:
     """The body, or None when the file is missing, unreadable or its HMAC does not match."""
     try:
-        mac, _, data = path.read_bytes().partition(b"\n")
+        return verify_signed(path.read_bytes())
     except OSError:
-        return None
-    want = hmac.new(_secret(trust_dir()), data, "sha256").hexdigest().encode()
-    if not hmac.compare_digest(mac, want):
-        return None
-    try:
-        return json.loads(data)
-    except ValueError:
         return None
 
 
