@@ -1,19 +1,24 @@
 """recipe/gsplat, an extension whose PyPI wheel compiles its kernels at first use: the recipe
-renders for every channel row we serve with the ahead-of-time build asked for, and its tests fail
-a package whose kernels gsplat would compile on the node instead (no build, no GPU)."""
+renders for every channel row we serve with the ahead-of-time build asked for, its conda-build twin
+(meta.yaml) says the same, and its tests fail a package whose kernels gsplat would compile on the
+node instead (no build, no GPU)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from extforge import engine
 from extforge.mirror import rows
+
+from .conda_build_render import render, v1_pin
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "gsplat"
 # The rows of the channels we serve (recipe/flash-attn/variants-offline.yaml's machines), as
@@ -49,6 +54,23 @@ def test_the_kernels_are_compiled_in_the_build_for_the_variants_archs(rendered) 
     for _, recipe in rendered:
         env = recipe["build"]["script"]["env"]
         assert env["BUILD_NO_CUDA"] == "0" and env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+
+
+def test_the_conda_build_twin_says_the_same_for_every_row(rendered) -> None:
+    yaml = YAML(typ="safe")
+    assert yaml.load(RECIPE / "conda_build_config.yaml") == yaml.load(RECIPE / "variants.yaml")
+    for variant, v1 in rendered:
+        meta = render(RECIPE, {k: str(v) for k, v in variant.items()})
+        assert meta["package"] == {"name": v1["package"]["name"], "version": v1["package"]["version"]}
+        assert (meta["source"]["url"], meta["source"]["sha256"]) == (v1["source"][0]["url"], v1["source"][0]["sha256"])
+        assert re.sub(r"_h[0-9a-f]{7}_", "_hHASH_", meta["build"]["string"]) == re.sub(
+            r"_h[0-9a-f]{7}_", "_hHASH_", v1["build"]["string"])
+        assert dict(e.split("=", 1) for e in meta["build"]["script_env"]) == v1["build"]["script"]["env"]
+        for section in ("build", "host", "run"):
+            assert meta["requirements"][section] == [v1_pin(d) for d in v1["requirements"][section]], section
+        (imports,) = [t["python"]["imports"] for t in v1["tests"] if "python" in t]
+        assert meta["test"]["imports"] == imports
+        assert meta["test"]["commands"] == [t["script"] for t in v1["tests"] if "script" in t]
 
 
 def _script_test(recipe: dict) -> list[str]:
