@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Other extensions than flash-attn, end to end on one GPU node without network: mirror the node's
-# python + torch, build causal-conv1d, mamba-ssm and torch-scatter with the build layer, a second
+# python + torch, build causal-conv1d, mamba-ssm, torch-scatter and gsplat with the build layer, a second
 # causal-conv1d build (the planner's error on a learned recipe), publish, lock envs/gpu-node's
 # `mamba` env, install, verify, then upstream's tests (a deterministic sample) and a tiny random
 # Mamba model's forward and greedy generation in the installed prefix.
@@ -43,11 +43,11 @@ run_chain() {
         return $rc
     }
     step node "$PY" -c 'import sys, torch, os; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), os.cpu_count(), "cores")'
-    for r in causal-conv1d mamba-ssm torch-scatter; do
+    for r in causal-conv1d mamba-ssm torch-scatter gsplat; do
         step "sources-$r" "${xf[@]}" sources fetch "recipe/$r" --from "$XF_WORK/repo/.carry/sdists" --dest "$XF_WORK/sources" || return
     done
     step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda \
-        --extra einops --extra transformers --extra pytest --extra packaging || return
+        --extra einops --extra transformers --extra pytest --extra packaging --extra rich || return
     # torch-scatter compiles one unit at a time (upstream turns ninja off): it builds beside the
     # others, in an output folder of its own (two rattler-builds never index one folder at once).
     step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$XF_WORK/out-scatter" &
@@ -59,6 +59,7 @@ run_chain() {
     step build-causal-conv1d-second "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$XF_WORK/out2" &
     local second=$!
     step build-mamba-ssm "${xf[@]}" build recipe/mamba-ssm -c "$ch" -c "$out" -o "$out"
+    step build-gsplat "${xf[@]}" build recipe/gsplat -c "$ch" -o "$out"
     wait "$scatter" "$second"
     cp "$XF_WORK"/out-scatter/linux-64/*.conda "$out/linux-64/" 2>/dev/null
     local pkgs=("$out"/linux-64/*.conda)
@@ -68,7 +69,7 @@ run_chain() {
     step verify "${xf[@]}" verify "$XF_WORK/env" --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}"
     local env_py="$XF_WORK/env/bin/python" tests="$XF_WORK/upstream-tests"
     mkdir -p "$tests"
-    tar -C "$tests" -xzf "$XF_WORK/sources/sha256/"*/causal_conv1d-1.7.0.tar.gz
+    for a in causal_conv1d-1.7.0 gsplat-1.5.3; do tar -C "$tests" -xzf "$XF_WORK/sources/sha256/"*/$a.tar.gz; done
     for a in .carry/mamba-v2.3.2.post1-tests.tar.gz .carry/pytorch_scatter-2.1.2-tests.tar.gz; do tar -C "$tests" -xzf "$a"; done
     # Upstream's test files, run from outside any source tree so the installed packages are imported.
     export PYTHONPATH="$XF_WORK/repo/bench" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
@@ -76,6 +77,10 @@ run_chain() {
     step test-causal-conv1d "${pt[@]}" "$tests/causal_conv1d-1.7.0/tests/test_causal_conv1d.py"
     step test-mamba-selective-scan "${pt[@]}" "$tests/mamba-v2.3.2.post1/tests/ops/test_selective_scan.py"
     EXTFORGE_SAMPLE_EVERY=1 step test-torch-scatter "${pt[@]}" "$tests/pytorch_scatter-2.1.2/test"
+    # The sdist's tests but test_basic.py and test_ftheta.py (they read assets/test_garden.npz, which only
+    # upstream's repository has) and test_compression.py (imageio, torchpq and plas, not in the env).
+    local g="$tests/gsplat-1.5.3/tests"
+    step test-gsplat "${pt[@]}" "$g/test_rasterization.py" "$g/test_2dgs.py" "$g/test_strategy.py"
     step mamba-tiny-model "$env_py" bench/mamba_tiny.py
 }
 
@@ -87,7 +92,7 @@ summarize() {
         echo "|---|---|---|"
         cat "$XF_WORK/steps.md" 2>/dev/null
         echo
-        for t in causal-conv1d mamba-selective-scan torch-scatter; do
+        for t in causal-conv1d mamba-selective-scan torch-scatter gsplat; do
             local f="$XF_WORK/logs/test-$t.log"
             [[ -f $f ]] && echo "- upstream tests, $t: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$f" | tail -1)"
         done

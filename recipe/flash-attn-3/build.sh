@@ -3,23 +3,15 @@
 # its stable C ABI. Shared by recipe.yaml (rattler-build) and meta.yaml (conda-build).
 set -euo pipefail
 
-# --- What the host torch needs: stable ABI (torch >= 2.9) and a C++ standard ------------------
-# One import of torch (seconds): its version, whether it has the stable ABI of 2.9, and its CUDA
-# (for the build record).
-read -r torch_version stable_ok torch_cuda < <("${PYTHON}" -c '
-import re, torch
-print(torch.__version__, int(tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)), torch.version.cuda)')
-if [[ -z "${torch_version:-}" ]]; then
-    echo "error: the host env's python cannot import torch (see above)" >&2
-    exit 1
-fi
-if [[ "${stable_ok}" != "1" ]]; then
-    echo "error: FlashAttention-3 is built against torch's stable C ABI, which needs torch >= 2.9;" \
-         "this variant's host torch is ${torch_version}. Build it for a channel row with torch >= 2.9." >&2
-    exit 1
-fi
-# The C++ standard torch's headers demand (c++20 for torch 2.14), and a shared libstdc++.
+# --- The host torch, from one import (the layer's compiler_checks.sh): its version and CUDA (for
+# the build record), the C++ standard its headers demand (c++20 for torch 2.14), a shared libstdc++.
 source "${BUILD_PREFIX}/share/extforge-torch-build/compiler_checks.sh"
+IFS=. read -r torch_major torch_minor _ <<< "${EXTFORGE_TORCH_VERSION}"
+if (( torch_major < 2 || (torch_major == 2 && torch_minor < 9) )); then
+    echo "error: FlashAttention-3 is built against torch's stable C ABI, which needs torch >= 2.9;" \
+         "this variant's host torch is ${EXTFORGE_TORCH_VERSION}. Build it for a channel row with torch >= 2.9." >&2
+    exit 1
+fi
 
 # --- Sources: pinned trees, no network, no git, the subset's switches --------------------------
 "${PYTHON}" "${RECIPE_DIR}/prepare_sources.py" "${SRC_DIR}" \
@@ -30,7 +22,7 @@ export FLASH_ATTENTION_OFFLINE_BUILD=1 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_AT
 # torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
 export TORCH_NO_COMPILER_WRAPPER=1
 
-echo "flash-attn-3 build: torch ${torch_version}, ${EXTFORGE_CXX_STD}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
+echo "flash-attn-3 build: torch ${EXTFORGE_TORCH_VERSION}, ${EXTFORGE_CXX_STD}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "disabled: ${FA3_DISABLED:-none}" >&2
 
 cd "${SRC_DIR}/hopper"
@@ -45,7 +37,7 @@ ninja_log=$(find hopper/build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn-3.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${SRC_DIR}/fa3-subset.json" "${torch_version}" "${torch_cuda}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn-3.json"
+"${PYTHON}" - "${ext}" "${SRC_DIR}/fa3-subset.json" "${EXTFORGE_TORCH_VERSION}" "${EXTFORGE_TORCH_CUDA}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn-3.json"
 import json, os, sys
 ext, subset, torch_version, torch_cuda = sys.argv[1:]
 print(json.dumps({

@@ -5,44 +5,24 @@ set -euo pipefail
 
 py_tag=$("${PYTHON}" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 
+# --- The host torch, from one import (the layer's torch_facts.py, which also refuses a torch whose
+# cpp_extension passes another _GLIBCXX_USE_CXX11_ABI than torch was built with): its C++ ABI,
+# version and CUDA (for the build record) and the C++ standard its headers require. The shared
+# libstdc++ is checked and pip's wheel set to stored too.
+source "${BUILD_PREFIX}/share/extforge-torch-build/compiler_checks.sh"
+
 # --- C++ ABI: the host torch decides, never the compiler's default -------------------------
 # Older torch adds -D_GLIBCXX_USE_CXX11_ABI=<n> itself; newer torch passes nothing and relies
-# on the compiler. Either way, what reaches the compilers must equal torch's ABI. One python
-# run for every answer the build needs from torch (its version and CUDA go into the build
-# record): importing torch takes seconds, all of them before the first compile.
-read -r torch_abi torch_version torch_cuda cpp_ext_abi < <("${PYTHON}" - <<'PY'
-import torch
-from torch.utils import cpp_extension as ce
-flags: list[str] = []
-add = getattr(ce, "_add_gnu_cpp_abi_flag", None)
-if add is not None:
-    add(flags)
-print(int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__version__, torch.version.cuda,
-      next((f.split("=", 1)[1] for f in flags if f.startswith("-D_GLIBCXX_USE_CXX11_ABI=")), ""))
-PY
-)
-if [[ -z "${torch_abi:-}" ]]; then
-    echo "error: the host env's python cannot import torch (see above)" >&2
-    exit 1
-fi
-if [[ -n "${cpp_ext_abi}" && "${cpp_ext_abi}" != "${torch_abi}" ]]; then
-    echo "error: torch.utils.cpp_extension passes _GLIBCXX_USE_CXX11_ABI=${cpp_ext_abi}" \
-         "but torch._C._GLIBCXX_USE_CXX11_ABI is ${torch_abi}" >&2
-    exit 1
-fi
+# on the compiler. Either way, what reaches the compilers must equal torch's ABI.
 compiler_default_abi=$(echo '#include <string>' | "${CXX}" -x c++ -dM -E - \
     | awk '$2 == "_GLIBCXX_USE_CXX11_ABI" {print $3}')
 # Pass torch's value explicitly to g++ (CPPFLAGS reaches cpp_extension's compile line)
 # and to nvcc (NVCC_APPEND_FLAGS reaches every nvcc call, host and device side).
-export CPPFLAGS="${CPPFLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${torch_abi}"
-export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${torch_abi}"
-if [[ "${torch_abi}" == "1" ]]; then
+export CPPFLAGS="${CPPFLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
+export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
+if [[ "${EXTFORGE_TORCH_ABI}" == "1" ]]; then
     export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE
 fi
-
-# Upstream compiles host and device code with -std=c++17; select_sources.py raises it to the
-# standard compiler_checks.sh reads from torch's headers.
-source "${BUILD_PREFIX}/share/extforge-torch-build/compiler_checks.sh"
 
 # --- Link: a symbol missing from the build-time libtorch fails here, not on a user's node ----
 libpython=""
@@ -81,11 +61,12 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
     done
 fi
 
-echo "flash-attn build: python ${py_tag}, torch ABI ${torch_abi} (compiler default ${compiler_default_abi:-?})," \
+echo "flash-attn build: python ${py_tag}, torch ABI ${EXTFORGE_TORCH_ABI} (compiler default ${compiler_default_abi:-?})," \
      "-std=${EXTFORGE_CXX_STD}, archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2
 
 # --- Which kernels, in which order (select_sources.py) ------------------------------------------
+# It also raises upstream's -std=c++17 (host and device code) to EXTFORGE_CXX_STD.
 "${PYTHON}" "${RECIPE_DIR}/select_sources.py" .
 
 # compiler_checks.sh has set pip's wheel to stored (DIST_EXTRA_CONFIG).
@@ -106,8 +87,8 @@ ninja_log=$(find build -name .ninja_log -print -quit 2>/dev/null || true)
 if [[ -n "${ninja_log}" ]]; then
     cp "${ninja_log}" "${PREFIX}/share/extforge/build/flash-attn.ninja_log"
 fi
-"${PYTHON}" - "${ext}" "${torch_abi}" "${compiler_default_abi:-}" "${libpython}" "${EXTFORGE_CXX_STD}" \
-    "${torch_version}" "${torch_cuda}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
+"${PYTHON}" - "${ext}" "${EXTFORGE_TORCH_ABI}" "${compiler_default_abi:-}" "${libpython}" "${EXTFORGE_CXX_STD}" \
+    "${EXTFORGE_TORCH_VERSION}" "${EXTFORGE_TORCH_CUDA}" <<'PY' > "${PREFIX}/share/extforge/build/flash-attn.json"
 import json, os, sys
 ext, abi, compiler_default, libpython, cxx_std, torch_version, torch_cuda = sys.argv[1:]
 print(json.dumps({

@@ -48,6 +48,8 @@ LINUX_X86_64 = {"os_name": "posix", "sys_platform": "linux", "platform_system": 
                 "extra": ""}
 PYTHON_MARKERS = ("python_version", "python_full_version", "implementation", "platform_python_implementation")
 COMPILED = {".cu", ".cpp", ".cc", ".cxx", ".c"}
+# An environment variable setup.py reads: os.getenv("X"), os.environ.get("X"), os.environ["X"].
+ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
 
 
@@ -236,6 +238,15 @@ def read_setup_py(text: str) -> SetupFacts:
                 facts.install_requires = _strings(_literal(kwargs["install_requires"], names))
                 if facts.install_requires is None:
                     facts.undecided.append("setup.py computes install_requires: check requirements.run")
+            if isinstance(ext := kwargs.get("ext_modules"), ast.IfExp):
+                # gsplat: `ext_modules=get_extensions() if not BUILD_NO_CUDA else []`; its PyPI wheel is
+                # the else branch and compiles the kernels at first use, on the node.
+                reads = sorted(set(ENV_READ.findall(text)))
+                facts.undecided.append(
+                    f"setup.py line {ext.lineno} compiles its extensions only if `{ast.unparse(ext.test)}`"
+                    + (f" (it reads {', '.join(reads)} from the environment)" if reads else "")
+                    + ": set what keeps them in build.script.env, else the package has no compiled module "
+                    "(the import test fails)")
             packages = kwargs.get("packages")
             if isinstance(packages, ast.Call) and _call_name(packages).startswith("find"):
                 exclude = next((k.value for k in packages.keywords if k.arg == "exclude"), None)

@@ -33,7 +33,7 @@ KERNEL = "__global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 def wrapper_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     gencodes, names, _ = subprocess.run([sys.executable, str(LAYER / "archs.py"), "9.0"], capture_output=True,
                                         text=True, check=True).stdout.split()
-    return {**os.environ, "EXTFORGE_REAL_NVCC": NVCC, "EXTFORGE_REWRITES_LOG": str(tmp_path / "rewrites.log"),
+    return {**os.environ, "EXTFORGE_LAYER_SHARE": str(LAYER), "EXTFORGE_REAL_NVCC": NVCC, "EXTFORGE_REWRITES_LOG": str(tmp_path / "rewrites.log"),
             "EXTFORGE_GENCODE_LIST": gencodes, "EXTFORGE_ARCH_NAMES": names, "TORCH_CUDA_ARCH_LIST": "9.0",
             "NVCC_THREADS": "1", "EXTFORGE_CXX_STD": "c++17", **extra}
 
@@ -66,6 +66,22 @@ def test_upstream_arch_threads_and_std_flags_are_replaced_on_the_real_nvcc(tmp_p
     assert (tmp_path / "rewrites.log").read_text().splitlines() == [
         "arch: -gencode arch=compute_75,code=sm_75", "arch: -gencode=arch=compute_80,code=sm_80",
         "threads: --threads 4", "std: -std=c++14"]
+
+
+@pytest.mark.parametrize(("std", "passed"), [("c++14", "c++20"), ("gnu++17", "c++20"), ("c++20", "c++20"),
+                                           ("gnu++20", "gnu++20"), ("c++23", "c++23")])
+def test_both_compiler_wrappers_raise_a_standard_below_torchs_alike(tmp_path: Path, std: str, passed: str) -> None:
+    shows_args = tmp_path / "shows-args"
+    shows_args.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    shows_args.chmod(0o755)
+    env = wrapper_env(tmp_path, EXTFORGE_REAL_NVCC=str(shows_args), EXTFORGE_CXX_STD="c++20")
+    for wrapper in ([str(LAYER / "extforge-nvcc")], [str(LAYER / "cxx-wrapper.sh"), str(shows_args)]):
+        args = subprocess.run([*wrapper, f"-std={std}", "-E", "k.cu"], env=env, capture_output=True, text=True,
+                              check=True).stdout.split()
+        assert args == [f"-std={passed}", "-E", "k.cu"], wrapper
+    # Noted once for the build record, whichever wrapper met it first.
+    log = tmp_path / "rewrites.log"
+    assert (log.read_text().splitlines() if log.exists() else []) == ([f"std: -std={std}"] if passed != std else [])
 
 
 @needs_nvcc

@@ -112,6 +112,17 @@ def test_computed_names_and_requirements_are_said_not_guessed() -> None:
     assert "depends on the python" in str(scaffold.conda_spec("tomli; python_version < '3.11'")[1])
 
 
+def test_extensions_built_only_under_a_switch_are_named() -> None:
+    # gsplat 1.5.3's shape: its PyPI wheel is built with BUILD_NO_CUDA=1 and compiles at first use.
+    facts = scaffold.read_setup_py(
+        "import os\nfrom setuptools import setup\nBUILD_NO_CUDA = os.getenv('BUILD_NO_CUDA', '0') == '1'\n"
+        "MAX_JOBS = os.environ.get(\"MAX_JOBS\")\n"
+        "setup(name='g', ext_modules=get_extensions() if not BUILD_NO_CUDA else [])\n")
+    (said,) = facts.undecided
+    assert said.startswith("setup.py line 5 compiles its extensions only if `not BUILD_NO_CUDA` (it reads "
+                           "BUILD_NO_CUDA, MAX_JOBS from the environment): set what keeps them in build.script.env")
+
+
 def test_recipe_new_offline_writes_the_recipe_shape(tmp_path: Path, sdist: Path, capsys) -> None:
     code = main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--json",
                  "--archs", "8.0,9.0"])

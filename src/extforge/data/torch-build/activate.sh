@@ -40,10 +40,8 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     source "${_xf_share}/switches.sh"
 
     # --- The host torch: ABI, version, CUDA, C++ standard (one import) -------------------------
-    _xf_facts=$("${PYTHON}" "${_xf_share}/torch_facts.py" "${CXX:-c++}") \
-        || _xf_fail "the host env's python cannot import torch (above); list pytorch in the recipe's host requirements"
-    read -r EXTFORGE_TORCH_ABI EXTFORGE_TORCH_VERSION EXTFORGE_TORCH_CUDA EXTFORGE_CXX_STD <<< "${_xf_facts}"
-    export EXTFORGE_TORCH_ABI EXTFORGE_TORCH_VERSION EXTFORGE_TORCH_CUDA EXTFORGE_CXX_STD
+    # shellcheck source=torch_facts.sh
+    source "${_xf_share}/torch_facts.sh"
     export CPPFLAGS="${CPPFLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
     export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
     # Upstream switches that pick the ABI themselves (causal-conv1d, flash-attn) must agree with torch.
@@ -75,6 +73,8 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     EXTFORGE_REAL_NVCC="${CUDA_HOME:+${CUDA_HOME}/bin/nvcc}"
     [[ -x "${EXTFORGE_REAL_NVCC:-}" ]] || EXTFORGE_REAL_NVCC=$(command -v nvcc || true)
     [[ -x "${EXTFORGE_REAL_NVCC}" ]] || _xf_fail "no nvcc in the build env; list \${{ compiler('cuda') }} in the recipe's build requirements"
+    # The wrappers find their shared rules (wrappers.sh) here.
+    export EXTFORGE_LAYER_SHARE="${_xf_share}"
     export EXTFORGE_REAL_NVCC EXTFORGE_REWRITES_LOG="${_xf_state}/rewrites.log"
     : > "${EXTFORGE_REWRITES_LOG}"
     # torch.utils.cpp_extension runs PYTORCH_NVCC; CMake's CUDA language runs CUDACXX; torch's

@@ -1,11 +1,11 @@
 # Part of extforge-torch-build, for recipes with a build script of their own (flash-attn,
-# flash-attn-3 list the package with EXTFORGE_LAYER=files and source this from build.sh): the
-# C++ standard and C++ runtime every such build needs, checked before any compile, and how their
-# `pip install .` packs the wheel it builds.
+# flash-attn-3 list the package with EXTFORGE_LAYER=files and source this from build.sh): the host
+# torch (its C++ ABI, version, CUDA and C++ standard, from one import) and the C++ runtime every
+# such build needs, checked before any compile, and how their `pip install .` packs the wheel.
 
-# --- C++ standard: the one the host torch's headers require (torch 2.14: C++20) -------------
-EXTFORGE_CXX_STD=$("${PYTHON}" "${BUILD_PREFIX}/share/extforge-torch-build/torch_cxx_std.py" "${CXX}")
-export EXTFORGE_CXX_STD
+# --- The host torch: C++ ABI, version, CUDA and the C++ standard its headers require ----------
+# shellcheck source=torch_facts.sh
+source "${BUILD_PREFIX}/share/extforge-torch-build/torch_facts.sh"
 
 # --- C++ runtime: the shared libstdc++ that torch loads, never a private static copy ----------
 # A g++ with only libstdc++.a beside it (some relocated toolchains) links the runtime into the

@@ -1,6 +1,7 @@
 """The C++ standard the host environment's torch headers require, e.g. `c++20` for torch 2.14.
 
-Run by build.sh with the host python (`python torch_cxx_std.py [CXX]`); prints the standard.
+Imported by torch_facts.py (one import of torch for every fact a build needs); run alone with the
+host python (`python torch_cxx_std.py [CXX]`), it prints the standard without importing torch.
 torch states its floor in its headers, as a `__cplusplus` guard in front of an `#error`
 (torch 2.14's ATen/ATen.h: `#if !defined(_MSC_VER) && __cplusplus < 202002L` /
 `#error C++20 or later compatible compiler is required to use ATen.`). The highest such floor
