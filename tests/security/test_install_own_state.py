@@ -43,16 +43,23 @@ def _site_lock(peer_site, name: str) -> Path:
     return ws / "pixi.lock"
 
 
+def _victims_sticky_folder(peer_site, name: str):
+    """A lock to install, the two peers, and a folder shared with the group (sticky, as /tmp is)
+    that the victim owns."""
+    lock = _site_lock(peer_site, name)
+    victim, attacker = peer_site.peers
+    shared = peer_site.root / name / "shared"
+    shared.mkdir()
+    os.chown(shared, victim.uid, peer_site.gid)
+    shared.chmod(0o1777)
+    return lock, victim, attacker, shared
+
+
 def test_a_journal_another_user_planted_makes_install_delete_nothing(peer_site):
     # A folder shared with the group (sticky, as /tmp is), owned by the victim, who keeps files
     # in it. Another member plants the work folder and a journal naming the victim's files, then
     # the victim installs into the folder: install used to "undo the move" by deleting them.
-    lock = _site_lock(peer_site, "journal")
-    victim, attacker = peer_site.peers
-    shared = peer_site.root / "journal" / "shared"
-    shared.mkdir()
-    os.chown(shared, victim.uid, peer_site.gid)
-    shared.chmod(0o1777)
+    lock, victim, attacker, shared = _victims_sticky_folder(peer_site, "journal")
     _as(victim, "sh", "-c", f"mkdir {shared}/lib && echo mine > {shared}/lib/thesis.tex && echo mine > {shared}/notes")
     work = shared / WORK
     _as(attacker, "sh", "-c", f"mkdir -m 777 {work} && echo '[\"lib\", \"notes\"]' > {work}/moving.json && chmod 666 {work}/moving.json")
@@ -184,12 +191,7 @@ def test_a_journal_another_user_signed_is_refused_in_a_folder_of_ones_own(peer_s
     # The folder checks pass: the victim made the work folder and (after an earlier refusal of its
     # mode) made it private again, but a member had planted a journal in it meanwhile, signed
     # with that member's own key. It names the victim's files.
-    lock = _site_lock(peer_site, "signed")
-    victim, attacker = peer_site.peers
-    shared = peer_site.root / "signed" / "shared"
-    shared.mkdir()
-    os.chown(shared, victim.uid, peer_site.gid)
-    shared.chmod(0o1777)
+    lock, victim, attacker, shared = _victims_sticky_folder(peer_site, "signed")
     work = shared / WORK
     _as(victim, "sh", "-c", f"mkdir {shared}/lib && echo mine > {shared}/lib/thesis.tex && mkdir -m 777 {work}")
     cache = peer_site.root / "signed" / f"cache-{attacker.name}"
