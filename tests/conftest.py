@@ -32,6 +32,25 @@ def _fixtures_dir() -> Path:
     return paths.cache_root() / "test-fixtures" / checkout
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session that holds the seed rows starts their cold work now, in the background
+    (tests/seed/prepare.py), the torch 2.14.1 wheels of `mirror_channel` first: the tests before
+    the seed rows leave part of the cores and all the network idle."""
+    if session.config.option.collectonly or not any("seed_channel" in getattr(item, "fixturenames", ())
+                                                    for item in session.items):
+        return
+    from extforge import mirror
+    from seed import prepare
+
+    prepare.start(_fixtures_dir(), [mirror.pip_requirements(MIRROR_TORCH, [])])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from seed import prepare
+
+    prepare.stop()
+
+
 @pytest.fixture(autouse=True)
 def own_cost_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                    monkeypatch: pytest.MonkeyPatch) -> Path:

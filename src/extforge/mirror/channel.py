@@ -17,6 +17,7 @@ from .. import engine, paths
 from ..channel.index import index_channel
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
+from ..locking import exclusive
 from ..ui import log
 from .recipes import PackageJob, render_recipe
 
@@ -54,8 +55,15 @@ def build_job(job: PackageJob, log_file: Path | None = None, compression_threads
     hit = lookup(job)
     if hit:
         return hit
-    start = time.monotonic()
     key = job.cache_key()
+    # Two mirrors sharing packages (rows of one python, a prefetch beside a mirror) build each
+    # once: the work folder is per key, so a second builder would delete the first one's files.
+    with exclusive(package_cache_dir().parent / "work" / f"{key}.lock"):
+        return lookup(job) or _build_miss(job, key, log_file, compression_threads)
+
+
+def _build_miss(job: PackageJob, key: str, log_file: Path | None, compression_threads: int | None) -> CachedPackage:
+    start = time.monotonic()
     entry = package_cache_dir() / key
     work = paths.cache_root() / "mirror" / "work" / key
     shutil.rmtree(work, ignore_errors=True)

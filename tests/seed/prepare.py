@@ -1,0 +1,72 @@
+"""The seed rows' cold work, begun when the session starts and run beside the other tests.
+
+Cold, the seed rows were 60% of the suite's wall, run at its end on an otherwise idle machine:
+~12 GB of wheels downloaded (network), their mirror packages and four demo-ext builds (CPU);
+meanwhile the earlier tests, one at a time, kept the 2 cores ~60% busy. This process does the
+same work through the same functions (tests/seed/conftest.py) at the lowest CPU priority, so it
+takes the cores the tests leave idle and the network they do not use; the seed fixtures wait
+for it and find the caches warm. Whatever it did not finish (it failed, or the session ended
+first) the fixtures do again themselves, raising its errors there.
+
+Run as `python -m seed.prepare FIXTURES_DIR REQUEST_JSON...` with tests/ on sys.path: each
+REQUEST_JSON is a pip request (a JSON list of requirements) of the session's own fixtures,
+downloaded first because those fixtures are needed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+_running: subprocess.Popen | None = None
+
+
+def start(fixtures_dir: Path, first: list[list[str]]) -> None:
+    """Begin the seed rows' work in a process of its own (its log: FIXTURES_DIR/seed-prepare.log)."""
+    global _running
+    if _running is not None:
+        return
+    tests = Path(__file__).resolve().parents[1]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")]))}
+    fixtures_dir.mkdir(parents=True, exist_ok=True)
+    with (fixtures_dir / "seed-prepare.log").open("w") as log:
+        _running = subprocess.Popen(
+            [sys.executable, "-m", "seed.prepare", str(fixtures_dir), *(json.dumps(r) for r in first)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            # The tests in the foreground keep their speed; this takes what they leave.
+            preexec_fn=lambda: os.nice(19),
+        )
+
+
+def wait() -> int | None:
+    """Wait for the background work; its exit status, or None when none was started."""
+    return _running.wait() if _running is not None else None
+
+
+def stop() -> None:
+    """End the background work with the session (its children too: pip, rattler-build's workers)."""
+    if _running is not None and _running.poll() is None:
+        os.killpg(_running.pid, signal.SIGTERM)
+        _running.wait()
+
+
+def main(fixtures_dir: Path, first: list[list[str]]) -> None:
+    from extforge import mirror
+
+    from .conftest import make_seed_builds, make_seed_channel, seed_shortfall
+
+    shortfall = seed_shortfall(fixtures_dir)
+    if shortfall:
+        print(f"nothing prepared: {shortfall}")
+        return
+    for requirements in first:
+        mirror.from_pip(requirements)
+    make_seed_builds(make_seed_channel(fixtures_dir), fixtures_dir)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), [json.loads(a) for a in sys.argv[2:]])
