@@ -67,3 +67,20 @@ def test_the_channel_index_reuses_the_records_written_at_build_time(tmp_path: Pa
     entries = json.loads((tmp_path / "channel" / built[1].subdir / "repodata.json").read_text())["packages.conda"]
     assert entries[built[1].path.name]["md5"] == "0" * 32
     assert entries[built[0].path.name]["sha256"] == hashlib.sha256(built[0].path.read_bytes()).hexdigest()
+
+
+def test_two_processes_asking_for_one_package_build_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A mirror beside another (the test session's background seed rows and a fixture) sharing a
+    package: the second waits for the first's build and takes it from the cache, instead of
+    deleting the first one's work folder under it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from extforge.mirror.channel import build_job
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    job = _job("shared", 20000)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        first, second = pool.map(build_job, [job, job])
+    assert first.path == second.path and first.path.is_file()
+    assert sorted([first.cached, second.cached]) == [False, True]

@@ -169,9 +169,11 @@ def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
     return SeedChannel(channel, rows, skipped, seconds)
 
 
-def seed_shortfall(fixtures_dir: Path) -> str | None:
+def seed_shortfall(fixtures_dir: Path, besides: float = 0.0) -> str | None:
+    """disk_shortfall of this cache; `besides`: GiB the disk must keep for other work as well."""
     fixtures_dir.mkdir(parents=True, exist_ok=True)
-    return disk_shortfall(shutil.disk_usage(fixtures_dir).free, disk_need(_warm_record(), paths.rattler_pkgs_dir()))
+    return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30),
+                          disk_need(_warm_record(), paths.rattler_pkgs_dir()))
 
 
 @pytest.fixture(scope="session")

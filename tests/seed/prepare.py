@@ -22,6 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# What the rest of a full run writes under the temp dir (pyproject.toml's pytest settings).
+SUITE_TMP_GIB = 16.0
+
 _running: subprocess.Popen | None = None
 
 
@@ -59,9 +62,11 @@ def main(fixtures_dir: Path, first: list[list[str]]) -> None:
 
     from .conftest import make_seed_builds, make_seed_channel, seed_shortfall
 
-    shortfall = seed_shortfall(fixtures_dir)
+    # Begun before the other tests write their files, it leaves them their room; where the disk
+    # cannot hold both, the seed fixtures decide at their turn, as they did without this process.
+    shortfall = seed_shortfall(fixtures_dir, besides=SUITE_TMP_GIB)
     if shortfall:
-        print(f"nothing prepared: {shortfall}")
+        print(f"nothing prepared (the rest of the suite keeps {SUITE_TMP_GIB:.0f} GiB): {shortfall}")
         return
     for requirements in first:
         mirror.from_pip(requirements)
