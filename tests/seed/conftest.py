@@ -1,6 +1,7 @@
 """The seed clusters: every (python, torch) row our users run, mirrored into ONE channel and
 demo-ext built for each into ONE output channel, once per session and cached across sessions
 (cold: ~3 GB of wheels per torch build, the cache grew 40.4 GiB for the four rows; warm: seconds).
+The session's start begins that work in a background process (prepare.py) that the fixtures wait for.
 
 Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
 skipped with that reason; the others are built and tested. A machine whose disk cannot hold

@@ -15,6 +15,7 @@ downloaded first because those fixtures are needed first.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -39,10 +40,15 @@ def start(fixtures_dir: Path, first: list[list[str]]) -> None:
     with (fixtures_dir / "seed-prepare.log").open("w") as log:
         _running = subprocess.Popen(
             [sys.executable, "-m", "seed.prepare", str(fixtures_dir), *(json.dumps(r) for r in first)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            # The tests in the foreground keep their speed; this takes what they leave.
-            preexec_fn=lambda: os.nice(19),
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_lowest_priority,
         )
+
+
+def _lowest_priority() -> None:
+    # The tests in the foreground keep their speed; this takes what they leave. A session that
+    # dies without its finish hook takes this process with it (PR_SET_PDEATHSIG).
+    os.nice(19)
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
 
 def wait() -> int | None:
