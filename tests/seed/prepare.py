@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # What the rest of a full run writes under the temp dir (pyproject.toml's pytest settings).
@@ -74,9 +75,18 @@ def main(fixtures_dir: Path, first: list[list[str]]) -> None:
     if shortfall:
         print(f"nothing prepared (the rest of the suite keeps {SUITE_TMP_GIB:.0f} GiB): {shortfall}")
         return
+    # Seconds from this process's start, flushed as they come: the profile of a cold run reads
+    # here how far the background had got when the seed tests began waiting for it.
+    start = time.monotonic()
     for requirements in first:
         mirror.from_pip(requirements)
-    make_seed_builds(make_seed_channel(fixtures_dir), fixtures_dir)
+        print(f"{time.monotonic() - start:7.1f} s  downloaded {' '.join(requirements)}", flush=True)
+    channel = make_seed_channel(fixtures_dir)
+    rows = ", ".join(f"{name} {sec:.0f} s" for name, sec in channel.seconds.items())
+    print(f"{time.monotonic() - start:7.1f} s  seed channel (rows mirrored: {rows})", flush=True)
+    builds = make_seed_builds(channel, fixtures_dir)
+    rows = ", ".join(f"{name} {sec:.0f} s" for name, sec in builds.seconds.items())
+    print(f"{time.monotonic() - start:7.1f} s  seed builds ({rows})", flush=True)
 
 
 if __name__ == "__main__":
