@@ -185,7 +185,7 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     shortfall = seed_shortfall(fixtures_dir)
     if shortfall:
         pytest.skip(shortfall)
-    return make_seed_channel(fixtures_dir)
+    return prepare.made_channel(fixtures_dir) or make_seed_channel(fixtures_dir)
 
 
 def _tree_digest(root: Path) -> str:

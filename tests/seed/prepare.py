@@ -23,9 +23,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .conftest import SeedChannel
 
 # What the rest of a full run writes under the temp dir (pyproject.toml's pytest settings).
 SUITE_TMP_GIB = 16.0
+# The channel this session's background made: its rows, as the seed_channel fixture returns them.
+CHANNEL_RECORD = "seed-channel.session.json"
 
 _running: subprocess.Popen | None = None
 
@@ -35,6 +41,7 @@ def start(fixtures_dir: Path, first: list[list[str]]) -> None:
     global _running
     if _running is not None:
         return
+    (fixtures_dir / CHANNEL_RECORD).unlink(missing_ok=True)
     tests = Path(__file__).resolve().parents[1]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")]))}
     fixtures_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +62,19 @@ def _lowest_priority() -> None:
 def wait() -> int | None:
     """Wait for the background work; its exit status, or None when none was started."""
     return _running.wait() if _running is not None else None
+
+
+def made_channel(fixtures_dir: Path) -> SeedChannel | None:
+    """The seed channel this session's background made, or None. Taken as it was made: mirrored
+    again here, its index would read every package whose ctime moved since (the tests before
+    link the same content-addressed packages into their installs: ~3 GB a row read again)."""
+    from .conftest import SeedChannel
+
+    record = fixtures_dir / CHANNEL_RECORD
+    if _running is None or not record.is_file():
+        return None
+    data = json.loads(record.read_text())
+    return SeedChannel(Path(data["path"]), data["rows"], data["skipped"], data["seconds"])
 
 
 def stop() -> None:
@@ -82,6 +102,8 @@ def main(fixtures_dir: Path, first: list[list[str]]) -> None:
         mirror.from_pip(requirements)
         print(f"{time.monotonic() - start:7.1f} s  downloaded {' '.join(requirements)}", flush=True)
     channel = make_seed_channel(fixtures_dir)
+    made = {"path": str(channel.path), "rows": channel.rows, "skipped": channel.skipped, "seconds": channel.seconds}
+    (fixtures_dir / CHANNEL_RECORD).write_text(json.dumps(made))
     rows = ", ".join(f"{name} {sec:.0f} s" for name, sec in channel.seconds.items())
     print(f"{time.monotonic() - start:7.1f} s  seed channel (rows mirrored: {rows})", flush=True)
     builds = make_seed_builds(channel, fixtures_dir)
