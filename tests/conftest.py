@@ -1,5 +1,6 @@
 """Session fixtures shared by every area's tests; expensive results are cached under cache_root().
 Several test sessions on one machine share those caches: one builds under a lock, the others wait.
+A session holding the seed rows starts their cold work at once, in the background (tests/seed/prepare.py).
 
 mirror_channel: the upstream channel mirrored from pip's torch 2.14.1+cu130 (content-addressed
     cache: seconds when warm, ~10 min cold on 2 cores).
