@@ -84,3 +84,20 @@ def test_two_processes_asking_for_one_package_build_it_once(tmp_path: Path, monk
         first, second = pool.map(build_job, [job, job])
     assert first.path == second.path and first.path.is_file()
     assert sorted([first.cached, second.cached]) == [False, True]
+
+
+def test_placing_a_row_again_keeps_the_packages_ctime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A warm mirror places the same files again; their ctime must stay, or the index takes them
+    for rewritten packages and reads them all again (a torch row: ~3 GB each warm run)."""
+    import time
+
+    from extforge.mirror import channel as mirror_channel
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    built = build_jobs([_job("one", 10)], None, None, workers=1)
+    monkeypatch.setattr(mirror_channel, "index_channel", lambda channel: None)  # the index's own links aside
+    (placed,) = mirror_channel.place(built, tmp_path / "channel")
+    before = placed.stat().st_ctime_ns
+    time.sleep(0.05)  # past the filesystem clock's tick
+    mirror_channel.place(built, tmp_path / "channel")
+    assert placed.stat().st_ctime_ns == before

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -240,7 +241,8 @@ def place(packages: list[CachedPackage], channel: Path, remove: set[str] = froze
                 os.link(src, dst)
             except OSError:
                 shutil.copy2(src, dst)
-        dst.chmod(0o644)
+        if stat.S_IMODE(dst.stat().st_mode) != 0o644:
+            dst.chmod(0o644)  # only then: a chmod moves the ctime, and the index reads a moved file again
         placed.append(dst)
     seed_records(channel, packages)
     index_channel(channel)
