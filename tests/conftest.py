@@ -47,9 +47,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from seed import prepare
-
-    prepare.stop()
+    prepare = sys.modules.get("seed.prepare")  # imported where a background was started
+    if prepare is not None:
+        prepare.stop()
 
 
 @pytest.fixture(autouse=True)
