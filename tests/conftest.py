@@ -1,5 +1,6 @@
 """Session fixtures shared by every area's tests; expensive results are cached under cache_root().
 Several test sessions on one machine share those caches: one builds under a lock, the others wait.
+A session holding the seed rows starts their cold work at once, in the background (tests/seed/prepare.py).
 
 mirror_channel: the upstream channel mirrored from pip's torch 2.14.1+cu130 (content-addressed
     cache: seconds when warm, ~10 min cold on 2 cores).
@@ -30,6 +31,25 @@ def _fixtures_dir() -> Path:
     # channel under each other's running tests. The packages stay shared (content-addressed).
     checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
     return paths.cache_root() / "test-fixtures" / checkout
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session that holds the seed rows starts their cold work now, in the background
+    (tests/seed/prepare.py), the torch 2.14.1 wheels of `mirror_channel` first: the tests before
+    the seed rows leave part of the cores and all the network idle."""
+    if session.config.option.collectonly or not any("seed_channel" in getattr(item, "fixturenames", ())
+                                                    for item in session.items):
+        return
+    from extforge import mirror
+    from seed import prepare
+
+    prepare.start(_fixtures_dir(), [mirror.pip_requirements(MIRROR_TORCH, [])])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    prepare = sys.modules.get("seed.prepare")  # imported where a background was started
+    if prepare is not None:
+        prepare.stop()
 
 
 @pytest.fixture(autouse=True)

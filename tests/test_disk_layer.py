@@ -43,7 +43,7 @@ ALLOWED: dict[str, str] = {
     "mirror/__init__.py::build_mirror": MIRROR,
     "mirror/_stage.py::_write": MIRROR,
     "mirror/_stage.py::main": MIRROR,
-    "mirror/channel.py::build_job": MIRROR,
+    "mirror/channel.py::_build_miss": MIRROR,
     "mirror/channel.py::seed_records": MIRROR,
     "mirror/channel.py::place": MIRROR,
     "mirror/cuda_sources.py::_cached_tree": MIRROR,

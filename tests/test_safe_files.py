@@ -109,3 +109,21 @@ def test_transient_locks_leave_nothing_and_say_who_holds_them(tmp_path: Path) ->
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / ".prefix.lock")], capture_output=True, text=True)
         assert out.stdout.strip() == str(os.getpid()), out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_set_mode_leaves_a_file_that_has_the_mode_alone(tmp_path: Path):
+    """A chmod moves the ctime even to the same mode, and the channel index reads every package
+    whose ctime moved since its repodata was written: a warm channel was read again in full."""
+    import time
+
+    from extforge import safe_files
+
+    kept, changed = tmp_path / "kept.conda", tmp_path / "changed.conda"
+    for f, mode in ((kept, 0o644), (changed, 0o600)):
+        f.write_bytes(b"x")
+        f.chmod(mode)
+    before = {f: f.stat().st_ctime_ns for f in (kept, changed)}
+    time.sleep(0.05)  # past the filesystem clock's tick
+    assert safe_files.set_mode(kept, 0o644) and safe_files.set_mode(changed, 0o644)
+    assert kept.stat().st_ctime_ns == before[kept]
+    assert stat.S_IMODE(changed.stat().st_mode) == 0o644 and changed.stat().st_ctime_ns > before[changed]

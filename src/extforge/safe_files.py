@@ -361,7 +361,10 @@ def touch(path: Path, *, beneath: Path | None = None) -> None:
 
 def set_mode(path: Path, mode: int, *, beneath: Path | None = None) -> bool:
     """chmod path only if it is a regular file this user owns (a link planted there is not
-    followed, a FIFO not waited on, another member's file keeps its mode); whether it did."""
+    followed, a FIFO not waited on, another member's file keeps its mode); whether it has that
+    mode now. A file that has it already is left alone: a chmod moves its ctime even to the same
+    mode, and the channel index takes a moved ctime for a rewritten package (read again, ~3 GB a
+    torch row)."""
     with folder(path.parent, beneath=beneath) as dfd:
         try:
             fd = os.open(path.name, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
@@ -371,7 +374,8 @@ def set_mode(path: Path, mode: int, *, beneath: Path | None = None) -> bool:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 return False
-            os.fchmod(fd, mode)
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)
         finally:
             os.close(fd)
     return True

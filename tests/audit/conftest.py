@@ -102,13 +102,15 @@ def cuda_elfs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def torch_dir(version: str, *extra: str) -> Path:
-    """A torch wheel (no deps, plus `extra` wheels) installed once into the extforge cache."""
+def torch_dir(version: str, *extra: str, wheels: Path | None = None) -> Path:
+    """A torch wheel (no deps, plus `extra` wheels) installed once into the extforge cache, from
+    the folder `wheels` when given (no index)."""
     dest = cache_root() / "audit-torch" / version
     if not (dest / "torch" / "lib").is_dir():
         tmp = dest.with_name(version + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp),
+        where = ["--no-index", "--find-links", str(wheels)] if wheels else []
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *where, "--target", str(tmp),
                         f"torch=={version}", *extra], check=True)
         tmp.rename(dest)
     return dest
@@ -129,8 +131,13 @@ at::Tensor matrix_sqrth(const at::Tensor& x) {
 
 @pytest.fixture(scope="session")
 def torch_ext(tmp_path_factory):
-    # libtorch_cpu of the cu130 wheel needs libcudart and libcupti from the nvidia wheels.
-    new = torch_dir("2.14.1", "nvidia-cuda-runtime", "nvidia-cuda-cupti")
+    from extforge import mirror
+
+    # The mirror fixture's download of the same torch (the session's start begins it): its 900 MB
+    # wheel fetched once. libtorch_cpu of the cu130 wheel needs libcudart and libcupti from the
+    # nvidia wheels.
+    wheels = mirror.from_pip(mirror.pip_requirements("torch==2.14.1", []))
+    new = torch_dir("2.14.1", "nvidia-cuda-runtime", "nvidia-cuda-cupti", wheels=wheels.artifacts["torch"].wheel.parent)
     old = torch_dir("2.13.0")
     root = tmp_path_factory.mktemp("torch_ext")
     (root / "ext.cpp").write_text(TORCH_EXT)

@@ -67,3 +67,37 @@ def test_the_channel_index_reuses_the_records_written_at_build_time(tmp_path: Pa
     entries = json.loads((tmp_path / "channel" / built[1].subdir / "repodata.json").read_text())["packages.conda"]
     assert entries[built[1].path.name]["md5"] == "0" * 32
     assert entries[built[0].path.name]["sha256"] == hashlib.sha256(built[0].path.read_bytes()).hexdigest()
+
+
+def test_two_processes_asking_for_one_package_build_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A mirror beside another (the test session's background seed rows and a fixture) sharing a
+    package: the second waits for the first's build and takes it from the cache, instead of
+    deleting the first one's work folder under it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from extforge.mirror.channel import build_job
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    job = _job("shared", 20000)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        first, second = pool.map(build_job, [job, job])
+    assert first.path == second.path and first.path.is_file()
+    assert sorted([first.cached, second.cached]) == [False, True]
+
+
+def test_placing_a_row_again_keeps_the_packages_ctime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A warm mirror places the same files again; their ctime must stay, or the index takes them
+    for rewritten packages and reads them all again (a torch row: ~3 GB each warm run)."""
+    import time
+
+    from extforge.mirror import channel as mirror_channel
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    built = build_jobs([_job("one", 10)], None, None, workers=1)
+    monkeypatch.setattr(mirror_channel, "index_channel", lambda channel: None)  # the index's own links aside
+    (placed,) = mirror_channel.place(built, tmp_path / "channel")
+    before = placed.stat().st_ctime_ns
+    time.sleep(0.05)  # past the filesystem clock's tick
+    mirror_channel.place(built, tmp_path / "channel")
+    assert placed.stat().st_ctime_ns == before

@@ -1,6 +1,7 @@
 """The seed clusters: every (python, torch) row our users run, mirrored into ONE channel and
 demo-ext built for each into ONE output channel, once per session and cached across sessions
 (cold: ~3 GB of wheels per torch build, the cache grew 40.4 GiB for the four rows; warm: seconds).
+The session's start begins that work in a background process (prepare.py) that the fixtures wait for.
 
 Rows whose python is missing, or whose channel holds no CUDA toolkit of torch's major, are
 skipped with that reason; the others are built and tested. A machine whose disk cannot hold
@@ -23,6 +24,8 @@ import pytest
 
 from extforge import paths
 from extforge.locking import exclusive
+
+from . import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RECIPE = REPO / "recipe" / "demo-ext"
@@ -126,8 +129,7 @@ def disk_shortfall(free_bytes: int, need: DiskNeed) -> str | None:
             f"{free:.1f} GiB is free; free space or point EXTFORGE_CACHE at a bigger disk")
 
 
-@pytest.fixture(scope="session")
-def seed_channel(fixtures_dir: Path) -> SeedChannel:
+def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
     """One mirror channel holding every cluster's torch build (rows added one by one)."""
     import time
 
@@ -138,9 +140,6 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     skipped: dict[str, str] = {}
     seconds: dict[str, float] = {}
     fixtures_dir.mkdir(parents=True, exist_ok=True)
-    shortfall = disk_shortfall(shutil.disk_usage(fixtures_dir).free, disk_need(_warm_record(), paths.rattler_pkgs_dir()))
-    if shortfall:
-        pytest.skip(shortfall)
     packages: list[str] = []
     pythons = {c.name: find_python(c.python) for c in CLUSTERS}
     # pip fetches the next rows' wheels (network and disk) while this row is packaged (CPU):
@@ -171,6 +170,24 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     return SeedChannel(channel, rows, skipped, seconds)
 
 
+def seed_shortfall(fixtures_dir: Path, besides: float = 0.0) -> str | None:
+    """disk_shortfall of this cache; `besides`: GiB the disk must keep for other work as well."""
+    fixtures_dir.mkdir(parents=True, exist_ok=True)
+    return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30),
+                          disk_need(_warm_record(), paths.rattler_pkgs_dir()))
+
+
+@pytest.fixture(scope="session")
+def seed_channel(fixtures_dir: Path) -> SeedChannel:
+    # The session's start began this work in the background (prepare.py); what it finished is
+    # warm here, what it did not (it failed or was stopped) is done again, its errors raised here.
+    prepare.wait()
+    shortfall = seed_shortfall(fixtures_dir)
+    if shortfall:
+        pytest.skip(shortfall)
+    return prepare.made_channel(fixtures_dir) or make_seed_channel(fixtures_dir)
+
+
 def _tree_digest(root: Path) -> str:
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
@@ -189,8 +206,7 @@ def _repodata_of(channel: Path) -> str:
     return (channel / "linux-64" / "repodata.json").read_text()
 
 
-@pytest.fixture(scope="session")
-def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
+def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     """demo-ext, the recipe unchanged, built for each row the channel can build, into one channel."""
     import time
 
@@ -221,6 +237,11 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
             seconds[c.name] = record["seconds"]
         index_channel(out)  # rows built by earlier runs: their entries as the files are now
     return SeedBuilds(out, packages, seconds)
+
+
+@pytest.fixture(scope="session")
+def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
+    return make_seed_builds(seed_channel, fixtures_dir)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -17,6 +18,7 @@ from .. import engine, paths
 from ..channel.index import index_channel
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
+from ..locking import exclusive
 from ..ui import log
 from .recipes import PackageJob, render_recipe
 
@@ -54,8 +56,15 @@ def build_job(job: PackageJob, log_file: Path | None = None, compression_threads
     hit = lookup(job)
     if hit:
         return hit
-    start = time.monotonic()
     key = job.cache_key()
+    # Two mirrors sharing packages (rows of one python, a prefetch beside a mirror) build each
+    # once: the work folder is per key, so a second builder would delete the first one's files.
+    with exclusive(package_cache_dir().parent / "work" / f"{key}.lock"):
+        return lookup(job) or _build_miss(job, key, log_file, compression_threads)
+
+
+def _build_miss(job: PackageJob, key: str, log_file: Path | None, compression_threads: int | None) -> CachedPackage:
+    start = time.monotonic()
     entry = package_cache_dir() / key
     work = paths.cache_root() / "mirror" / "work" / key
     shutil.rmtree(work, ignore_errors=True)
@@ -232,7 +241,8 @@ def place(packages: list[CachedPackage], channel: Path, remove: set[str] = froze
                 os.link(src, dst)
             except OSError:
                 shutil.copy2(src, dst)
-        dst.chmod(0o644)
+        if stat.S_IMODE(dst.stat().st_mode) != 0o644:
+            dst.chmod(0o644)  # only then: a chmod moves the ctime, and the index reads a moved file again
         placed.append(dst)
     seed_records(channel, packages)
     index_channel(channel)

@@ -19,6 +19,7 @@ from packaging.version import Version
 
 from .. import paths
 from ..errors import ExtforgeError
+from ..locking import exclusive
 from .deps import DistInfo
 from .hashing import sha256_file
 
@@ -224,14 +225,17 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
     # needs no pip of its own: an explicit --platform list missed wheels tagged only manylinux_2_25.
     cmd = [sys.executable, "-m", "pip", "--python", python, "download", "-q", "--only-binary=:all:",
            "-d", str(wheel_dir), *requirements]
-    # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
-    # seconds, and a warm mirror should not. Deleting the folder asks pip again.
-    proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None
-    if proc is not None and proc.returncode != 0:
-        raise pip_failure(proc.stderr, wheel_dir)
-    # Also a folder downloaded before the store existed: its copies become links.
-    share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
-    complete.touch()
+    # Two runs asking for the same request (a prefetch and the mirror that needs it) download it
+    # once: the second waits, then finds the folder complete.
+    with exclusive(wheel_dir.with_name(f"{wheel_dir.name}.lock")):
+        # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
+        # seconds, and a warm mirror should not. Deleting the folder asks pip again.
+        proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None
+        if proc is not None and proc.returncode != 0:
+            raise pip_failure(proc.stderr, wheel_dir)
+        # Also a folder downloaded before the store existed: its copies become links.
+        share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
+        complete.touch()
     inputs = from_wheels(wheel_dir, python)
     inputs.description = f"pip ({' '.join(requirements)})"
     return inputs
