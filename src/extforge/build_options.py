@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .split_build import Split
+
 
 @dataclass(frozen=True)
 class BuildOptions:
@@ -19,6 +21,7 @@ class BuildOptions:
     profile: str | None = None  # planner profile named on the command line
     test: bool = True
     audit: bool = True  # audit and stamp what was built (and, on Slurm, gate the publish)
+    split: Split | None = None  # one part of a split build, or its link job (split_build)
 
     @classmethod
     def make(
@@ -32,6 +35,7 @@ class BuildOptions:
         profile: str | None = None,
         test: bool = True,
         audit: bool = True,
+        split: Split | None = None,
     ) -> BuildOptions:
         return cls(
             # Absolute now: the working directory may be replaced while a long build runs.
@@ -43,6 +47,7 @@ class BuildOptions:
             profile=profile,
             test=test,
             audit=audit,
+            split=split,
         )
 
     @property

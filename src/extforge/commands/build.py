@@ -40,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="build profile for the resource planner (MAX_JOBS, NVCC_THREADS)")
     parser.add_argument("--no-test", action="store_true", help="skip the recipe's tests")
     parser.add_argument("--no-audit", action="store_true", help="skip the audit and stamp of built packages")
+    split = parser.add_argument_group(
+        "a split build: N jobs compile a share of the units each into the compile cache (one EXTFORGE_CACHE "
+        "on shared storage), then a link job builds the package from it (for a build one job cannot hold)")
+    one = split.add_mutually_exclusive_group()
+    one.add_argument("--part", metavar="I/N", help="compile part I of N into the compile cache and stop (no package)")
+    one.add_argument("--link-parts", type=int, metavar="N",
+                     help="the link job after N parts: build the package, every unit from the compile cache")
     from ..slurm.options import add_build_options
 
     add_build_options(parser)
@@ -47,6 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
     """The one BuildOptions of this command line, for the local and the Slurm path alike."""
+    from ..split_build import link_of, parse_part
     from ..variants import parse_variant_overrides
 
     return BuildOptions.make(
@@ -58,6 +66,7 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         profile=args.profile,
         test=not args.no_test,
         audit=not args.no_audit,
+        split=parse_part(args.part) if args.part else link_of(args.link_parts) if args.link_parts is not None else None,
     )
 
 
@@ -84,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task("rattler-build", total=None)
         # Redrawn at once: rattler-build holds the GIL while it builds, so the bar's own refresh
         # thread waits until it is done.
-        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80], refresh=True))
+        notes: list[str] = []
+        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80], refresh=True), notes=notes)
     if args.json:
-        ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built]})
+        ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built], "split": notes})
     else:
+        for line in notes:
+            ui.console.print(line, markup=False)
         for p in built:
             ui.console.print(built_line(p), markup=False)
     return build_exit_code(built)
