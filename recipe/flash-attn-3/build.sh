@@ -19,8 +19,6 @@ fi
 # shellcheck disable=SC1091
 source "${SRC_DIR}/fa3-env.sh"
 export FLASH_ATTENTION_OFFLINE_BUILD=1 FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_SKIP_CUDA_BUILD=FALSE
-# torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
-export TORCH_NO_COMPILER_WRAPPER=1
 
 echo "flash-attn-3 build: torch ${EXTFORGE_TORCH_VERSION}, ${EXTFORGE_CXX_STD}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "disabled: ${FA3_DISABLED:-none}" >&2

@@ -35,32 +35,6 @@ else
     echo "warning: no shared libpython at ${py_libdir}/${py_soname}; linking without --no-undefined" >&2
 fi
 
-# --- Compile cache (extforge.compile_cache) ----------------------------------------------------
-# torch >= 2.14 prepends any ccache/sccache found on PATH by itself; only extforge decides.
-export TORCH_NO_COMPILER_WRAPPER=1
-if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
-    nvcc="${CUDA_HOME:+${CUDA_HOME}/bin/nvcc}"
-    nvcc="${nvcc:-$(command -v nvcc)}"
-    export PYTORCH_NVCC="${EXTFORGE_COMPILER_LAUNCHER} ${nvcc}"
-    # torch runs `which $CXX` and `$CXX -v`, so CXX stays one executable: a wrapper script.
-    real_cxx=$(command -v "${CXX}")
-    wrap_dir="${SRC_DIR}/.extforge-bin"
-    mkdir -p "${wrap_dir}"
-    printf '#!/bin/sh\nexec %s %s "$@"\n' "${EXTFORGE_COMPILER_LAUNCHER}" "${real_cxx}" > "${wrap_dir}/$(basename "${real_cxx}")"
-    chmod +x "${wrap_dir}/$(basename "${real_cxx}")"
-    export CXX="${wrap_dir}/$(basename "${real_cxx}")"
-    # torch's include paths name lib/pythonX.Y/site-packages, so two Python versions preprocess
-    # the same .cu to different text and never share a cache entry. Reached through a link whose
-    # name does not carry the version, they preprocess alike (the -I options themselves are not
-    # in ccache's preprocessor-mode key) and a second Python version reuses the kernel objects.
-    ln -sfn "$("${PYTHON}" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("torch").origin)))')" \
-        "${SRC_DIR}/.extforge-site"
-    export PYTHONPATH="${SRC_DIR}/.extforge-site${PYTHONPATH:+:${PYTHONPATH}}"
-    for v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
-        [[ -z "${!v:-}" ]] && unset "${v}"
-    done
-fi
-
 echo "flash-attn build: python ${py_tag}, torch ABI ${EXTFORGE_TORCH_ABI} (compiler default ${compiler_default_abi:-?})," \
      "-std=${EXTFORGE_CXX_STD}, archs ${FLASH_ATTN_CUDA_ARCHS}, head dims ${FLASH_ATTN_HEAD_DIMS:-all}, MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS}," \
      "launcher '${EXTFORGE_COMPILER_LAUNCHER:-}'" >&2

@@ -1,4 +1,4 @@
-"""Every variable extforge.compile_cache.env() sets reaches flash-attn's build script.
+"""Every variable extforge.compile_cache.env() sets reaches the build scripts of flash-attn and FA3.
 
 rattler-build runs build scripts in a strictly isolated environment: a variable that the
 recipe does not list under build.script.env silently disappears and the cache stays cold.
@@ -27,9 +27,11 @@ def tools_on_path(tmp_path: Path, monkeypatch) -> Path:
     return bin_dir
 
 
+@pytest.mark.parametrize("recipe", ["flash-attn", "flash-attn-3"])
 @pytest.mark.parametrize("tool", compile_cache.TOOLS)
 def test_recipe_passes_every_cache_variable(recipe_dir: Path, tools_on_path: Path, tmp_path: Path,
-                                            monkeypatch, tool: str) -> None:
+                                            monkeypatch, tool: str, recipe: str) -> None:
+    recipe_dir = recipe_dir.parent / recipe
     env = compile_cache.env(tool, cache_dir=tmp_path / "cache")
     assert env["EXTFORGE_COMPILER_LAUNCHER"] == str(tools_on_path / tool)
     assert (tmp_path / "cache").is_dir()
