@@ -26,7 +26,7 @@ def defaults() -> dict[str, Any]:
     phase can tell an option given again from one left out."""
     return {"python": shutil.which("python3") or sys.executable, "archs": "90", "head_dims": "",
             "no_flash_attn": False, "fa3": False, "fa3_head_dims": "128", "fa3_dtypes": "bf16;fp16",
-            "fa3_features": "bwd;varlen", "side_by_side": False, "extras": DEFAULT_EXTRAS,
+            "fa3_features": "bwd;varlen", "fa3_parts": 1, "side_by_side": False, "extras": DEFAULT_EXTRAS,
             "cuda_home": os.environ.get("CUDA_HOME") or "/usr/local/cuda"}
 
 
@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     remembered.add_argument("--fa3-head-dims", help="flash-attn-3 subset: head dims (default 128)")
     remembered.add_argument("--fa3-dtypes", help="flash-attn-3 subset: dtypes (default 'bf16;fp16')")
     remembered.add_argument("--fa3-features", help="flash-attn-3 subset: optional kernel families (default 'bwd;varlen')")
+    remembered.add_argument("--fa3-parts", type=int,
+                            help="flash-attn-3 as a split build: N parts at once, each on its share of the run's CPUs "
+                                 "(extforge build --part I/N, as a Slurm array would run them), then the link job")
     remembered.add_argument("--side-by-side", action="store_true", default=None,
                             help="start: the flash-attn recipe build timed by bench/build_side_by_side.py, then the same "
                                  "sdist with upstream's setup.py and the same settings (nothing else builds); `wait` "

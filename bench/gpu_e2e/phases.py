@@ -41,6 +41,7 @@ class Options:
     fa3_head_dims: str
     fa3_dtypes: str
     fa3_features: str
+    fa3_parts: int
     side_by_side: bool
     concurrent: bool
     warm_cache: bool
@@ -136,7 +137,19 @@ def phase_start(run: Run, o: Options) -> None:
             run.fact("flash-attn-3 planned", f"MAX_JOBS={chosen['max_jobs']} NVCC_THREADS={chosen['nvcc_threads']}, "
                                              f"{chosen['expected_wall_seconds']} s compile + link, peak "
                                              f"{chosen['predicted_peak_bytes'] / 2**30:.1f} GiB")
-        start_build(run, detached, "build-fa3", fa3_build_cmd(run, o), after=after)
+        if o.fa3_parts > 1:
+            # The parts at once, each on its share of this run's CPUs (a Slurm array's tasks on
+            # nodes of their own), then the link job on all of them, every unit from the cache.
+            cpus = sorted(os.sched_getaffinity(0))
+            share = len(cpus) // o.fa3_parts
+            for i in range(1, o.fa3_parts + 1):
+                start_build(run, detached, f"build-fa3-part{i}",
+                            [*fa3_build_cmd(run, o, f"build-fa3-part{i}"), "--part", f"{i}/{o.fa3_parts}"],
+                            after=after, cpus=cpus[(i - 1) * share:i * share])
+            start_build(run, detached, "build-fa3", [*fa3_build_cmd(run, o), "--link-parts", str(o.fa3_parts)],
+                        after=fa3_parts(o))
+        else:
+            start_build(run, detached, "build-fa3", fa3_build_cmd(run, o), after=after)
     if after:
         start_build(run, detached, "build-demo", demo, after=after)
     else:
@@ -185,9 +198,14 @@ def fa3_sm80(o: Options) -> bool:
     return o.fa3_features == "all" or "sm80" in o.fa3_features.split(";")
 
 
-def fa3_build_cmd(run: Run, o: Options) -> list[str]:
+def fa3_parts(o: Options) -> list[str]:
+    """The part builds of a split FA3 build (none for one build)."""
+    return [f"build-fa3-part{i}" for i in range(1, o.fa3_parts + 1)] if o.fa3_parts > 1 else []
+
+
+def fa3_build_cmd(run: Run, o: Options, out_dir: str = "build-fa3") -> list[str]:
     return extforge(o.python, "build", "recipe/flash-attn-3", "-c", str(run.work / "mirror"), "-o",
-                    str(run.work / "build-fa3"), "-m", "recipe/flash-attn-3/variants-offline.yaml",
+                    str(run.work / out_dir), "-m", "recipe/flash-attn-3/variants-offline.yaml",
                     "--variant", f"fa3_head_dims={o.fa3_head_dims}", "--variant", f"fa3_dtypes={o.fa3_dtypes}",
                     "--variant", f"fa3_features={o.fa3_features}")
 
@@ -222,7 +240,7 @@ def plain_build_cmd(run: Run, o: Options, settings: list[str]) -> list[str]:
 
 
 def phase_wait(run: Run, o: Options) -> None:
-    for build in BUILDS:
+    for build in [*fa3_parts(o), *BUILDS]:
         if (run.work / f"{build}.base").exists() and not wait_build(run, build, o.deadline):
             # The node may be gone before the next call: what the build has logged so far.
             collect_build_probes(run, build)
@@ -360,9 +378,8 @@ def gpu_tests(run: Run, o: Options, env: dict[str, str], prefix: Path) -> None:
              [pyx, "-m", "pytest", "--confcutdir=tests/gpu", "-p", "no:cacheprovider", "-q", "-rs",
               f"--junitxml={run.work / 'logs' / 'junit.xml'}", *tests], env=test_env, critical=False)
     if o.fa3:
-        full = all(v == "all" for v in (o.fa3_head_dims, o.fa3_dtypes, o.fa3_features))
         # What is left of this call, less the benchmark's minute, for the upstream sample.
-        upstream_fa3_tests(run, pyx, test_env, full, max(60.0, o.deadline - time.monotonic() - 90))
+        upstream_fa3_tests(run, pyx, test_env, o.fa3_head_dims == "all", max(60.0, o.deadline - time.monotonic() - 90))
     if not o.no_flash_attn or o.fa3:
         # Speed is the benchmark's verdict, never a test's: exit 3 says measured, outside the
         # tolerance, and the summary shows it without failing the run.
@@ -370,10 +387,12 @@ def gpu_tests(run: Run, o: Options, env: dict[str, str], prefix: Path) -> None:
         run.step("attention benchmark (ours vs SDPA)", [pyx, "bench/attention_bench.py"], env=test_env, ok_codes=(0, 3))
 
 
-def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], full: bool = False, seconds: float = 240) -> None:
+def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], every_head_dim: bool = False,
+                       seconds: float = 240) -> None:
     """A sample of upstream's hopper/test_flash_attn.py against the installed package: the test
-    file reads the same FLASH_ATTENTION_DISABLE_* switches the package was built with. The full
-    build's sample spans every test function (upstream_fa3_shards)."""
+    file reads the same FLASH_ATTENTION_DISABLE_* switches the package was built with. A build of
+    every head dim (the full one among them) is sampled across every test function
+    (upstream_fa3_shards)."""
     tests = run.work / "fa3-upstream-tests"
     shutil.rmtree(tests, ignore_errors=True)
     with tarfile.open(CARRY / "flash-attention-0251105a-hopper.tar.gz") as tf:
@@ -391,7 +410,7 @@ def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], full: bool = 
     flags = json.loads(probe.stdout or "{}")
     switches = {k.replace("FLASHATTENTION_", "FLASH_ATTENTION_"): "TRUE" for k, v in flags.items() if v}
     run.fact("flash-attn-3 disabled switches", " ".join(sorted(switches)) or "none")
-    if full:
+    if every_head_dim:
         upstream_fa3_shards(run, python, env | switches, hopper, seconds)
         return
     run.step("upstream hopper/test_flash_attn.py (sample)",
@@ -446,7 +465,7 @@ def upstream_fa3_shards(run: Run, python: str, env: dict[str, str], hopper: Path
         words = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no counts"
         run.record(f"upstream {selection.split(' or ')[0]} (every {every}th){' and more' if ' or ' in selection else ''}",
                    time.monotonic() - t0, rc == 0, f"{words}; exit {rc}" + ("" if rc == 0 else "\n" + output[-1500:]))
-    run.fact("upstream hopper/test_flash_attn.py, full build sample",
+    run.fact("upstream hopper/test_flash_attn.py, sample across head dims",
              f"{total.get('passed', 0)} passed, {total.get('skipped', 0)} skipped, {total.get('failed', 0)} failed"
              f"{', %d errors' % total['error'] if total.get('error') else ''} "
              "(test_flash_attn_race_condition not run: it allocates ~70 GiB)")

@@ -19,7 +19,7 @@ PHASES = ("start", "wait", "finish", "rebuild", "all", "symbols")
 # What `start` decides and every later phase must see the same way: `finish --env fa3` after
 # `start --fa3` used to lock without flash-attn-3, its packages never published.
 REMEMBERED = ("python", "archs", "head_dims", "no_flash_attn", "fa3", "fa3_head_dims", "fa3_dtypes", "fa3_features",
-              "side_by_side", "cuda_home", "extras")
+              "fa3_parts", "side_by_side", "cuda_home", "extras")
 
 
 class StepFailed(Exception):

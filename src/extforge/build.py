@@ -437,7 +437,9 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 split_build.clear_notes(split_state)
             try:
                 with progress_reports(sink, bld, before, profile, merged), stop.engine():
-                    result = engine.build_variant(variant, output_dir, urls, sink, test=options.test, keep_build=True)
+                    # A part's module is placeholders: nothing to test.
+                    result = engine.build_variant(variant, output_dir, urls, sink, keep_build=True,
+                                                  test=options.test and not (split and not split.is_link))
             except BaseException as exc:
                 if not engine.engine_failure(exc):
                     raise

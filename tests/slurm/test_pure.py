@@ -205,3 +205,36 @@ def test_a_slurm_job_builds_with_the_options_a_local_build_gets(tmp_path):
     audited = make_job(BuildRequest(BuildOptions.make(tmp_path, [], tmp_path), "x", SlurmConfig()), VARIANT, [],
                        Machine(16, 128 * 2**30, "2.39", "test", "test"))
     assert audited.build_flags == () and audited.publish_flags == ()
+
+
+def test_a_split_build_is_a_job_array_of_parts_then_a_link_job_that_publishes(tmp_path):
+    """--parts 3: task I of the array runs `extforge build --part I/3` into a folder of its own and
+    publishes nothing; the variant's job waits for the whole array (afterany: a failed part only
+    leaves units to compile) and builds with --link-parts 3, then publishes."""
+    import subprocess
+    from dataclasses import replace
+
+    from extforge.slurm.config import SlurmConfig
+    from extforge.slurm.script import render_parts_script
+
+    fake = tmp_path / "fake-extforge"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/argv.$SLURM_ARRAY_TASK_ID"\n')
+    fake.chmod(0o755)
+    j = replace(job(), parts=3, extforge=(str(fake),), files=JobFiles.under(tmp_path, VARIANT.id))
+    parts = render_parts_script(j, SlurmConfig(partition="gpu"))
+    sb = [line.removeprefix("#SBATCH ") for line in parts.splitlines() if line.startswith("#SBATCH")]
+    assert sb[:3] == [f"--job-name=extforge:{VARIANT.id}:parts", f"--output={tmp_path}/logs/{VARIANT.id}.part-%a.log",
+                      "--array=1-3"]
+    assert "--partition=gpu" in sb and "--cpus-per-task=16" in sb and " publish " not in parts
+    script = tmp_path / "parts.sh"
+    script.write_text(parts)
+    subprocess.run(["bash", str(script)], check=True, env={"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": "2"})
+    argv = (tmp_path / "argv.2").read_text().split()
+    assert argv[argv.index("--output-dir") + 1] == f"{tmp_path}/out/{VARIANT.id}.parts/2"
+    assert argv[-2:] == ["--part", "2/3"]
+
+    link = render_build_script(replace(j, after_job="4711"), SlurmConfig())
+    assert "#SBATCH --dependency=afterany:4711" in link.splitlines()
+    build = next(line for line in link.splitlines() if " build " in line)
+    assert "--link-parts 3" in build and " publish " in link
+    assert "--dependency" not in render_build_script(job(), SlurmConfig())

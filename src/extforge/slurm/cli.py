@@ -43,10 +43,17 @@ def submit_build(opts: BuildOptions, args: argparse.Namespace) -> int:
             "each job publishes the package it built to a channel every node can reach",
             "add --publish-to /shared/channels/internal (a folder on the shared filesystem)",
         )
+    if opts.split:
+        raise ExtforgeError(
+            "--part and --link-parts are what the jobs of a split build run, not options of --slurm",
+            "with --slurm, extforge submits the parts and the link job itself",
+            "pass --parts N instead (and --shared-cache DIR, on storage every build node sees)",
+        )
     req = BuildRequest(
         options=opts,
         publish_to=str(Path(args.publish_to).expanduser().resolve()) if "://" not in args.publish_to else args.publish_to,
         config=slurm_config(args),
+        parts=args.parts,
     )
     result = submit_matrix(req, dry_run=args.dry_run)
     if args.dry_run:

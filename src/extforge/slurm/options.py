@@ -31,6 +31,10 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--node-cores", type=option_type(positive_int), help="cores of a build node (default: the partition's smallest node)")
     g.add_argument("--node-memory", help="memory of a build node, e.g. 128G (default: from sinfo)")
     g.add_argument("--shared-cache", metavar="DIR", help="cache root on the shared filesystem for every job")
+    g.add_argument("--parts", type=option_type(positive_int), default=1, metavar="N",
+                   help="split each variant's build: a job array of N parts compiles into the compile cache under "
+                        "--shared-cache, then a link job builds and publishes the package (for a build longer than "
+                        "one job may run)")
     g.add_argument("--dry-run", action="store_true", help="print the sbatch scripts instead of submitting them")
     g.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the jobs, then report")
 

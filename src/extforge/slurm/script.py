@@ -54,6 +54,10 @@ class BuildJob:
     build_flags: tuple[str, ...] = ()  # e.g. --no-test, passed on to `extforge build`
     publish_flags: tuple[str, ...] = ()  # e.g. --no-audit, passed on to `extforge publish`
     env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
+    # A split build (split_build): this many part jobs (a job array) compile into the shared
+    # compile cache first, and this job is their link job, started when the array has ended.
+    parts: int = 1
+    after_job: str | None = None  # the job (array) this job waits for
 
 
 def sbatch_options(job: BuildJob, config: SlurmConfig) -> list[str]:
@@ -65,6 +69,9 @@ def sbatch_options(job: BuildJob, config: SlurmConfig) -> list[str]:
     for flag, value in (("--partition", config.partition), ("--account", config.account), ("--qos", config.qos)):
         if value:
             opts.append(f"{flag}={value}")
+    if job.after_job:
+        # afterany: a part that failed or was preempted only leaves units for the link job to compile.
+        opts.append(f"--dependency=afterany:{job.after_job}")
     opts += list(config.extra_args)
     return opts
 
@@ -73,18 +80,52 @@ def _cmd(argv: list[str] | tuple[str, ...]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
-    v = job.variant
-    q = shlex.quote
-    build = [*job.extforge, "build", str(job.recipe), "--output-dir", str(job.files.output_dir)]
+def build_argv(job: BuildJob, output_dir: str) -> list[str]:
+    """The job's `extforge build` command, as a local build of the variant would run it."""
+    build = [*job.extforge, "build", str(job.recipe), "--output-dir", output_dir]
     for channel in job.channels:
         build += ["--channel", channel]
     for f in job.variant_files:
         build += ["--variant-config", str(f)]
-    build += v.build_args
+    build += job.variant.build_args
     if job.profile:
         build += ["--profile", job.profile]
-    build += job.build_flags
+    return build + list(job.build_flags)
+
+
+def parts_dir(job: BuildJob) -> Path:
+    return job.files.output_dir.parent / f"{job.variant.id}.parts"
+
+
+def render_parts_script(job: BuildJob, config: SlurmConfig) -> str:
+    """The job array of a split build's parts: task I runs `extforge build --part I/N`; what it
+    compiles goes to the shared compile cache, nothing is published (the link job does that)."""
+    opts = [o for o in sbatch_options(job, config) if not o.startswith(("--job-name=", "--output="))]
+    log = job.files.log.with_name(f"{job.variant.id}.part-%a.log")
+    out = f"{parts_dir(job)}/$SLURM_ARRAY_TASK_ID"
+    build = _cmd(build_argv(job, "@OUT@")).replace("@OUT@", f'"{out}"')
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name=extforge:{job.variant.id}:parts",
+        f"#SBATCH --output={log}",
+        f"#SBATCH --array=1-{job.parts}",
+        *(f"#SBATCH {o}" for o in opts),
+        f"# extforge {__version__}: the {job.parts} parts of variant {job.variant.id} (a split build)",
+        "set -euo pipefail",
+        'echo "extforge: $(date -Is) part ${SLURM_ARRAY_TASK_ID}/' + str(job.parts) + ' (job ${SLURM_JOB_ID:-?}) on $(hostname)"',
+        *(f"export {k}={shlex.quote(val)}" for k, val in job.env),
+        *config.setup,
+        f'{build} --part "${{SLURM_ARRAY_TASK_ID}}/{job.parts}"',
+        "",
+    ])
+
+
+def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
+    v = job.variant
+    q = shlex.quote
+    build = build_argv(job, str(job.files.output_dir))
+    if job.parts > 1:
+        build += ["--link-parts", str(job.parts)]
     outputs = " ".join(q(f"{job.files.output_dir}/{o}") for o in v.outputs)
     lines = [
         "#!/bin/bash",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from ..variants import resolve
 from .config import SlurmConfig
 from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes
-from .script import BUILD_LOG_MARK, ERROR_MARK, BuildJob, JobFiles, render_build_script
+from .script import BUILD_LOG_MARK, ERROR_MARK, BuildJob, JobFiles, render_build_script, render_parts_script
 from .state import (
     BuildState,
     JobRecord,
@@ -43,6 +43,7 @@ class BuildRequest:
     options: BuildOptions  # what each job's `extforge build` builds, exactly as a local build would
     publish_to: str
     config: SlurmConfig
+    parts: int = 1  # a split build: a job array of this many parts before each variant's link job
 
     @property
     def output_dir(self) -> Path:
@@ -118,6 +119,7 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
         publish_flags=() if req.options.audit else ("--no-audit",),
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
+        parts=req.parts,
     )
 
 
@@ -149,12 +151,19 @@ def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     machine = node_type(req.config)
     for v in todo:
         job = make_job(req, v, channels, machine)
-        text = render_build_script(job, req.config)
-        result.scripts[v.id] = text
+        parts_text = render_parts_script(job, req.config) if job.parts > 1 else None
+        if parts_text:
+            result.scripts[f"{v.id}:parts"] = parts_text
+        result.scripts[v.id] = render_build_script(replace(job, after_job="PARTS_JOB_ID") if parts_text else job, req.config)
         if dry_run:
             continue
         for d in (job.files.script.parent, job.files.log.parent, job.files.exit_file.parent, job.files.output_dir):
             make_dirs(d)
+        if parts_text:
+            parts_script = job.files.script.with_name(f"{v.id}.parts.sbatch")
+            write_atomic(parts_script, parts_text.encode())
+            job = replace(job, after_job=sbatch(parts_script))
+        text = render_build_script(job, req.config)
         write_atomic(job.files.script, text.encode())
         remove(job.files.exit_file)
         job_id = sbatch(job.files.script)
