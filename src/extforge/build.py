@@ -358,8 +358,14 @@ def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mappi
 def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
                 fh: Any, notes: list[str]) -> None:
     """A part is done: its objects are in the compile cache; what it built around them (placeholder
-    objects and links, maybe a package of them) is removed, never packaged or indexed."""
+    objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
+    log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
     outcome = split_build.read_outcome(state_dir)
+    log_file = Path(fh.name)
+    with contextlib.suppress(OSError):
+        if (ninja_log := ninja_log_in(work_dirs)) is not None:
+            shutil.copyfile(ninja_log, log_file.with_suffix(".ninja_log"))
+        shutil.copyfile(state_dir / "units", log_file.with_suffix(".units"))
     for path in [*work_dirs, *(p.path for p in packages)]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -116,7 +116,7 @@ class Outcome:
         if split.is_link:
             cached = f"{self.cache_hits} from the compile cache, {self.cache_misses} compiled here"
             return f"{split.describe()}: {done} units ({cached}; longest {longest} s)"
-        return (f"{split.describe()}: {done} units compiled into the compile cache ({self.cache_hits} were "
+        return (f"{split.describe()}: {done} unit{'' if done == 1 else 's'} compiled into the compile cache ({self.cache_hits} were "
                 f"there already; longest {longest} s), {len(self.skipped)} left to the other parts")
 
 
