@@ -36,11 +36,13 @@ build:
       CCACHE_NOHASHDIR: ${{ env.get("CCACHE_NOHASHDIR", default="") }}
       CCACHE_COMPILERCHECK: ${{ env.get("CCACHE_COMPILERCHECK", default="") }}
     content: |
-      for u in UNITS; do printf 'int f_%s(int x) { return x + 1; }\\n' "$u" > "$u.c"; done
+      # A header in the host prefix, as torch's are: its path is in every unit's preprocessed text.
+      mkdir -p "$PREFIX/include" && echo '#define STEP 1' > "$PREFIX/include/split_demo.h"
+      for u in UNITS; do printf '#include <split_demo.h>\\nint f_%s(int x) { return x + STEP; }\\n' "$u" > "$u.c"; done
       @BROKEN@
       {
         echo 'rule cc'
-        echo "  command = ${EXTFORGE_COMPILER_LAUNCHER} gcc -fPIC -c \\$in -o \\$out"
+        echo "  command = ${EXTFORGE_COMPILER_LAUNCHER} gcc -fPIC -I$PREFIX/include -c \\$in -o \\$out"
         echo 'rule so'
         echo "  command = ${EXTFORGE_COMPILER_LAUNCHER} gcc -shared -o \\$out \\$in"
         for u in UNITS; do echo "build $u.o: cc $u.c"; done
@@ -105,8 +107,9 @@ def test_two_parts_then_the_link_job_make_the_package_from_the_cache(site: tuple
     recipe, channel = site
     owners = {u: split_build.owner(u, 2) for u in UNITS}
     assert set(owners.values()) == {1, 2}, "the test needs units in both parts"
+    # Output folders of different lengths: rattler-build pads each host prefix's name differently.
     for i in (1, 2):
-        out = tmp_path / f"part{i}"
+        out = tmp_path / f"part{i * 'i'}"
         built, notes = _build(recipe, channel, out, split_build.Split(2, i))
         # A part makes no package and leaves no work folder: its objects are in the cache only.
         assert built == [] and not list(out.rglob("*.conda")) and not list((out / "bld").glob("rattler-build_*"))
