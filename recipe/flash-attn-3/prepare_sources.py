@@ -10,8 +10,9 @@ cutlass submodule's headers). Reads the variant from FA3_HEAD_DIMS, FA3_DTYPES, 
    recipe pins (the archives' sha256 prove the bytes; the tree id ties them to the commit);
 2. edits hopper/setup.py so it never touches the network or git (a CUDA 12.x toolkit makes it
    download nvcc/ptxas from NVIDIA; `git submodule update` runs on every build) and compiles
-   with the C++ standard the host torch needs — each edit must find its anchor, or the build
-   stops here naming it, before any compile;
+   with the C++ standard the host torch needs, and hopper/flash_api_stable.cpp so a subset
+   without the different-V-head-dim kernels refuses such a call instead of computing garbage —
+   each edit must find its anchor, or the build stops here naming it, before any compile;
 3. writes FILE: the FLASH_ATTENTION_DISABLE_* switches of the subset as shell `export` lines;
 4. writes the subset into --record-out (JSON), so the package says what it holds.
 
@@ -136,14 +137,35 @@ def setup_edits(cxx_std: str) -> list[tuple[str, str, str]]:
     ]
 
 
-def edit_setup(text: str, cxx_std: str) -> str:
-    for why, anchor, replacement in setup_edits(cxx_std):
+# A subset without the kernels for a V head dim other than Q/K's (hdimdiff) runs upstream's
+# dispatch past them onto the kernel of equal dims: a wrong result, no error (seen on an H200:
+# Q/K 64 with V 256 off by up to 1.0, V 512 NaN). These checks make such a call fail as upstream's
+# other disabled features do. Inserted after the check every different-V call passes.
+_DIFFERENT_V = r'(\n(\s*)STD_TORCH_CHECK\(dprops->major == 9, "Only Hopper supports different V headdim"\);)'
+API_EDITS = [
+    ("refuse a different V head dim at Q/K <= 64 when hdimdiff is not built", _DIFFERENT_V,
+     r'\1\n\2#ifdef FLASHATTENTION_DISABLE_HDIMDIFF64\n\2STD_TORCH_CHECK(head_size > 64, "This flash attention build '
+     r'does not support a V head dim different from a Q/K head dim <= 64 (built without fa3_features hdimdiff)");'
+     r'\n\2#endif'),
+    ("refuse a different V head dim at Q/K in (128, 192] when hdimdiff is not built", _DIFFERENT_V,
+     r'\1\n\2#ifdef FLASHATTENTION_DISABLE_HDIMDIFF192\n\2STD_TORCH_CHECK(head_size <= 128 || head_size > 192, "This flash '
+     r'attention build does not support a V head dim different from a Q/K head dim in (128, 192] (built without '
+     r'fa3_features hdimdiff)");\n\2#endif'),
+]
+
+
+def apply_edits(name: str, text: str, edits: list[tuple[str, str, str]]) -> str:
+    for why, anchor, replacement in edits:
         text, n = re.subn(anchor, replacement, text)
         if n != 1:
-            raise PrepareError(f"hopper/setup.py: expected one match of {anchor!r} ({why}), found {n}; "
+            raise PrepareError(f"hopper/{name}: expected one match of {anchor!r} ({why}), found {n}; "
                                "the source is not the upstream commit this recipe was written for — "
                                "update prepare_sources.py's edits together with the recipe's sources")
     return text
+
+
+def edit_setup(text: str, cxx_std: str) -> str:
+    return apply_edits("setup.py", text, setup_edits(cxx_std))
 
 
 # ------------------------------------------------------------------ git tree ids
@@ -193,6 +215,8 @@ def prepare(src: Path, env_out: Path, record_out: Path | None) -> dict:
     cxx_std = os.environ.get("EXTFORGE_CXX_STD") or "c++17"
     setup = src / "hopper" / "setup.py"
     setup.write_text(edit_setup(setup.read_text(), cxx_std))
+    api = src / "hopper" / "flash_api_stable.cpp"
+    api.write_text(apply_edits(api.name, api.read_text(), API_EDITS))
     # setup.py reads the repository's README as its long description.
     readme = src / "README.md"
     if not readme.exists():

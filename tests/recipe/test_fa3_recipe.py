@@ -116,6 +116,11 @@ def test_prepare_edits_setup_and_writes_the_switches(tmp_path: Path) -> None:
     assert '"git", "submodule"' not in setup and "if False:  # extforge" in setup
     assert '"-std=c++20"' in setup and '"-std=c++17"' not in setup
     assert "export FLASH_ATTENTION_DISABLE_FP8=TRUE" in env.read_text()
+    # Without hdimdiff, a V head dim other than Q/K's is refused, not run on the equal-dims kernel.
+    api = (src / "hopper" / "flash_api_stable.cpp").read_text()
+    guard = api.index("#ifdef FLASHATTENTION_DISABLE_HDIMDIFF64\n")
+    assert api.index('"Only Hopper supports different V headdim"') < guard < api.index("if (head_size_v > 256)")
+    assert "STD_TORCH_CHECK(head_size > 64," in api and "STD_TORCH_CHECK(head_size <= 128 || head_size > 192," in api
     assert (src / "README.md").is_file()
     # A second run on the edited tree is refused: its tree id is no longer upstream's.
     again = subprocess.run([sys.executable, str(RECIPE / "prepare_sources.py"), str(src), "--env-out", str(env)],
