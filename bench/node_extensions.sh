@@ -43,11 +43,20 @@ run_chain() {
         return $rc
     }
     step node "$PY" -c 'import sys, torch, os; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), os.cpu_count(), "cores")'
-    for r in causal-conv1d mamba-ssm torch-scatter gsplat; do
+    local recipes=(causal-conv1d mamba-ssm torch-scatter gsplat)
+    [[ -n "${XF_ONLY:-}" ]] && recipes=("$XF_ONLY")
+    for r in "${recipes[@]}"; do
         step "sources-$r" "${xf[@]}" sources fetch "recipe/$r" --from "$XF_WORK/repo/.carry/sdists" --dest "$XF_WORK/sources" || return
     done
     step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda \
         --extra einops --extra transformers --extra pytest --extra packaging --extra rich || return
+    if [[ -n "${XF_ONLY:-}" ]]; then
+        # One extension alone (XF_ONLY=gsplat): its build, envs/gpu-node's env of that name, its tests.
+        step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" || return
+        publish_lock_install "$XF_ONLY" "$out"/linux-64/*.conda || return
+        "test_$XF_ONLY"
+        return
+    fi
     # torch-scatter compiles one unit at a time (upstream turns ninja off): it builds beside the
     # others, in an output folder of its own (two rattler-builds never index one folder at once).
     step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$XF_WORK/out-scatter" &
@@ -62,26 +71,35 @@ run_chain() {
     step build-gsplat "${xf[@]}" build recipe/gsplat -c "$ch" -o "$out"
     wait "$scatter" "$second"
     cp "$XF_WORK"/out-scatter/linux-64/*.conda "$out/linux-64/" 2>/dev/null
-    local pkgs=("$out"/linux-64/*.conda)
-    step publish "${xf[@]}" publish "${pkgs[@]}" --channel "$XF_WORK/channel" --upstream "$ch" || return
-    step lock "${xf[@]}" lock --manifest envs/gpu-node/pixi.toml --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}" || return
-    step install "${xf[@]}" install mamba --prefix "$XF_WORK/env" --lock "$XF_WORK/pixi.lock" --manifest envs/gpu-node/pixi.toml "${maps[@]}" || return
-    step verify "${xf[@]}" verify "$XF_WORK/env" --env mamba --lock "$XF_WORK/pixi.lock" "${maps[@]}"
-    local env_py="$XF_WORK/env/bin/python" tests="$XF_WORK/upstream-tests"
-    mkdir -p "$tests"
-    for a in causal_conv1d-1.7.0 gsplat-1.5.3; do tar -C "$tests" -xzf "$XF_WORK/sources/sha256/"*/$a.tar.gz; done
+    publish_lock_install mamba "$out"/linux-64/*.conda || return
+    local tests="$XF_WORK/upstream-tests"
+    tar -C "$tests" -xzf "$XF_WORK/sources/sha256/"*/causal_conv1d-1.7.0.tar.gz
     for a in .carry/mamba-v2.3.2.post1-tests.tar.gz .carry/pytorch_scatter-2.1.2-tests.tar.gz; do tar -C "$tests" -xzf "$a"; done
-    # Upstream's test files, run from outside any source tree so the installed packages are imported.
-    export PYTHONPATH="$XF_WORK/repo/bench" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
-    local pt=("$env_py" -m pytest -q -p pytest_sample -p no:cacheprovider)
     step test-causal-conv1d "${pt[@]}" "$tests/causal_conv1d-1.7.0/tests/test_causal_conv1d.py"
     step test-mamba-selective-scan "${pt[@]}" "$tests/mamba-v2.3.2.post1/tests/ops/test_selective_scan.py"
     EXTFORGE_SAMPLE_EVERY=1 step test-torch-scatter "${pt[@]}" "$tests/pytorch_scatter-2.1.2/test"
+    test_gsplat
+    step mamba-tiny-model "$XF_WORK/env/bin/python" bench/mamba_tiny.py
+}
+
+publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channel, then envs/gpu-node's ENV
+    local env=$1; shift
+    step publish "${xf[@]}" publish "$@" --channel "$XF_WORK/channel" --upstream "$ch" || return
+    step lock "${xf[@]}" lock --manifest envs/gpu-node/pixi.toml --env "$env" --lock "$XF_WORK/pixi.lock" "${maps[@]}" || return
+    step install "${xf[@]}" install "$env" --prefix "$XF_WORK/env" --lock "$XF_WORK/pixi.lock" --manifest envs/gpu-node/pixi.toml "${maps[@]}" || return
+    step verify "${xf[@]}" verify "$XF_WORK/env" --env "$env" --lock "$XF_WORK/pixi.lock" "${maps[@]}"
+    mkdir -p "$XF_WORK/upstream-tests"
+    # Upstream's test files, run from outside any source tree so the installed packages are imported.
+    export PYTHONPATH="$XF_WORK/repo/bench" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
+    pt=("$XF_WORK/env/bin/python" -m pytest -q -p pytest_sample -p no:cacheprovider)
+}
+
+test_gsplat() {
     # The sdist's tests but test_basic.py and test_ftheta.py (they read assets/test_garden.npz, which only
     # upstream's repository has) and test_compression.py (imageio, torchpq and plas, not in the env).
-    local g="$tests/gsplat-1.5.3/tests"
+    tar -C "$XF_WORK/upstream-tests" -xzf "$XF_WORK/sources/sha256/"*/gsplat-1.5.3.tar.gz
+    local g="$XF_WORK/upstream-tests/gsplat-1.5.3/tests"
     step test-gsplat "${pt[@]}" "$g/test_rasterization.py" "$g/test_2dgs.py" "$g/test_strategy.py"
-    step mamba-tiny-model "$env_py" bench/mamba_tiny.py
 }
 
 summarize() {
@@ -104,7 +122,7 @@ if [[ $mode == start && ! -d "$XF_WORK/repo" ]]; then
     mkdir -p "$XF_WORK/logs" "$XF_WORK/site"
     cp -a . "$XF_WORK/repo"
     tar -C "$XF_WORK/site" -xJf .carry/site312.tar.xz
-    export -f run_chain summarize
+    export -f run_chain summarize publish_lock_install test_gsplat
     export XF_WORK PY
     setsid bash -c 'run_chain; echo done > "$XF_WORK/done"' > "$XF_WORK/chain.log" 2>&1 < /dev/null &
 fi

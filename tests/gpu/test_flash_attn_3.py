@@ -79,6 +79,20 @@ def test_varlen_matches_padded_batches(hopper, seed) -> None:
                         seed=seed, what=f"flash_attn_3 varlen, sequence of {n}")
 
 
+@pytest.mark.skipif(64 not in SUBSET["head_dims"], reason="head dim 64 is not built")
+def test_a_v_head_dim_other_than_qks_is_computed_or_refused(hopper, seed) -> None:
+    """Q/K head dim 64 with V 256: the hdimdiff kernels where they are built, else the recipe's
+    clear error (upstream's dispatch would run the 64x64 kernel and return a wrong result)."""
+    q, k, _ = _qkv(hopper, torch.bfloat16, 64)
+    v = torch.randn(2, 173, 4, 256, device=hopper, dtype=torch.bfloat16)
+    if "hdimdiff" in SUBSET["features"]:
+        compare_forward(fa3.flash_attn_func(q, k, v), functools.partial(attention, causal=False), [q, k, v], seed=seed,
+                        what="flash_attn_3 Q/K 64, V 256")
+    else:
+        with pytest.raises(RuntimeError, match="does not support a V head dim different"):
+            fa3.flash_attn_func(q, k, v)
+
+
 @pytest.mark.skipif(MAX_DIM >= 256, reason="every head dim is built")
 def test_head_dim_above_the_build_is_a_clear_error(hopper) -> None:
     with pytest.raises(RuntimeError, match=f"head dimension at most {MAX_DIM}"):
