@@ -1,10 +1,15 @@
 """Hugging Face transformers with attn_implementation="flash_attention_3" on a tiny random
-Qwen3-shaped model (head dim 128, grouped-query attention): FlashAttention-3 from our package must
-be as close to a float64 eager model as sdpa is, on a full batch and on a right-padded one (which
-transformers runs through the varlen kernels). Padded rows are compared with the same sequence run
-unpadded: the references' own outputs at padded positions are undefined (NaN in eager)."""
+Qwen3-shaped model (head dim 128, or the largest a FlashAttention-3 subset has; grouped-query
+attention): FlashAttention-3 from our package must be as close to a float64 eager model as sdpa
+is, on a full batch and on a right-padded one (which transformers runs through the varlen
+kernels). Padded rows are compared with the same sequence run unpadded: the references' own
+outputs at padded positions are undefined (NaN in eager)."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import pytest
 from gpu_env import draw_seed, import_or_skip, unavailable
@@ -16,11 +21,15 @@ transformers = import_or_skip("transformers")
 from attention_ref import check_logits_close  # noqa: E402
 
 VOCAB, BATCH, LEN = 1000, 3, 93
+# Head dim 128 (Qwen3's), else the largest the installed FA3 subset has kernels for.
+RECORD = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn-3.json"
+BUILT = json.loads(RECORD.read_text())["subset"]["head_dims"] if RECORD.is_file() else [128]
+HEAD_DIM = 128 if 128 in BUILT else max(BUILT)
 FA3_OP_PREFIX = "flash_attn_3::"
 
 
 def _build(attn_implementation: str, dtype, device, state=None):
-    config = transformers.Qwen3Config(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+    config = transformers.Qwen3Config(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM,
                                       num_hidden_layers=2, intermediate_size=512, vocab_size=VOCAB)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
     if state is not None:
