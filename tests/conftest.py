@@ -11,6 +11,7 @@ demo_channel / demo_package: recipe/demo-ext built against it (reused while the 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -142,3 +143,16 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
             subprocess.run([*pip, "--no-deps", MIRROR_TORCH, "packaging", "filelock"], check=True)
             (venv / ".complete").touch()
     return venv
+
+
+@pytest.fixture(scope="session")
+def ccache() -> str:
+    """ccache's path, installed with apt-get where it is missing and this is root on Debian (as
+    CI is); the split build carries objects through it."""
+    found = shutil.which("ccache")
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "ccache"], capture_output=True, check=False)
+        found = shutil.which("ccache")
+    if not found:
+        pytest.skip("ccache is not installed and cannot be here (apt-get install ccache)")
+    return found

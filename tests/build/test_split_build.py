@@ -19,63 +19,20 @@ from extforge.build_options import BuildOptions
 from extforge.errors import ExtforgeError
 
 UNITS = ("alpha", "beta", "gamma", "delta")
-RECIPE = """\
-schema_version: 1
-package:
-  name: split-demo
-  version: "1.0.0"
-build:
-  noarch: generic
-  number: 0
-  script:
-    env:
-      MAX_JOBS: ${{ env.get("MAX_JOBS", default="1") }}
-      EXTFORGE_COMPILER_LAUNCHER: ${{ env.get("EXTFORGE_COMPILER_LAUNCHER", default="") }}
-      CCACHE_DIR: ${{ env.get("CCACHE_DIR", default="") }}
-      CCACHE_BASEDIR: ${{ env.get("CCACHE_BASEDIR", default="") }}
-      CCACHE_NOHASHDIR: ${{ env.get("CCACHE_NOHASHDIR", default="") }}
-      CCACHE_COMPILERCHECK: ${{ env.get("CCACHE_COMPILERCHECK", default="") }}
-    content: |
-      # A header in the host prefix, as torch's are: its path is in every unit's preprocessed text.
-      mkdir -p "$PREFIX/include" && echo '#define STEP 1' > "$PREFIX/include/split_demo.h"
-      for u in UNITS; do printf '#include <split_demo.h>\\nint f_%s(int x) { return x + STEP; }\\n' "$u" > "$u.c"; done
-      @BROKEN@
-      {
-        echo 'rule cc'
-        echo "  command = ${EXTFORGE_COMPILER_LAUNCHER} gcc -fPIC -I$PREFIX/include -c \\$in -o \\$out"
-        echo 'rule so'
-        echo "  command = ${EXTFORGE_COMPILER_LAUNCHER} gcc -shared -o \\$out \\$in"
-        for u in UNITS; do echo "build $u.o: cc $u.c"; done
-        echo "build libsplit.so: so $(for u in UNITS; do printf '%s.o ' "$u"; done)"
-      } > build.ninja
-      ninja -j "$MAX_JOBS"
-      mkdir -p "$PREFIX/lib" && cp libsplit.so "$PREFIX/lib/"
-""".replace("UNITS", " ".join(UNITS))
-
-
-def _ccache() -> str:
-    found = shutil.which("ccache")
-    if found:
-        return found
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "ccache"], capture_output=True, check=False)
-    found = shutil.which("ccache")
-    if not found:
-        pytest.skip("ccache is not installed and cannot be here (apt-get install ccache)")
-    return found
+RECIPE = (Path(__file__).parents[1] / "data" / "split-demo" / "recipe.yaml").read_text()
+BROKEN = "      # @BROKEN@"
 
 
 @pytest.fixture()
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ccache: str) -> tuple[Path, Path]:
     """A recipe folder and an empty channel; the compile cache under an EXTFORGE_CACHE of the test's own."""
     if shutil.which("ninja") is None or shutil.which("gcc") is None:
         pytest.skip("ninja and gcc are needed")
-    ccache = _ccache()
     monkeypatch.setenv("PATH", f"{Path(ccache).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     channel = tmp_path / "channel"
     (channel / "noarch").mkdir(parents=True)
-    return _recipe(tmp_path, RECIPE.replace("@BROKEN@", "")), channel
+    return _recipe(tmp_path, RECIPE), channel
 
 
 def _recipe(tmp_path: Path, text: str) -> Path:
@@ -141,7 +98,7 @@ def test_a_link_job_without_its_parts_compiles_what_the_cache_lacks(site: tuple[
 def test_a_part_whose_unit_does_not_compile_fails_with_the_compilers_error(site: tuple[Path, Path], tmp_path: Path) -> None:
     _, channel = site
     # Broken in every part: whichever part owns it must fail, and say the compiler's words.
-    broken = _recipe(tmp_path / "b", RECIPE.replace("@BROKEN@", 'echo "int f_beta(int x) { return x +; }" > beta.c'))
+    broken = _recipe(tmp_path / "b", re.sub(rf"^{BROKEN}.*$", '      echo "int f_beta(int x) { return x +; }" > beta.c', RECIPE, flags=re.M))
     failures = []
     for i in (1, 2):
         try:
@@ -159,7 +116,7 @@ def test_a_split_build_without_a_compile_cache_is_refused(tmp_path: Path, monkey
         monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     channel = tmp_path / "channel"
     (channel / "noarch").mkdir(parents=True)
-    recipe = _recipe(tmp_path, RECIPE.replace("@BROKEN@", ""))
+    recipe = _recipe(tmp_path, RECIPE)
     with pytest.raises(ExtforgeError) as exc:
         _build(recipe, channel, tmp_path / "out", split_build.Split(2, 1))
     assert "needs a compile cache" in exc.value.what and "apt-get install ccache" in exc.value.fix

@@ -100,3 +100,28 @@ def test_demo_extension_arch_matrix_built_through_slurm_and_published(slurm_clus
     assert len(names) == 2 and all(n.startswith("demo-ext-") for n in names)
     for record in repodata["packages.conda"].values():
         assert any(d.startswith("pytorch ==") for d in record["depends"])
+
+
+def test_a_split_build_runs_as_a_job_array_then_a_link_job_that_publishes(slurm_cluster, empty_channel, tmp_path, ccache):
+    """--parts 2: an array of two part jobs compiles the recipe's four units into the shared compile
+    cache, the link job (afterany on the array) builds the package from it and publishes it."""
+    out, channel = tmp_path / "out", tmp_path / "channel"
+    recipe = Path(__file__).parents[1] / "data" / "split-demo"
+    proc = build_slurm(recipe, empty_channel, out, channel, "--parts", "2", "--shared-cache", str(tmp_path / "cache"),
+                       "--wait", "400")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(proc.stdout)
+    assert [r["state"] for r in doc["variants"]] == ["published"]
+    assert len(list((channel / "noarch").glob("split-demo-1.0.0-*.conda"))) == 1
+    (vid,) = [r["variant_id"] for r in doc["submitted"]]
+    logs = out / "slurm" / "logs"
+    compiled = 0
+    for i in (1, 2):
+        part = (logs / f"{vid}.part-{i}.log").read_text()
+        assert f"part {i}/2" in part and f"part {i} of 2: " in part, part
+        compiled += int(part.split(f"part {i} of 2: ")[1].split()[0])
+    assert compiled == 4
+    link = (logs / f"{vid}.log").read_text()
+    assert "the link job of 2 parts: 4 units (4 from the compile cache, 0 compiled here" in link, link
+    # The parts published nothing: the channel holds the link job's package alone.
+    assert not list((out / "slurm" / "out").glob(f"{vid}.parts/*/noarch/*.conda"))
