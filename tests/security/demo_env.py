@@ -47,16 +47,15 @@ def _prefill_caches(sandbox: Sandbox, channel: Path, extracted: Path) -> None:
             shutil.copy(f"{entry}.lock", sandbox.cache / "rattler" / "pkgs")
 
 
-def lock_demo_ext(sandbox: Sandbox, demo_channel: Path, mirror_channel: Path,
-                  extracted: Path | None = None) -> Path:
-    """pixi.lock of demo-ext and its torch on a channel in the sandbox, the sandbox's caches
-    prefilled (extracted entries from `extracted`, else the user's own rattler cache)."""
+def lock_demo_ext(sandbox: Sandbox, demo_channel: Path, mirror_channel: Path) -> Path:
+    """pixi.lock of demo-ext and its torch on a channel in the sandbox (sandbox/ch), the sandbox's
+    caches prefilled from the user's own."""
     # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
     channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
     manifest = sandbox.manifest("demo-ext")
     manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
     sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
-    _prefill_caches(sandbox, channel, extracted or paths.rattler_pkgs_dir())
+    _prefill_caches(sandbox, channel, paths.rattler_pkgs_dir())
     return manifest.with_name("pixi.lock")
 
 
@@ -95,10 +94,11 @@ class InstalledDemo:
         shutil.copy2(receipt_path(prefix), receipt_path(pristine / prefix.name))
         return cls(sandbox, lock, prefix, pristine)
 
-    @property
-    def extracted(self) -> Path:
-        """The sandbox's extracted package cache: demo-ext's entry among them, as install made it."""
-        return self.sandbox.cache / "rattler" / "pkgs"
+    def lend_caches(self, other: Sandbox) -> Path:
+        """The env's pixi.lock, `other`'s package store and extracted cache prefilled from this
+        install's sandbox (demo-ext's extracted entry among them, as install made it)."""
+        _prefill_caches(other, self.sandbox.root / "ch", self.sandbox.cache / "rattler" / "pkgs")
+        return self.lock
 
     def borrow(self) -> tuple[Path, Path]:
         """(pixi.lock, prefix), the prefix and its install record as install left them (restored

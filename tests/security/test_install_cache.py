@@ -13,7 +13,7 @@ import pytest
 from extforge.channel.index import reindex
 from extforge.channel.install import CLOBBERS
 
-from .demo_env import InstalledDemo, lock_demo_ext
+from .demo_env import InstalledDemo
 from .pyish import MODULE, SITE, forge_record, pyish_package
 
 INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
@@ -75,10 +75,9 @@ def test_package_store_copy_that_differs_is_fetched_again(sandbox):
 
 
 @pytest.mark.slow
-def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, installed_demo: InstalledDemo,
-                                                                                 demo_channel, mirror_channel):
-    # The extracted cache an install of this lock made (the session's, linked in): demo-ext's entry is there.
-    lock = lock_demo_ext(sandbox, demo_channel, mirror_channel, extracted=installed_demo.extracted)
+def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, installed_demo: InstalledDemo):
+    # The caches an install of this lock filled (the session's, linked in): demo-ext's extracted entry is there.
+    lock = installed_demo.lend_caches(sandbox)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"
     (entry,) = (sandbox.cache / "rattler" / "pkgs").glob("demo-ext-*_0")
     tamper_cache_entry(entry, {init: INJECTED})
