@@ -23,8 +23,12 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from .demo_env import InstalledDemo
 
 # A workspace of one environment ("default") on one channel ("internal"), for lock/install cases.
 MANIFEST = """\
@@ -205,6 +209,16 @@ def assert_no_crash(res: Result) -> None:
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     return Sandbox(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def installed_demo(demo_channel: Path, mirror_channel: Path, tmp_path_factory: pytest.TempPathFactory) -> InstalledDemo:
+    """demo-ext and its torch installed once per session in a sandbox of its own, lent to the
+    tests (demo_env.py)."""
+    from .demo_env import InstalledDemo
+
+    return InstalledDemo.install(Sandbox(tmp_path_factory.mktemp("demo-sandbox")), demo_channel, mirror_channel,
+                                 tmp_path_factory.mktemp("demo-pristine"))
 
 
 @pytest.fixture

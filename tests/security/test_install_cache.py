@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from extforge import paths
 from extforge.channel.index import reindex
 from extforge.channel.install import CLOBBERS
 
+from .demo_env import InstalledDemo
 from .pyish import MODULE, SITE, forge_record, pyish_package
 
 INJECTED = b"open(__file__ + '.ran', 'w').write('injected')\n"
 
 
 def tamper_cache_entry(entry: Path, replace: dict[str, bytes]) -> None:
-    """Replace (or add) files of an extracted package and make its info/paths.json agree."""
+    """Replace (or add) files of an extracted package and make its info/paths.json agree; every
+    file written is a new inode (the entry may be linked from another cache)."""
     paths_json = entry / "info" / "paths.json"
     data = json.loads(paths_json.read_text())
+    paths_json.unlink()  # written anew below: the entry's files may be hard links into another cache
     entries = {e["_path"]: e for e in data["paths"]}
     for rel, content in replace.items():
         path = entry / rel
@@ -74,55 +74,15 @@ def test_package_store_copy_that_differs_is_fetched_again(sandbox):
     assert stored.read_bytes() == pkg.read_bytes() and (prefix / MODULE).read_bytes() == b"VALUE = 1\n"
 
 
-def _linked_copy(channels: list[Path], dest: Path) -> Path:
-    """One channel holding hard links to the packages of several (indexed)."""
-    for channel in channels:
-        for sub in ("noarch", "linux-64"):
-            (dest / sub).mkdir(parents=True, exist_ok=True)
-            for f in (channel / sub).glob("*"):
-                if f.name.endswith((".conda", ".tar.bz2")):
-                    os.link(f, dest / sub / f.name)
-    reindex(dest)
-    return dest
-
-
-def _prefill_caches(sandbox, channel: Path) -> None:
-    """The sandbox's package store and extracted cache as hard links to the user's (a 5 GB
-    environment would otherwise be copied and extracted again). Edits below replace files,
-    never write into a linked one, and rattler's own lock files are copied."""
-    repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
-    shared = paths.rattler_pkgs_dir()
-    for fn, record in repodata["packages.conda"].items():
-        stored = sandbox.cache / "pkgs" / record["sha256"] / fn
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        os.link(channel / "linux-64" / fn, stored)
-        entry = shared / fn.removesuffix(".conda")
-        if entry.is_dir() and Path(f"{entry}.lock").is_file():
-            shutil.copytree(entry, sandbox.cache / "rattler" / "pkgs" / entry.name, copy_function=os.link)
-            shutil.copy(f"{entry}.lock", sandbox.cache / "rattler" / "pkgs")
-
-
-def lock_demo_ext(sandbox, demo_channel: Path, mirror_channel: Path) -> Path:
-    """pixi.lock of demo-ext and its torch on a channel in the sandbox, the sandbox's caches prefilled."""
-    # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
-    channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
-    manifest = sandbox.manifest("demo-ext")
-    manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
-    sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
-    _prefill_caches(sandbox, channel)
-    return manifest.with_name("pixi.lock")
-
-
 @pytest.mark.slow
-def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, demo_channel, mirror_channel):
-    lock = lock_demo_ext(sandbox, demo_channel, mirror_channel)
-    first = sandbox.root / "envs" / "first"
-    sandbox.run("install", "default", "--prefix", str(first), "--lock", str(lock), expect=0)
+def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, installed_demo: InstalledDemo):
+    # The caches an install of this lock filled (the session's, linked in): demo-ext's extracted entry is there.
+    lock = installed_demo.lend_caches(sandbox)
     init = "lib/python3.11/site-packages/demo_ext/__init__.py"
     (entry,) = (sandbox.cache / "rattler" / "pkgs").glob("demo-ext-*_0")
     tamper_cache_entry(entry, {init: INJECTED})
 
-    prefix = sandbox.root / "envs" / "second"
+    prefix = sandbox.path("envs") / "second"
     with sandbox.unchanged_outside(prefix):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert f"repaired {init}" in res.output, res.output

@@ -14,8 +14,9 @@ import pytest
 
 from extforge.channel.receipt import receipt_path
 
+from .conftest import Sandbox
+from .demo_env import InstalledDemo
 from .pyish import conda_meta
-from .test_install_cache import lock_demo_ext
 
 pytestmark = pytest.mark.slow
 
@@ -24,12 +25,16 @@ EVIL_SOURCE = "import os\nos.system('id > /tmp/owned')\n"
 
 
 @pytest.fixture
-def demo_env(sandbox, demo_channel, mirror_channel) -> tuple[Path, Path]:
-    """(pixi.lock, prefix) of demo-ext and its torch, installed by `extforge install`."""
-    lock = lock_demo_ext(sandbox, demo_channel, mirror_channel)
-    prefix = sandbox.root / "envs" / "demo"
-    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
-    return lock, prefix
+def sandbox(installed_demo: InstalledDemo) -> Sandbox:
+    """The installed env's sandbox: its cache holds the key that signed the env's install record."""
+    return installed_demo.sandbox
+
+
+@pytest.fixture
+def demo_env(installed_demo: InstalledDemo) -> tuple[Path, Path]:
+    """(pixi.lock, prefix) of demo-ext and its torch, installed by `extforge install`: the session's
+    install, restored as install left it before each test."""
+    return installed_demo.borrow()
 
 
 def _verify(sandbox, prefix: Path, *args: str, expect: int) -> dict[str, list[str]]:

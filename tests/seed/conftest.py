@@ -206,6 +206,12 @@ def _repodata_of(channel: Path) -> str:
     return (channel / "linux-64" / "repodata.json").read_text()
 
 
+def _build_key(recipe: Path, channel: Path) -> str:
+    """What a build's package depends on: the recipe, the channel, the build and audit code."""
+    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
+    return hashlib.sha256((_tree_digest(recipe) + builder + _repodata_of(channel)).encode()).hexdigest()[:16]
+
+
 def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     """demo-ext, the recipe unchanged, built for each row the channel can build, into one channel."""
     import time
@@ -214,9 +220,7 @@ def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuild
     from extforge.build_options import BuildOptions
     from extforge.channel.index import index_channel
 
-    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
-    key = hashlib.sha256((_tree_digest(DEMO_RECIPE) + builder + _repodata_of(seed_channel.path)).encode()).hexdigest()[:16]
-    out = fixtures_dir / "seed-ext" / key
+    out = fixtures_dir / "seed-ext" / _build_key(DEMO_RECIPE, seed_channel.path)
     packages: dict[str, Path] = {}
     seconds: dict[str, float] = {}
     with exclusive(fixtures_dir / "seed-ext.lock"):
@@ -250,3 +254,36 @@ def seed_envs_root(fixtures_dir: Path) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     return root
+
+
+WRONG_ABI_RECIPE = Path(__file__).parent / "data" / "wrong-abi-ext"
+WRONG_ABI_ROW = "C"  # torch 2.6: the old C++ ABI
+
+
+@dataclass(frozen=True)
+class WrongAbiBuild:
+    package: Path
+    audit_verdict: str
+
+
+def make_wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> WrongAbiBuild | None:
+    """A C++ torch extension built for row C with the new C++ ABI forced on (no CUDA: no toolkit
+    needed), or None without row C. Cached like the seed builds (cold: 68 s of the foreground,
+    now built by prepare.py in the background); the audit's verdict is kept with it."""
+    from extforge.build import build_recipe
+    from extforge.build_options import BuildOptions
+
+    if WRONG_ABI_ROW not in seed_channel.rows:
+        return None
+    out = fixtures_dir / "wrong-abi-ext" / _build_key(WRONG_ABI_RECIPE, seed_channel.path)
+    done = out / ".complete"
+    with exclusive(fixtures_dir / "wrong-abi-ext.lock"):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            row = seed_channel.rows[WRONG_ABI_ROW]
+            built = build_recipe(BuildOptions.make(WRONG_ABI_RECIPE, [seed_channel.path], out, test=False,
+                                                   variants={"python": [row["python"]], "pytorch": [row["pytorch"]]}))
+            (pkg,) = [p for p in built if p.name == "wrong-abi-ext"]
+            done.write_text(json.dumps({"package": str(pkg.path.relative_to(out)), "audit_verdict": pkg.audit_verdict}))
+        record = json.loads(done.read_text())
+    return WrongAbiBuild(out / record["package"], record["audit_verdict"])

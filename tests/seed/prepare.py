@@ -3,7 +3,7 @@
 Cold, the seed rows were 60% of the suite's wall, run at its end on an otherwise idle machine:
 ~12 GB of wheels downloaded (network), their mirror packages and four demo-ext builds (CPU);
 meanwhile the earlier tests, one at a time, kept the 2 cores ~60% busy. This process does the
-same work through the same functions (tests/seed/conftest.py) at the lowest CPU priority, so it
+same work through the same functions (tests/seed/conftest.py; the wrong-ABI build too) at the lowest CPU priority, so it
 takes the cores the tests leave idle and the network they do not use; the seed fixtures wait
 for it and find the caches warm. Whatever it did not finish (it failed, or the session ended
 first) the fixtures do again themselves, raising its errors there.
@@ -87,7 +87,7 @@ def stop() -> None:
 def main(fixtures_dir: Path, first: list[list[str]]) -> None:
     from extforge import mirror
 
-    from .conftest import make_seed_builds, make_seed_channel, seed_shortfall
+    from .conftest import make_seed_builds, make_seed_channel, make_wrong_abi_package, seed_shortfall
 
     # Begun before the other tests write their files, it leaves them their room; where the disk
     # cannot hold both, the seed fixtures decide at their turn, as they did without this process.
@@ -109,6 +109,8 @@ def main(fixtures_dir: Path, first: list[list[str]]) -> None:
     builds = make_seed_builds(channel, fixtures_dir)
     rows = ", ".join(f"{name} {sec:.0f} s" for name, sec in builds.seconds.items())
     print(f"{time.monotonic() - start:7.1f} s  seed builds ({rows})", flush=True)
+    make_wrong_abi_package(channel, fixtures_dir)
+    print(f"{time.monotonic() - start:7.1f} s  the wrong-ABI build", flush=True)
 
 
 if __name__ == "__main__":

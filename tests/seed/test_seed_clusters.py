@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLUSTERS, SeedBuilds, SeedChannel
+from .conftest import CLUSTERS, SeedBuilds, SeedChannel, make_wrong_abi_package
 
 pytestmark = [pytest.mark.slow, pytest.mark.seed]
 ROW_IDS = [c.name for c in CLUSTERS]
-CLUSTER_C = next(c for c in CLUSTERS if c.name == "C")
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -117,20 +116,14 @@ def test_each_rows_env_locks_to_its_own_build_installs_and_imports(name: str, se
 
 
 @pytest.fixture(scope="session")
-def wrong_abi_package(seed_channel: SeedChannel, tmp_path_factory) -> Path:
-    """A C++ torch extension built for row C with the new C++ ABI forced on (no CUDA: no toolkit needed)."""
-    from extforge.build import build_recipe
-    from extforge.build_options import BuildOptions
-
-    if CLUSTER_C.name not in seed_channel.rows:
+def wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> Path:
+    """A C++ torch extension built for row C with the new C++ ABI forced on (conftest.py; the
+    session's background builds it), which the build's own audit failed."""
+    built = make_wrong_abi_package(seed_channel, fixtures_dir)
+    if built is None:
         pytest.skip(f"cluster C: {seed_channel.skipped.get('C')}")
-    row = seed_channel.rows["C"]
-    out = tmp_path_factory.mktemp("wrong-abi")
-    built = build_recipe(BuildOptions.make(Path(__file__).parent / "data" / "wrong-abi-ext", [seed_channel.path], out,
-                                           test=False, variants={"python": [row["python"]], "pytorch": [row["pytorch"]]}))
-    (pkg,) = [p for p in built if p.name == "wrong-abi-ext"]
-    assert pkg.audit_verdict == "fail", pkg
-    return pkg.path
+    assert built.audit_verdict == "fail", built
+    return built.package
 
 
 def test_a_new_abi_build_against_torch_2_6_is_refused_naming_the_symbol(wrong_abi_package: Path,

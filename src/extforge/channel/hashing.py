@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -30,15 +30,22 @@ def sha256_file(path: Path | str, *, copy_to: BinaryIO | None = None) -> str:
 
 
 def digest_file(path: Path | str, algorithm: str, *, copy_to: BinaryIO | None = None) -> str:
-    h = hashlib.new(algorithm)
+    return digests_file(path, (algorithm,), copy_to=copy_to)[algorithm]
+
+
+def digests_file(path: Path | str, algorithms: Sequence[str], *, copy_to: BinaryIO | None = None) -> dict[str, str]:
+    """Several digests of a file from one read ({algorithm: hex}): a package checked against both
+    the lock's sha256 and its md5 is read once, and both digests are of the same bytes."""
+    hashes = [hashlib.new(a) for a in algorithms]
     buf = _buffer()
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as fh:
         while n := fh.readinto(buf):
-            h.update(view[:n])
+            for h in hashes:
+                h.update(view[:n])
             if copy_to is not None:
                 copy_to.write(view[:n])
-    return h.hexdigest()
+    return {a: h.hexdigest() for a, h in zip(algorithms, hashes, strict=True)}
 
 
 def default_threads() -> int:

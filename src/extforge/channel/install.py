@@ -31,6 +31,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import rattler_pkgs_dir
 from .accounting import user_name
-from .hashing import sha256_file
+from .hashing import default_threads, sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
@@ -210,8 +211,11 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
             "nothing was installed; restore the channel's files, or re-lock if the change is intended",
             exit_code=EXIT_FINDINGS,
         )
-    for path in local.values():
-        check_package(path)
+    # Each archive is decompressed to read its members' paths (~9 s for torch's env one after
+    # another): on a thread pool, biggest first; the first unsafe package in that order is raised.
+    with ThreadPoolExecutor(max_workers=default_threads()) as pool:
+        for _ in pool.map(check_package, sorted(local.values(), key=lambda p: -p.stat().st_size)):
+            pass
     refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
     manifests, _ = manifests_for(refs, prefix, local)
     _check_prefix_length(prefix, manifests)
