@@ -75,7 +75,7 @@ def build_environment(
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # Every recipe: a shipped profile, what the site's cost store learned, else a conservative estimate.
     env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
-                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text)).env()
+                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text), variant=variants).env()
     # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
     with contextlib.suppress(ExtforgeError):
         env |= compile_cache.env()
@@ -329,7 +329,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
             if log is None:
                 return
             progress = plan.build_progress(machine_now, profile, archs, head_dims, log.read_text(errors="replace"),
-                                           time.time() - log.stat().st_mtime)
+                                           time.time() - log.stat().st_mtime, variants)
             line = progress.describe() if progress else ""
             if line and line != last:
                 sink.note(line)

@@ -9,7 +9,7 @@ headroom for the final link and the OS), the fastest; ties go to the lower peak.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
@@ -189,13 +189,14 @@ def numbers_for(profile: str, version: str | None = None, units: int | None = No
 
 def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
                head_dims: tuple[int, ...] = (), node_speed: float = 1.0, version: str | None = None,
-               units: int | None = None) -> BuildPlan:
+               units: int | None = None, variant: Mapping[str, object] | None = None) -> BuildPlan:
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
     a unit in 0.7 of the time). Nodes of one kind differ (up to 1.5x between two 16-core H100
     nodes on the same unit), so a site that has one build's ninja log from a node type passes its speed
     (bench/unit_costs_fit.py prints it) to predict that node type within a few percent.
     `version`, `units`: the recipe's version and translation units, for a profile extforge does
-    not ship (numbers_for)."""
+    not ship (numbers_for). `variant`: the variant's values, for a recipe whose cost data says
+    which units a subset key leaves out (unit_costs.in_variant)."""
     if node_speed <= 0:
         raise ValueError("node_speed must be positive")
     numbers = numbers_for(profile, version, units)
@@ -229,8 +230,9 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     split: list[str] = []
     costs = numbers.costs
     if costs:
-        per_unit = {u: s * node_speed for u, s in
-                    unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims).items()}
+        in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
+                                         costs.subsets, variant or {})
+        per_unit = {u: s * node_speed for u, s in in_build.items()}
         # What a plain build does: no unit split, and the units in name order (setuptools sorts an
         # extension's sources before torch writes build.ninja). Every schedule paces the units by
         # the compiles running beside them (costs.concurrency).
@@ -326,13 +328,13 @@ class BuildProgress:
 
 
 def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_dims: tuple[int, ...],
-                   ninja_log: str, log_age_seconds: float) -> BuildProgress | None:
+                   ninja_log: str, log_age_seconds: float, variant: Mapping[str, object] | None = None) -> BuildProgress | None:
     """Where a build planned by `plan_build(machine, profile, archs, head_dims)` stands, from its
     ninja log so far, written `log_age_seconds` ago (the log is appended as each unit ends); None
     without per-unit costs for the profile. The time left is the plan's schedule again at the
     measured speed, which predicted whole builds within 4% on 16 and 32 cores
     (docs/benchmarks.md), less the time already spent."""
-    base = plan_build(machine, profile, tuple(archs), head_dims)
+    base = plan_build(machine, profile, tuple(archs), head_dims, variant=variant)
     if not base.unit_order:
         return None
     edges = unit_costs.parse_ninja_log(ninja_log)
@@ -350,7 +352,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
     speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load)
     if not speed:
         return progress
-    expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed).expected_wall_seconds
+    expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed, variant=variant).expected_wall_seconds
     return replace(progress, node_speed=speed, remaining_seconds=max(0, int(round(expected - elapsed))))
 
 

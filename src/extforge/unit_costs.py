@@ -111,6 +111,9 @@ class UnitCosts:
     shards: ShardModel | None = None  # None: the recipe cannot split its units
     concurrency: Concurrency | None = None  # None: units take their seconds whatever runs beside them
     node_speeds: dict[str, float] = field(default_factory=dict)  # measured nodes against `units`
+    # variant key -> value -> name parts of the units only that value builds (a subset recipe:
+    # FA3's fa3_dtypes fp8 -> "_e4m3_"); in_variant() drops the units of the values left out.
+    subsets: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def any_measured(self) -> bool:
@@ -369,8 +372,30 @@ def load(profile: str) -> UnitCosts | None:
     cc = d.get("concurrency")
     concurrency = Concurrency(int(cc["reference"]), float(cc["per_compile"]), str(cc.get("measured", ""))) if cc else None
     speeds = {str(k): float(v) for k, v in (d.get("node_speeds") or {}).items()}
+    subsets = {str(key): {str(v): tuple(str(t) for t in (parts if isinstance(parts, list) else [parts]))
+                          for v, parts in values.items()} for key, values in (d.get("subsets") or {}).items()}
     return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards, concurrency,
-                     speeds)
+                     speeds, subsets)
+
+
+def _chosen(value: object) -> set[str] | None:
+    """The values a variant key names ("bf16;fp8", a matrix's list of them); None: every value."""
+    out: set[str] = set()
+    for item in value if isinstance(value, list | tuple) else [value]:
+        for v in str(item).split(";") if item is not None else ["all"]:
+            if v.strip() in ("", "all"):
+                return None
+            out.add(v.strip())
+    return out
+
+
+def in_variant(per_unit: Mapping[str, float], subsets: Mapping[str, Mapping[str, Sequence[str]]],
+               variant: Mapping[str, object]) -> dict[str, float]:
+    """Only the units a subset variant compiles: a unit whose name holds a part of a value the
+    variant leaves out is not built. A key the variant does not set, or sets to "all", builds every unit."""
+    drop = [part for key, values in subsets.items() if key in variant and (chosen := _chosen(variant[key])) is not None
+            for value, parts in values.items() if value not in chosen for part in parts]
+    return {u: s for u, s in per_unit.items() if not any(part in u for part in drop)}
 
 
 def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:

@@ -149,3 +149,18 @@ def test_fa3_units_compile_for_one_arch_each_whatever_the_variant_names() -> Non
     assert (two.max_jobs, two.nvcc_threads, two.expected_wall_seconds) == (one.max_jobs, 1, one.expected_wall_seconds)
     assert any("1 arch(s) per unit" in r for r in two.reasons)
     assert plan_build(node(64, 512), "flash-attn", ("80", "90")).nvcc_threads == 2
+
+
+@pytest.mark.parametrize(("variant", "units"), [
+    ({}, 293),
+    ({"fa3_head_dims": ["128"], "fa3_dtypes": ["bf16;fp16"], "fa3_features": ["bwd;varlen"]}, 6),
+    # run X's set: no softcap, so upstream builds the `_softcapall` backward units under plain names
+    ({"fa3_head_dims": ["all"], "fa3_dtypes": ["bf16;fp8"], "fa3_features": ["appendkv;bwd;cluster;local;packgqa;paged;split;varlen"]}, 58),
+    ({"fa3_head_dims": ["64"], "fa3_dtypes": ["bf16"], "fa3_features": ["varlen"]}, 3),
+])
+def test_an_fa3_subset_is_planned_from_its_own_units(variant, units) -> None:
+    """The unit counts upstream's setup.py builds for these subsets (runs L, X and Y compiled 6, 58, 3)."""
+    built = plan_build(node(64, 512), "flash-attn-3", ("90",), variant=variant)
+    assert len(built.unit_order) == units
+    full = plan_build(node(64, 512), "flash-attn-3", ("90",))
+    assert (built.expected_wall_seconds < full.expected_wall_seconds) == (units < 293)
