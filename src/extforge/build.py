@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, split_build, stopping
+from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, split_build, stopping, unit_costs
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -83,7 +83,7 @@ def build_environment(
 
 
 def split_environment(env: Mapping[str, str], split: split_build.Split, profile: str, version: str | None,
-                      state_dir: Path) -> dict[str, str]:
+                      variants: Mapping[str, list[str]], state_dir: Path) -> dict[str, str]:
     """The variables of one part of a split build, or of its link job: the compile cache is what
     carries the parts' objects to the link job, so there is none without it; one nvcc thread in
     every job, so parts and link job run the same compile commands (the cache's key)."""
@@ -97,7 +97,9 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
         )
     safe_files.make_dirs(state_dir)
     numbers = plan.numbers_for(profile, version)
-    assigned = split_build.assignment(numbers.costs.seconds() if numbers.costs else {}, split.parts)
+    # The variant's own units, dealt longest first: a subset's parts are balanced on what it builds.
+    costs = unit_costs.in_variant(numbers.costs.seconds(), numbers.costs.subsets, variants) if numbers.costs else {}
+    assigned = split_build.assignment(costs, split.parts)
     assignment_file = state_dir / split_build.ASSIGNMENT_FILE
     safe_files.write_atomic(assignment_file, split_build.assignment_text(assigned).encode(), mode=0o644)
     return {"NVCC_THREADS": "1",
@@ -414,7 +416,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     bld = output_dir / "bld"
     split, split_state = options.split, bld / split_build.STATE_DIR
     if split:
-        env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), split_state)
+        env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env, recipe_file, matrix)
     log_dir = output_dir / "logs"
