@@ -151,8 +151,14 @@ def ccache() -> str:
     CI is); the split build carries objects through it."""
     found = shutil.which("ccache")
     if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "ccache"], capture_output=True, check=False)
-        found = shutil.which("ccache")
+        # A fresh machine's package lists may be empty: install from them, else update them first.
+        for steps in ([["apt-get", "install", "-y", "-qq", "ccache"]],
+                      [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "ccache"]]):
+            for argv in steps:
+                subprocess.run(argv, capture_output=True, check=False, timeout=900,
+                               env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            if found := shutil.which("ccache"):
+                break
     if not found:
         pytest.skip("ccache is not installed and cannot be here (apt-get install ccache)")
     return found
