@@ -384,8 +384,11 @@ def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[
     fh.flush()
     notes.append(outcome.summary(split))
     if outcome.cache_misses:
-        log.warning("%s: %d units were not in the compile cache and compiled here (a part failed, did not run, "
-                    "or ran with other cost data, sources or flags)", split.describe(), outcome.cache_misses)
+        many = outcome.cache_misses != 1
+        log.warning("%s: %d unit%s not in the compile cache and compiled here (a part failed, did not run, or ran "
+                    "with other sources or flags; or the unit's headers expand __FILE__, which names this build's "
+                    "own folder: FA3's flash_prepare_scheduler)", split.describe(), outcome.cache_misses,
+                    "s were" if many else " was")
 
 
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None,
