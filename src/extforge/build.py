@@ -364,15 +364,15 @@ def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[P
     log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
     outcome = split_build.read_outcome(state_dir)
     log_file = Path(fh.name)
-    with contextlib.suppress(OSError):
-        if (ninja_log := ninja_log_in(work_dirs)) is not None:
-            shutil.copyfile(ninja_log, log_file.with_suffix(".ninja_log"))
-        shutil.copyfile(state_dir / "units", log_file.with_suffix(".units"))
+    output_dir = log_file.parent.parent
+    kept = [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")]
+    for src, suffix in kept:
+        with contextlib.suppress(OSError, ExtforgeError):
+            if src is not None:
+                data = safe_files.read_bytes(src, limit=64 * 2**20, beneath=output_dir)
+                safe_files.write_atomic(log_file.with_suffix(suffix), data, beneath=output_dir)
     for path in [*work_dirs, *(p.path for p in packages)]:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        safe_files.remove_quietly(path, beneath=output_dir)
     fh.write(f"extforge: {outcome.summary(split)}\n")
     fh.flush()
     notes.append(outcome.summary(split))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from . import safe_files
 from .errors import ExtforgeError
 
 LINK = 0  # the part number of the link job
@@ -145,7 +146,7 @@ def read_outcome(state_dir: Path) -> Outcome:
 def clear_notes(state_dir: Path) -> None:
     """Before each variant: the notes of the one before are not this one's."""
     for name in ("units", "ccache-stats.log"):
-        (state_dir / name).unlink(missing_ok=True)
+        safe_files.remove_quietly(state_dir / name)
 
 
 def part_reached_link(state_dir: Path) -> bool:
