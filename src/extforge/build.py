@@ -362,7 +362,7 @@ def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[P
     """A part is done: its objects are in the compile cache; what it built around them (placeholder
     objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
     log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
-    outcome = split_build.read_outcome(state_dir)
+    note_outcome(split, state_dir, fh, notes)
     log_file = Path(fh.name)
     output_dir = log_file.parent.parent
     kept = [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")]
@@ -373,16 +373,20 @@ def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[P
                 safe_files.write_atomic(log_file.with_suffix(suffix), data, beneath=output_dir)
     for path in [*work_dirs, *(p.path for p in packages)]:
         safe_files.remove_quietly(path, beneath=output_dir)
-    fh.write(f"extforge: {outcome.summary(split)}\n")
+
+
+def note_outcome(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> split_build.Outcome:
+    """What a part or a link job did, into its build log and the notes the command prints."""
+    outcome = split_build.read_outcome(state_dir)
+    summary = outcome.summary(split)
+    fh.write(f"extforge: {summary}\n")
     fh.flush()
-    notes.append(outcome.summary(split))
+    notes.append(summary)
+    return outcome
 
 
 def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> None:
-    outcome = split_build.read_outcome(state_dir)
-    fh.write(f"extforge: {outcome.summary(split)}\n")
-    fh.flush()
-    notes.append(outcome.summary(split))
+    outcome = note_outcome(split, state_dir, fh, notes)
     if outcome.cache_misses:
         many = outcome.cache_misses != 1
         log.warning("%s: %d unit%s not in the compile cache and compiled here (a part failed, did not run, or ran "
