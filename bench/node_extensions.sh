@@ -9,6 +9,8 @@
 #                                               background, then poll up to SECONDS
 #   bench/node_extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
 # To share a node with other work, start it under `taskset -c CPUS` and with CUDA_VISIBLE_DEVICES.
+# XF_ONLY=RECIPE: that extension alone (its envs/gpu-node env and tests); with XF_SECOND=1, its
+# build twice instead, the second planned from the first (the planner's error), nothing installed.
 # Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
 # (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
 set -uo pipefail
@@ -53,6 +55,12 @@ run_chain() {
     if [[ -n "${XF_ONLY:-}" ]]; then
         # One extension alone (XF_ONLY=gsplat): its build, envs/gpu-node's env of that name, its tests.
         step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" || return
+        if [[ -n "${XF_SECOND:-}" ]]; then
+            # XF_SECOND=1: the planner's error on its second build, planned from the first (no tests).
+            step "plan-$XF_ONLY-second" "${xf[@]}" plan "recipe/$XF_ONLY"
+            step "build-$XF_ONLY-second" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$XF_WORK/out2"
+            return
+        fi
         publish_lock_install "$XF_ONLY" "$out"/linux-64/*.conda || return
         "test_$XF_ONLY"
         return
@@ -114,7 +122,8 @@ summarize() {
             local f="$XF_WORK/logs/test-$t.log"
             [[ -f $f ]] && echo "- upstream tests, $t: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$f" | tail -1)"
         done
-        grep -h "numbers:" "$XF_WORK/logs/plan-causal-conv1d-second.log" 2>/dev/null | sed 's/^/- plan: /'
+        grep -h "numbers:" "$XF_WORK"/logs/plan-*-second.log 2>/dev/null | sed 's/^/- plan: /'
+        grep -h "node-speed" "$XF_WORK"/logs/build-*-second.log 2>/dev/null | sed 's/^/- second build: /'
     } > "$XF_WORK/summary.md"
 }
 

@@ -419,6 +419,11 @@ def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], every_head_di
              [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "test_flash_attn.py",
               "-k", "test_flash_attn_output and (1024-1024 or 113-203 or 4096-4096 or 239-1)"],
              env=env | switches, critical=False, cwd=hopper, timeout=420)
+    if "FLASH_ATTENTION_DISABLE_SPLIT" not in switches:
+        # The combine kernels are built whatever the head dims and dtypes: every case, a few seconds.
+        run.step("upstream test_flash_attn_combine (every case)",
+                 [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_flash_attn.py", "-k", "test_flash_attn_combine"],
+                 env=env | switches, critical=False, cwd=hopper, timeout=300)
 
 
 # The full build's upstream tests: each test function a deterministic every-Nth sample of its

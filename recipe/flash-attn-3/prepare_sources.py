@@ -10,9 +10,11 @@ cutlass submodule's headers). Reads the variant from FA3_HEAD_DIMS, FA3_DTYPES, 
    recipe pins (the archives' sha256 prove the bytes; the tree id ties them to the commit);
 2. edits hopper/setup.py so it never touches the network or git (a CUDA 12.x toolkit makes it
    download nvcc/ptxas from NVIDIA; `git submodule update` runs on every build) and compiles
-   with the C++ standard the host torch needs, and hopper/flash_api_stable.cpp so a subset
-   without the different-V-head-dim kernels refuses such a call instead of computing garbage —
-   each edit must find its anchor, or the build stops here naming it, before any compile;
+   with the C++ standard the host torch needs, hopper/flash_api_stable.cpp so a subset
+   without the different-V-head-dim kernels refuses such a call instead of computing garbage,
+   and hopper/flash_fwd_combine_kernel.h so `flash_attn_combine` of one split combines it
+   instead of returning uninitialised memory — each edit must find its anchor, or the build
+   stops here naming it, before any compile;
 3. writes FILE: the FLASH_ATTENTION_DISABLE_* switches of the subset as shell `export` lines;
 4. writes the subset into --record-out (JSON), so the package says what it holds.
 
@@ -153,6 +155,19 @@ API_EDITS = [
      r'fa3_features hdimdiff)");\n\2#endif'),
 ]
 
+# The combine kernel returns at once where a row has one split: right for the forward pass (whose
+# dynamic split count of 1 means the attention kernel wrote the output itself; it calls combine
+# only with more than one split), wrong for `flash_attn_combine` called with one split, whose
+# output and LSE are then the uninitialised memory `new_empty` gave (seen on an H200: upstream's
+# test_flash_attn_combine failed every fp16 case with one split; fp32 and bf16 passed only where
+# the allocator handed back a previous case's result). The kernel's general path combines one
+# split exactly (scale exp(0) = 1, rows of -inf to 0), so only a dynamic count returns early.
+COMBINE_EDITS = [
+    ("combine one static split instead of returning uninitialised memory",
+     r"\n(\s*)if \(num_splits <= 1\) \{ return; \}",
+     r"\n\1if (params.num_splits_dynamic_ptr && num_splits <= 1) { return; }  // extforge: see prepare_sources.py"),
+]
+
 
 def apply_edits(name: str, text: str, edits: list[tuple[str, str, str]]) -> str:
     for why, anchor, replacement in edits:
@@ -215,8 +230,9 @@ def prepare(src: Path, env_out: Path, record_out: Path | None) -> dict:
     cxx_std = os.environ.get("EXTFORGE_CXX_STD") or "c++17"
     setup = src / "hopper" / "setup.py"
     setup.write_text(edit_setup(setup.read_text(), cxx_std))
-    api = src / "hopper" / "flash_api_stable.cpp"
-    api.write_text(apply_edits(api.name, api.read_text(), API_EDITS))
+    for name, edits in (("flash_api_stable.cpp", API_EDITS), ("flash_fwd_combine_kernel.h", COMBINE_EDITS)):
+        path = src / "hopper" / name
+        path.write_text(apply_edits(name, path.read_text(), edits))
     # setup.py reads the repository's README as its long description.
     readme = src / "README.md"
     if not readme.exists():

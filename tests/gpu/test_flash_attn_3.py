@@ -94,6 +94,26 @@ def test_a_v_head_dim_other_than_qks_is_computed_or_refused(hopper, seed) -> Non
             fa3.flash_attn_func(q, k, v)
 
 
+@pytest.mark.skipif("split" not in SUBSET["features"], reason="split-KV (combine) is not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_combine_of_one_split_is_that_split(hopper, dtype) -> None:
+    """`flash_attn_combine` of a single split returns it (rows whose LSE is -inf as 0), computed,
+    not the uninitialised memory upstream's kernel left there: the allocator is first handed
+    blocks full of NaN, which an early return would give back."""
+    splits, batch, seqlen, heads, d = 1, 3, 97, 4, 128
+    for _ in range(4):
+        torch.full((splits * batch * seqlen * heads * d,), float("nan"), device=hopper)
+    torch.cuda.synchronize(hopper)
+    out_partial = torch.randn(splits, batch, seqlen, heads, d, device=hopper)
+    lse_partial = torch.randn(splits, batch, heads, seqlen, device=hopper).transpose(-1, -2)
+    lse_partial[:, 0] = -float("inf")
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
+    want = out_partial[0].clone()
+    want[0] = 0
+    assert torch.equal(out, want.to(dtype)), f"max error {(out.float() - want).abs().max().item()}"
+    assert torch.equal(lse, lse_partial[0].transpose(-1, -2))
+
+
 @pytest.mark.skipif(MAX_DIM >= 256, reason="every head dim is built")
 def test_head_dim_above_the_build_is_a_clear_error(hopper) -> None:
     with pytest.raises(RuntimeError, match=f"head dimension at most {MAX_DIM}"):

@@ -121,6 +121,10 @@ def test_prepare_edits_setup_and_writes_the_switches(tmp_path: Path) -> None:
     guard = api.index("#ifdef FLASHATTENTION_DISABLE_HDIMDIFF64\n")
     assert api.index('"Only Hopper supports different V headdim"') < guard < api.index("if (head_size_v > 256)")
     assert "STD_TORCH_CHECK(head_size > 64," in api and "STD_TORCH_CHECK(head_size <= 128 || head_size > 192," in api
+    # One split is combined (the forward pass's dynamic count of one still returns early).
+    combine = (src / "hopper" / "flash_fwd_combine_kernel.h").read_text()
+    assert "if (num_splits <= 1) { return; }" not in combine
+    assert "if (params.num_splits_dynamic_ptr && num_splits <= 1) { return; }" in combine
     assert (src / "README.md").is_file()
     # A second run on the edited tree is refused: its tree id is no longer upstream's.
     again = subprocess.run([sys.executable, str(RECIPE / "prepare_sources.py"), str(src), "--env-out", str(env)],
