@@ -102,10 +102,11 @@ def built_head_dims() -> tuple[int, ...] | None:
     return None if built is None else tuple(sorted(built))
 
 
-def fa3_has_fp8() -> bool:
-    """Whether the installed FlashAttention-3 build has fp8 kernels (its build record's dtypes)."""
+def fa3_built(kind: str, value: str) -> bool:
+    """Whether the installed FlashAttention-3 build has these kernels: its build record's subset
+    ("dtypes" fp8, "features" bwd); a build without a record is upstream's full one."""
     record = Path(sys.prefix) / "share" / "extforge" / "build" / "flash-attn-3.json"
-    return record.is_file() and "fp8" in json.loads(record.read_text())["subset"]["dtypes"]
+    return not record.is_file() or value in json.loads(record.read_text())["subset"].get(kind, [value])
 
 
 def built_cases() -> tuple[Case, ...]:
@@ -149,6 +150,8 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
     fa3 = {}
     if timed(timings, FA3):
         for mode, goal in FA3_GOALS.items():
+            if not any(t.impl == FA3 and t.mode == mode for t in timings):
+                continue
             got = find(timings, REFERENCE_CASE, FA3, mode).tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
             fa3[mode] = {"ratio": got, "goal": goal, "met": got >= goal}
     fp8 = [t for t in timings if t.impl == FA3_FP8 and t.case == REFERENCE_CASE]
@@ -181,8 +184,8 @@ def table_rows(timings: list[Timing]) -> list[list[str]]:
                 fa2 = ["not installed", f"{sdpa.tflops:.0f}", "-", "-"]
             row = [case.label, mode, *fa2, f"{sdpa.median_ms:.3f}"]
             if with_fa3:
-                fa3 = find(timings, case, FA3, mode)
-                row += [f"{fa3.tflops:.0f}", f"{fa3.tflops / sdpa.tflops:.3f}"]
+                fa3 = next((t for t in timings if (t.case, t.impl, t.mode) == (case, FA3, mode)), None)
+                row += [f"{fa3.tflops:.0f}", f"{fa3.tflops / sdpa.tflops:.3f}"] if fa3 else ["not built", "-"]
             rows.append(row)
     return rows
 
@@ -239,7 +242,8 @@ def render_docs(report: dict[str, Any]) -> list[str]:
             f"- fa3/sdpa ratio: {fa3['fwd']['ratio']:.3f} (forward; goal >= {fa3['fwd']['goal']:.2f}: "
             f"{'met' if fa3['fwd']['met'] else 'NOT met'})",
             f"- fa3/sdpa fwd+bwd ratio: {fa3['fwd_bwd']['ratio']:.3f} (goal >= {fa3['fwd_bwd']['goal']:.2f}: "
-            f"{'met' if fa3['fwd_bwd']['met'] else 'NOT met'})",
+            f"{'met' if fa3['fwd_bwd']['met'] else 'NOT met'})" if "fwd_bwd" in fa3 else
+            "- fa3/sdpa fwd+bwd ratio: not measured (this FlashAttention-3 build has no backward kernels)",
         ]
     if verdict.get("fa3_fp8_sdpa_ratio") is not None:
         lines.append(f"- {fp8_sentence(verdict)}")
@@ -309,11 +313,14 @@ def measure(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUN
         call, grad = calls[impl], torch.randn_like(calls[impl]())
         return lambda: torch.autograd.grad(call(), leaves[impl], grad)
 
+    # A FlashAttention-3 subset without backward kernels is timed forward only.
+    with_bwd = [impl for impl in calls if impl != FA3 or fa3_built("features", "bwd")]
     per_mode = {
         "fwd": _time_interleaved(calls, reps=reps, warmup=warmup, rounds=rounds),
-        "fwd_bwd": _time_interleaved({impl: fwd_bwd(impl) for impl in calls}, reps=reps, warmup=warmup, rounds=rounds),
+        "fwd_bwd": _time_interleaved({impl: fwd_bwd(impl) for impl in with_bwd}, reps=reps, warmup=warmup, rounds=rounds),
     }
-    return [Timing(case, impl, mode, ms[impl], tflops(case, mode, ms[impl])) for impl in calls for mode, ms in per_mode.items()]
+    return [Timing(case, impl, mode, ms[impl], tflops(case, mode, ms[impl]))
+            for impl in calls for mode, ms in per_mode.items() if impl in ms]
 
 
 def measure_fp8(case: Case, *, reps: int = 100, warmup: int = 20, rounds: int = ROUNDS) -> list[Timing]:
@@ -383,7 +390,7 @@ def _environment() -> dict[str, Any]:
 
 def run(*, reps: int) -> dict[str, Any]:
     timings = [t for case in built_cases() for t in measure(case, reps=reps)]
-    if fa3_func() is not None and fa3_has_fp8():
+    if fa3_func() is not None and fa3_built("dtypes", "fp8"):
         timings += measure_fp8(REFERENCE_CASE, reps=reps)
     env = _environment()
     env["sdpa_kernels"] = _sdpa_kernels(REFERENCE_CASE)

@@ -117,10 +117,24 @@ def test_fp8_is_timed_only_where_the_fa3_build_has_it(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.sys, "prefix", str(tmp_path))
     record = tmp_path / "share" / "extforge" / "build" / "flash-attn-3.json"
     record.parent.mkdir(parents=True)
-    record.write_text('{"subset": {"head_dims": [128], "dtypes": ["bf16", "fp16"]}}')
-    assert not bench.fa3_has_fp8()
-    record.write_text('{"subset": {"head_dims": [64, 128], "dtypes": ["bf16", "fp16", "fp8"]}}')
-    assert bench.fa3_has_fp8()
+    assert bench.fa3_built("dtypes", "fp8")  # no record: upstream's full build
+    record.write_text('{"subset": {"head_dims": [128], "dtypes": ["bf16", "fp16"], "features": ["split"]}}')
+    assert not bench.fa3_built("dtypes", "fp8") and not bench.fa3_built("features", "bwd")
+    record.write_text('{"subset": {"head_dims": [64, 128], "dtypes": ["bf16", "fp16", "fp8"], "features": ["bwd"]}}')
+    assert bench.fa3_built("dtypes", "fp8") and bench.fa3_built("features", "bwd")
+
+
+def test_an_fa3_build_without_backward_is_judged_on_its_forward_alone():
+    fa3 = [bench.Timing(c, bench.FA3, "fwd", 0.8, bench.tflops(c, "fwd", 0.8)) for c in bench.CASES]
+    timings = _timings(2.0, 1.0) + fa3
+    verdict = bench.ratio_verdict(timings)
+    assert set(verdict["fa3"]) == {"fwd"}
+    assert [r[-2:] for r in bench.table_rows(timings) if r[1] == "fwd_bwd"] == [["not built", "-"]] * len(bench.CASES)
+    report = {"date": "2026-11-27", "reps": 100, "table": bench.table_rows(timings), "verdict": verdict,
+              "environment": {"gpu": "NVIDIA H100 80GB HBM3", "cpu_count": 16, "torch": "2.11.0+cu130", "cuda": "13.0",
+                              "flash_attn": "2.8.3", "flash_attn_path": "-", "flash_attn_package": [],
+                              "sdpa_kernels": [], "fa3_package": []}}
+    assert "fa3/sdpa fwd+bwd ratio: not measured" in "\n".join(bench.render_docs(report))
 
 
 def test_without_fa3_the_report_is_unchanged():

@@ -111,7 +111,7 @@ def test_combine_of_one_split_is_that_split(hopper, dtype) -> None:
     want = out_partial[0].clone()
     want[0] = 0
     assert torch.equal(out, want.to(dtype)), f"max error {(out.float() - want).abs().max().item()}"
-    assert torch.equal(lse, lse_partial[0].transpose(-1, -2))
+    assert torch.equal(lse, lse_partial[0])
 
 
 @pytest.mark.skipif(MAX_DIM >= 256, reason="every head dim is built")
