@@ -130,8 +130,8 @@ def phase_start(run: Run, o: Options) -> None:
         # `extforge build` plans MAX_JOBS/NVCC_THREADS for the CPUs this run may use (start the run
         # under taskset to share a node); the plan is recorded to judge it against the build.
         # The profile counts FA3's sm80 units itself (one arch per unit): the archs change nothing.
-        plan = run.step("plan flash-attn-3 build", extforge(py, "plan", "--profile", "flash-attn-3", "--json"), env=env,
-                        log="plan-fa3.json", critical=False)
+        plan = run.step("plan flash-attn-3 build", extforge(py, "plan", "--profile", "flash-attn-3", *fa3_variant(o), "--json"),
+                        env=env, log="plan-fa3.json", critical=False)
         with contextlib.suppress(ValueError, KeyError):
             chosen = planned(plan.stdout)
             run.fact("flash-attn-3 planned", f"MAX_JOBS={chosen['max_jobs']} NVCC_THREADS={chosen['nvcc_threads']}, "
@@ -203,11 +203,14 @@ def fa3_parts(o: Options) -> list[str]:
     return [f"build-fa3-part{i}" for i in range(1, o.fa3_parts + 1)] if o.fa3_parts > 1 else []
 
 
+def fa3_variant(o: Options) -> list[str]:
+    return ["--variant", f"fa3_head_dims={o.fa3_head_dims}", "--variant", f"fa3_dtypes={o.fa3_dtypes}",
+            "--variant", f"fa3_features={o.fa3_features}"]
+
+
 def fa3_build_cmd(run: Run, o: Options, out_dir: str = "build-fa3") -> list[str]:
     return extforge(o.python, "build", "recipe/flash-attn-3", "-c", str(run.work / "mirror"), "-o",
-                    str(run.work / out_dir), "-m", "recipe/flash-attn-3/variants-offline.yaml",
-                    "--variant", f"fa3_head_dims={o.fa3_head_dims}", "--variant", f"fa3_dtypes={o.fa3_dtypes}",
-                    "--variant", f"fa3_features={o.fa3_features}")
+                    str(run.work / out_dir), "-m", "recipe/flash-attn-3/variants-offline.yaml", *fa3_variant(o))
 
 
 def side_by_side_script(run: Run) -> str:

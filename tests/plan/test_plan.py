@@ -87,6 +87,19 @@ def test_parse_memory(text: str, value: int) -> None:
     assert parse_memory(text) == value
 
 
+def test_cli_plans_a_subset_variant_from_its_own_units(capsys) -> None:
+    """`extforge plan --variant` plans what `extforge build --variant` builds: FA3 at head dim 128
+    with bf16+fp16, softcap and split is 11 units, not the full build's 293."""
+    base = ["plan", "--profile", "flash-attn-3", "--cores", "8", "--memory", "120G", "--json"]
+    assert main(base) == 0
+    full = json.loads(capsys.readouterr().out)["plan"]
+    assert main([*base, "--variant", "fa3_head_dims=128", "--variant", "fa3_dtypes=bf16;fp16",
+                 "--variant", "fa3_features=softcap;split"]) == 0
+    subset = json.loads(capsys.readouterr().out)["plan"]
+    assert len(subset["unit_order"]) == 11 and len(full["unit_order"]) == 293
+    assert subset["expected_wall_seconds"] < full["expected_wall_seconds"] / 5
+
+
 def test_cli_json_for_both_reference_nodes(capsys) -> None:
     for cores, mem in ((16, "128G"), (2, "24G")):
         assert main(["plan", "--cores", str(cores), "--memory", mem, "--archs", "80,90", "--json"]) == 0

@@ -66,6 +66,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archs", type=option_type(parse_archs), default=None,
                         help="GPU archs, comma separated (default: the recipe's variants.yaml, else 80,90)")
     parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                        help="plan this variant, as `extforge build --variant` builds it (repeatable): a subset's units "
+                        "where the cost data says which it builds (e.g. fa3_head_dims=128, flash_attn_head_dims=128)")
     parser.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
                         help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
                              "build's ninja log on it (bench/unit_costs_fit.py --log LOG prints it)")
@@ -74,17 +77,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..machine import detect
     from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
+    from ..variants import head_dims as variant_head_dims
+    from ..variants import parse_variant_overrides
 
     machine = detect()
     if args.cores:
         machine = dataclasses.replace(machine, cores=args.cores, cores_source="--cores")
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
-    head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip())
+    variant = parse_variant_overrides(args.variant)
+    head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip()) or variant_head_dims(variant)
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
     profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
     plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
-                      version=args.version or version, units=units)
+                      version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
