@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, split_build, stopping, unit_costs
+from .archive import check_package
 from .audit import audit_package
 from .build_options import BuildOptions
 from .channel.index import index_channel
@@ -247,10 +248,43 @@ def failed_solve(exc: BaseException) -> bool:
     return "resolve dependencies" in str(exc) or "Failed to solve" in str(exc)
 
 
+def untestable(exc: BaseException, urls: Sequence[str], recipe_file: Path, log_file: Path,
+               output_dir: Path) -> ExtforgeError | None:
+    """A package built, then refused by its tests because their env cannot be solved: a run
+    requirement no channel has (mamba-ssm without causal-conv1d). rattler-build says only "Test
+    failed" and moves the package to OUTPUT/broken/; its index names the requirements."""
+    if "Test failed" not in engine.engine_message(exc):
+        return None
+    broken = sorted((output_dir / "broken").glob("*.conda"), key=lambda f: f.stat().st_mtime)
+    if not broken:
+        return None
+    try:
+        meta = check_package(broken[-1])
+    except ExtforgeError:
+        return None
+    depends = [str(d) for d in meta.index.get("depends", [])]
+    channels = [*urls, str(output_dir)]
+    missing = missing_names(depends, package_names(channels, meta.subdir or "linux-64"))
+    unmet, have = channel_versions(depends, channels)
+    if not (missing or unmet):
+        return None
+    absent = ", ".join(missing or unmet)
+    return ExtforgeError(
+        f"building {recipe_file.parent.name} failed: its tests could not start: the channels have no package for {absent}",
+        f"rattler-build tests a package in a new env of it and its run requirements ({', '.join(depends)}), solved "
+        f"against {', '.join(urls)} and the output folder" + (f" (they have {'; '.join(have)})" if have else "")
+        + f"; it says only \"Test failed\". The package itself built: {broken[-1]} (not in any channel)",
+        f"build and publish {absent} first and pass its channel with -c (a PyPI package: `extforge mirror --extra NAME`), "
+        f"or build with --no-test (the audit still runs); log: {log_file}",
+    )
+
+
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
-                  work_dirs: Sequence[Path]) -> ExtforgeError:
+                  work_dirs: Sequence[Path], output_dir: Path | None = None) -> ExtforgeError:
     if parse_error := recipe_yaml_error(exc, recipe_file):
         return parse_error
+    if output_dir is not None and (cannot_test := untestable(exc, urls, recipe_file, log_file, output_dir)):
+        return cannot_test
     full = low_disk([log_file.parent, paths.rattler_cache_dir()])
     if full:
         lines = [*lines, full]
@@ -475,7 +509,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                     for work in kept:
                         shutil.rmtree(work, ignore_errors=True)
                     kept = []
-                failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept)
+                failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept, output_dir)
                 # The log ends with what the console said, so `extforge explain --file LOG` sees it too.
                 fh.write(f"error: {engine.engine_message(exc)}\n{failure.render()}\n")
                 fh.flush()

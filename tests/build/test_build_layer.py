@@ -227,6 +227,28 @@ def test_sigterm_stops_a_running_build_at_once_and_says_stopped(tmp_path: Path) 
     assert not subprocess.run(["pgrep", "-f", "sleep 299.5"], capture_output=True).stdout
 
 
+def test_tests_that_cannot_start_name_the_missing_run_requirement(tmp_path: Path) -> None:
+    """A package whose run requirement no channel has (mamba-ssm without causal-conv1d) builds,
+    then rattler-build's tests cannot solve their env and it says only "Test failed": the build
+    names the requirement, where the package went, and the two ways on."""
+    channel = tmp_path / "empty"
+    (channel / "noarch").mkdir(parents=True)
+    (channel / "noarch" / "repodata.json").write_text('{"info": {"subdir": "noarch"}, "packages": {}}')
+    folder = tmp_path / "needs-dep"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(
+        "schema_version: 1\npackage: {name: needs-dep, version: '1.0'}\nbuild:\n  noarch: generic\n  script:\n"
+        "    - mkdir -p $PREFIX/share && touch $PREFIX/share/needs-dep\n"
+        "requirements:\n  run:\n    - causal-conv1d >=1.2.0\ntests:\n  - script:\n      - test -f $PREFIX/share/needs-dep\n")
+    proc = subprocess.run([sys.executable, "-m", "extforge", "build", str(folder), "-c", str(channel), "-o",
+                           str(tmp_path / "out"), "--no-audit"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "its tests could not start: the channels have no package for causal-conv1d >=1.2.0" in proc.stderr
+    assert "--no-test" in proc.stderr and "Traceback" not in proc.stderr
+    kept = [f.name for f in (tmp_path / "out" / "broken").iterdir()]
+    assert len(kept) == 1 and kept[0].startswith("needs-dep-1.0-") and f"out/broken/{kept[0]}" in proc.stderr
+
+
 def test_a_torch_extension_recipe_without_the_layer_is_told_so() -> None:
     recipes = Path(__file__).resolve().parents[2] / "recipe"
     for name in ("demo-ext", "causal-conv1d", "mamba-ssm", "torch-scatter", "flash-attn", "flash-attn-3"):
