@@ -101,3 +101,20 @@ def test_a_planted_file_that_is_no_package_is_not_served_and_blocks_no_publish(t
                            "--no-audit"], capture_output=True, text=True)
     assert text.returncode == 0 and "3 file(s) in the channel are not served" in text.stderr
     assert "Traceback" not in text.stderr + text.stdout
+
+
+def test_a_second_index_trusts_the_entries_the_first_wrote(tiny_packages, tmp_path):
+    """Indexing links every package into a shadow folder and unlinks it, which moves their ctime;
+    the repodata must then be dated strictly after (the kernel's clock is coarse), else the next
+    publish or mirror reads every package of the channel again (~3 GB for a torch row)."""
+    from extforge.channel.index import carry_fresh_entries
+
+    channel = tmp_path / "ch"
+    publish(tiny_packages.distinct[:3], channel, audit=False)
+    for _ in range(3):
+        publish([tiny_packages.distinct[3]], channel, audit=False)  # an index run each, idempotent after the first
+        sub = channel / "noarch" if (channel / "noarch" / "repodata.json").exists() else channel / "linux-64"
+        written = (sub / "repodata.json").lstat().st_mtime_ns
+        packages = [p for p in sub.iterdir() if p.name.endswith((".conda", ".tar.bz2"))]
+        assert packages and all(p.lstat().st_ctime_ns < written for p in packages)
+        assert carry_fresh_entries(sub, tmp_path / "carried.json") == {p.name for p in packages}

@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,8 +255,23 @@ def reindex(channel: Path, withheld: dict[str, str] | None = None) -> Reindexed:
     # after that, the repodata marks them as indexed, so the next run trusts their entries and
     # a later change of a package (a newer ctime) is still seen.
     for sd in names:
-        safe_files.touch(channel / sd / "repodata.json", beneath=channel)
+        dated_after_its_packages(channel, sd)
     return done
+
+
+def dated_after_its_packages(channel: Path, sd: str) -> None:
+    """Touch the subdir's repodata.json until its mtime is strictly after every package's ctime.
+    The kernel dates files by a coarse clock (a tick of some ms): a touch in the tick of the
+    shadow's unlink gets the packages' own time, and an equal time reads as rewritten since
+    (carry_fresh_entries), so every later index read the whole channel again (~30 s a torch row)."""
+    live = channel / sd
+    newest = max((e.stat(follow_symlinks=False).st_ctime_ns for e in os.scandir(live)
+                  if is_package_file(e.name) and e.is_file(follow_symlinks=False)), default=0)
+    for _ in range(200):
+        safe_files.touch(live / "repodata.json", beneath=channel)
+        if (live / "repodata.json").lstat().st_mtime_ns > newest:
+            return
+        time.sleep(0.005)
 
 
 def index_channel(channel: Path) -> None:
