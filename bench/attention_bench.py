@@ -132,8 +132,17 @@ def tflops(case: Case, mode: str, median_ms: float) -> float:
     return attention_flops(case, mode) / (median_ms * 1e-3) / 1e12
 
 
+def lookup(timings: list[Timing], case: Case, impl: str, mode: str) -> Timing | None:
+    """The timing of this case, implementation and mode; None where it was not timed (FA3's
+    backward on a build without backward kernels)."""
+    return next((t for t in timings if (t.case, t.impl, t.mode) == (case, impl, mode)), None)
+
+
 def find(timings: list[Timing], case: Case, impl: str, mode: str) -> Timing:
-    return next(t for t in timings if (t.case, t.impl, t.mode) == (case, impl, mode))
+    found = lookup(timings, case, impl, mode)
+    if found is None:
+        raise LookupError(f"no {impl} {mode} timing of {case.label}")
+    return found
 
 
 def timed(timings: list[Timing], impl: str) -> bool:
@@ -150,9 +159,9 @@ def ratio_verdict(timings: list[Timing]) -> dict[str, Any]:
     fa3 = {}
     if timed(timings, FA3):
         for mode, goal in FA3_GOALS.items():
-            if not any(t.impl == FA3 and t.mode == mode for t in timings):
+            if (fa3_timing := lookup(timings, REFERENCE_CASE, FA3, mode)) is None:
                 continue
-            got = find(timings, REFERENCE_CASE, FA3, mode).tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
+            got = fa3_timing.tflops / find(timings, REFERENCE_CASE, "sdpa", mode).tflops
             fa3[mode] = {"ratio": got, "goal": goal, "met": got >= goal}
     fp8 = [t for t in timings if t.impl == FA3_FP8 and t.case == REFERENCE_CASE]
     return {
@@ -184,7 +193,7 @@ def table_rows(timings: list[Timing]) -> list[list[str]]:
                 fa2 = ["not installed", f"{sdpa.tflops:.0f}", "-", "-"]
             row = [case.label, mode, *fa2, f"{sdpa.median_ms:.3f}"]
             if with_fa3:
-                fa3 = next((t for t in timings if (t.case, t.impl, t.mode) == (case, FA3, mode)), None)
+                fa3 = lookup(timings, case, FA3, mode)
                 row += [f"{fa3.tflops:.0f}", f"{fa3.tflops / sdpa.tflops:.3f}"] if fa3 else ["not built", "-"]
             rows.append(row)
     return rows
