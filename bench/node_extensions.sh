@@ -24,7 +24,7 @@ collect() {
     mkdir -p "$OUT/logs"
     cp "$XF_WORK/summary.md" "$OUT/" 2>/dev/null
     for f in "$XF_WORK"/logs/*.log; do [[ -f $f ]] && tail -c 200000 "$f" > "$OUT/logs/$(basename "$f")"; done
-    cp "$XF_WORK"/cost-store/*/*.json "$OUT/logs/" 2>/dev/null
+    cp "$XF_WORK"/cost-store/*/*.json "$XF_WORK"/out*/logs/*.ninja_log "$OUT/logs/" 2>/dev/null
     true
 }
 
@@ -59,7 +59,9 @@ run_chain() {
             # compiles count: no recipe tests (mamba-ssm's need causal-conv1d in the channel).
             step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" --no-test || return
             step "plan-$XF_ONLY-second" "${xf[@]}" plan "recipe/$XF_ONLY"
-            step "build-$XF_ONLY-second" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$XF_WORK/out2" --no-test
+            step "build-$XF_ONLY-second" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$XF_WORK/out2" --no-test || return
+            step "planner-error-$XF_ONLY" "$PY" bench/planner_error.py "$out"/logs/*.ninja_log "$XF_WORK"/out2/logs/*.ninja_log \
+                --recipe "$XF_ONLY"
             return
         fi
         step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" || return
@@ -126,6 +128,7 @@ summarize() {
         done
         grep -h "numbers:" "$XF_WORK"/logs/plan-*-second.log 2>/dev/null | sed 's/^/- plan: /'
         grep -h "node-speed" "$XF_WORK"/logs/build-*-second.log 2>/dev/null | sed 's/^/- second build: /'
+        grep -h "" "$XF_WORK"/logs/planner-error-*.log 2>/dev/null | sed 's/^/- /'
     } > "$XF_WORK/summary.md"
 }
 

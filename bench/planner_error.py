@@ -8,8 +8,9 @@ The first build's log goes through the cost store as `extforge build` stores it 
 not the site's), the planner reads it back, and predicts the second build's compile span: its
 units, at the number of compiles the second log ran at once, started in the order the second log
 shows (a recipe that takes the planner's EXTFORGE_UNIT_ORDER starts them longest first; one that
-does not, in setuptools' name order). The measured span is the second log's first start to last
-end; the link after ninja is in neither. Prints `planner error on second build: X%`
+does not, in setuptools' name order), run by run where the build ran ninja once per extension.
+The measured span is each ninja run's first start to last end, added up; the links after them
+are in neither. Prints `planner error on second build: X%`
 ((predicted - measured) / measured).
 """
 
@@ -51,17 +52,18 @@ def main() -> int:
     costs = unit_seconds(numbers.profile, numbers.costs, len(second_archs), second_threads)
     edges = unit_costs.parse_ninja_log(args.second.read_text())
     jobs = max(n for _, n in unit_costs.running_counts(edges))
-    measured = (max(e.end_ms for e in edges) - min(e.start_ms for e in edges)) / 1000
-    started = [e.unit for e in edges]
-    unknown = [u for u in started if u not in costs]
+    measured = unit_costs.compile_seconds(edges)
+    unknown = [e.unit for e in edges if e.unit not in costs]
     if unknown:
         print(f"the second build compiled units the first did not: {', '.join(unknown)}", file=sys.stderr)
         return 1
-    predicted = unit_costs.list_schedule([(u, costs[u]) for u in started], jobs).makespan
-    longest_first = unit_costs.lpt_makespan({u: costs[u] for u in started}, jobs)
+    runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
+    predicted = sum(unit_costs.list_schedule([(u, costs[u]) for u in run], jobs).makespan for run in runs)
+    longest_first = unit_costs.runs_makespan({e.unit: costs[e.unit] for e in edges}, jobs, runs=numbers.costs.runs)
     print(f"first build: {len(learned.units)} units, {learned.jobs} at once, compile span {learned.compile_seconds:.1f} s "
           f"({args.first})")
-    print(f"second build: {len(edges)} units, {jobs} at once, compile span {measured:.1f} s ({args.second})")
+    print(f"second build: {len(edges)} units in {len(runs)} ninja run(s), {jobs} at once, compile span {measured:.1f} s "
+          f"({args.second})")
     print(f"predicted from the first, in the second's start order: {predicted:.1f} s "
           f"(longest first: {longest_first:.1f} s)")
     print(f"planner error on second build: {100 * (predicted - measured) / measured:+.1f}%")

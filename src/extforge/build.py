@@ -397,16 +397,21 @@ def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[P
     objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
     log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
     note_outcome(split, state_dir, fh, notes)
-    log_file = Path(fh.name)
+    output_dir = keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")])
+    for path in [*work_dirs, *(p.path for p in packages)]:
+        safe_files.remove_quietly(path, beneath=output_dir)
+
+
+def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) -> Path:
+    """Copies of a build's files beside its build log, named like it (`<log>.ninja_log`: the
+    units' real seconds, for bench/planner_error.py or a look at the schedule); the output folder."""
     output_dir = log_file.parent.parent
-    kept = [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")]
-    for src, suffix in kept:
+    for src, suffix in files:
         with contextlib.suppress(OSError, ExtforgeError):
             if src is not None:
                 data = safe_files.read_bytes(src, limit=64 * 2**20, beneath=output_dir)
                 safe_files.write_atomic(log_file.with_suffix(suffix), data, beneath=output_dir)
-    for path in [*work_dirs, *(p.path for p in packages)]:
-        safe_files.remove_quietly(path, beneath=output_dir)
+    return output_dir
 
 
 def note_outcome(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> split_build.Outcome:
@@ -532,6 +537,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             else:
                 cost_store.learn_from_build(profile, result.version,
                                             ninja_log_in(work_dirs), variant_archs(merged) or plan.DEFAULT_ARCHS, env)
+                keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log")])
             for pkg in packages:
                 pkg.node_speed = speed
             try:

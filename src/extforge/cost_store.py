@@ -11,6 +11,8 @@ node learns from every other), else `<cache root>/unit-costs`.
 What is measured, exactly:
 - each unit's seconds: ninja's start and end of each compile, at the number of compiles the
   build ran at once (the log's own maximum) and the build's NVCC_THREADS;
+- `runs`: which units each ninja run compiled, where setuptools ran one per extension: they
+  cannot run beside each other, and the planner schedules them run by run;
 - `largest_process_bytes`: `getrusage(RUSAGE_CHILDREN).ru_maxrss` of the extforge process,
   the largest resident set of any one finished descendant (cicc, ptxas, cc1plus...) since the
   process started. It is one process, not the sum of the jobs running at once, nor a job's
@@ -78,9 +80,10 @@ class Learned:
     jobs: int  # compiles the build ran at once (the log's maximum)
     nvcc_threads: int
     units: dict[str, float]  # seconds, in the order the build started them
-    compile_seconds: float  # first start to last end in the log
+    compile_seconds: float  # first start to last end of each ninja run in the log, added up
     largest_process_bytes: int | None = None
     path: Path = field(default=Path(), compare=False)
+    runs: tuple[tuple[str, ...], ...] = ()  # units per ninja run, where the build ran several (unit_costs)
 
     @property
     def date(self) -> str:
@@ -98,7 +101,7 @@ class Learned:
         # them was not measured (no slowdown assumed), so a machine's speed can still be read
         # against them while it builds.
         return unit_costs.UnitCosts(self.recipe, {u: s * busy for u, s in self.units.items()}, self.archs,
-                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0))
+                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0), runs=self.runs)
 
     def seconds_per_arch(self) -> float:
         """The build's compile seconds of one nvcc thread, per arch: what a cache-hit rebuild lacks."""
@@ -108,19 +111,20 @@ class Learned:
         return {"schema": SCHEMA, "recipe": self.recipe, "version": self.version, "measured_at": self.measured_at,
                 "host": self.host, "archs": list(self.archs), "jobs": self.jobs, "nvcc_threads": self.nvcc_threads,
                 "compile_seconds": self.compile_seconds, "largest_process_bytes": self.largest_process_bytes,
-                "units": self.units}
+                "units": self.units} | ({"runs": [list(r) for r in self.runs]} if self.runs else {})
 
 
 def from_json(d: Mapping[str, object], path: Path) -> Learned:
     units = d["units"]
     archs = d["archs"]
     peak = d.get("largest_process_bytes")
-    if not isinstance(units, dict) or not isinstance(archs, list) or d.get("schema") != SCHEMA:
+    runs = d.get("runs", [])
+    if not isinstance(units, dict) or not isinstance(archs, list) or not isinstance(runs, list) or d.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a schema {SCHEMA} cost entry")
     return Learned(str(d["recipe"]), str(d["version"]), str(d["measured_at"]), str(d["host"]),
                    tuple(map(str, archs)), int(str(d["jobs"])), int(str(d["nvcc_threads"])),
                    {str(u): float(s) for u, s in units.items()}, float(str(d["compile_seconds"])),
-                   None if peak is None else int(str(peak)), path)
+                   None if peak is None else int(str(peak)), path, tuple(tuple(map(str, r)) for r in runs))
 
 
 def _read(path: Path) -> Learned | None:
@@ -152,8 +156,8 @@ def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvc
     return Learned(
         recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
         tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
-        unit_costs.unit_seconds(edges), round((max(e.end_ms for e in edges) - min(e.start_ms for e in edges)) / 1000, 1),
-        largest_process_bytes)
+        unit_costs.unit_seconds(edges), unit_costs.compile_seconds(edges), largest_process_bytes,
+        runs=unit_costs.ninja_runs(edges))
 
 
 def save(entry: Learned, store: Path | None = None) -> Learned:

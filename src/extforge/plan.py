@@ -207,11 +207,14 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     archs = tuple(archs) or DEFAULT_ARCHS
     n_archs = p.work_archs(archs)
     limit = machine.memory_bytes - headroom_bytes(machine.memory_bytes)
+    costs = numbers.costs
+    # A build of ninja runs one after another never compiles more units at once than its largest run.
+    widest = max(map(len, costs.runs)) if costs and costs.runs else p.translation_units
     candidates = []
     for threads in range(1, n_archs + 1):
         peak_one = job_peak_bytes(p, threads, n_archs)
         max_jobs_memory = limit // peak_one
-        jobs = min(max_jobs_memory, max(1, machine.cores // threads), p.translation_units)
+        jobs = min(max_jobs_memory, max(1, machine.cores // threads), widest)
         if jobs < 1:
             continue
         candidates.append((wall_seconds(p, jobs, threads, n_archs, machine.cores) * node_speed, jobs * peak_one, jobs, threads))
@@ -228,7 +231,6 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     wall_range: tuple[int, int] | None = None
     order: tuple[str, ...] = ()
     split: list[str] = []
-    costs = numbers.costs
     if costs:
         in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
                                          costs.subsets, variant or {})
@@ -236,12 +238,14 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         # What a plain build does: no unit split, and the units in name order (setuptools sorts an
         # extension's sources before torch writes build.ninja). Every schedule paces the units by
         # the compiles running beside them (costs.concurrency).
-        upstream_wall = unit_costs.list_schedule(sorted(per_unit.items()), jobs, costs.concurrency).makespan + p.link_seconds
+        upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
+            + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
-        wall = unit_costs.lpt_makespan(per_unit, jobs, costs.concurrency) + p.link_seconds
+        wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs) + p.link_seconds
         order = tuple(unit_costs.longest_first(per_unit))
         if costs.node_speeds and node_speed == 1.0:
-            spans = [unit_costs.lpt_makespan({u: sec * speed for u, sec in per_unit.items()}, jobs, costs.concurrency)
+            spans = [unit_costs.runs_makespan({u: sec * speed for u, sec in per_unit.items()}, jobs, costs.concurrency,
+                                              costs.runs)
                      for speed in (min(costs.node_speeds.values()), max(costs.node_speeds.values()))]
             wall_range = (int(round(spans[0] + p.link_seconds)), int(round(spans[1] + p.link_seconds)))
     reasons = [
@@ -269,10 +273,13 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         reasons.append(f"nodes measured so far compile at {min(costs.node_speeds.values()):.2f}-"
                        f"{max(costs.node_speeds.values()):.2f}x the data's seconds ({'; '.join(costs.node_speeds)}): "
                        "pass --node-speed for a node type measured once")
+    if costs and costs.runs:
+        reasons.append(f"the build runs ninja {len(costs.runs)} times, one run after another (one per extension), "
+                       f"at most {widest} units at once: each run's units are scheduled apart and the runs added up")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
-    if jobs * threads < machine.cores and jobs == p.translation_units:
+    if jobs * threads < machine.cores and jobs == widest:
         reasons.append(f"the recipe's {jobs} units, not cores, limit parallelism: {jobs} x {threads} of {machine.cores} "
                        "cores busy")
     elif jobs * threads < machine.cores:

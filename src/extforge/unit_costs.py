@@ -17,6 +17,11 @@ A unit compiles slower the more compile beside it (memory bandwidth, last-level 
 siblings): one flash-attn unit took 1.35x as long with 32 copies at once as with 16 on one node.
 The data's seconds are therefore seconds at a reference number of compiles at once, and
 `Concurrency` scales them to the number running at each moment of a schedule.
+
+A setuptools build of several extensions (torch-scatter: four) runs one ninja per extension, one
+after another, each appending to the same `.ninja_log` with times counted from its own start.
+The log's mtime column (the output's wall clock as it was written) places every run on one
+clock, and the planner schedules each run's units apart and adds the runs up.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ _OTHER_WEIGHT = 0.17  # flash_api.cpp and other host-only units
 @dataclass(frozen=True)
 class NinjaEdge:
     output: str
-    start_ms: int
+    start_ms: int  # on the clock of the log's first ninja run
     end_ms: int
+    run: int = 0  # which ninja run of the build, in the order they ran
 
     @property
     def unit(self) -> str:
@@ -114,6 +120,9 @@ class UnitCosts:
     # variant key -> value -> name parts of the units only that value builds (a subset recipe:
     # FA3's fa3_dtypes fp8 -> "_e4m3_"); in_variant() drops the units of the values left out.
     subsets: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    # The units of each ninja run, where the build ran several one after another (setuptools: one
+    # per extension); () when every unit can run beside every other.
+    runs: tuple[tuple[str, ...], ...] = ()
 
     @property
     def any_measured(self) -> bool:
@@ -209,18 +218,69 @@ def head_dim(unit: str) -> int | None:
 
 def parse_ninja_log(text: str) -> list[NinjaEdge]:
     """Edges of a `.ninja_log` (v5-v7: start, end, mtime, output, hash; tab-separated). ninja
-    appends on every build; the last entry of an output is the one that counts."""
+    appends on every build; the last entry of an output is the one that counts. Several ninja
+    runs in one log are put on the first run's clock (`on_one_clock`)."""
     lines = text.splitlines()
-    if not lines or not re.match(r"#\s*ninja log v\d+", lines[0]):
+    head = re.match(r"#\s*ninja log v(\d+)", lines[0]) if lines else None
+    if not head:
         raise ExtforgeError("not a ninja log", "the first line is not '# ninja log vN'",
                             "pass the .ninja_log from the build folder (build/temp.*/.ninja_log)")
-    edges: dict[str, NinjaEdge] = {}
+    entries: dict[str, tuple[int, int, int]] = {}
     for line in lines[1:]:
         parts = line.split("\t")
         if len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
             continue
-        edges[parts[3]] = NinjaEdge(parts[3], int(parts[0]), int(parts[1]))
-    return sorted(edges.values(), key=lambda e: (e.start_ms, e.output))
+        entries[parts[3]] = (int(parts[0]), int(parts[1]), int(parts[2]) if parts[2].isdigit() else 0)
+    return sorted(on_one_clock(entries, mtime_at_start=int(head[1]) >= 6), key=lambda e: (e.start_ms, e.output))
+
+
+# Within one ninja run, the logged wall clock and ninja's own time of the edge differ by the
+# filesystem clock's tick and the moment ninja reaps the compiler: milliseconds, far less than
+# the gap between two runs (a link at least). ninja < 1.10 wrote whole seconds.
+_RUN_GAP_MS = 1000
+
+
+def on_one_clock(entries: Mapping[str, tuple[int, int, int]], mtime_at_start: bool) -> list[NinjaEdge]:
+    """Edges from {output: (start ms, end ms, mtime)}: grouped into ninja runs by the wall clock
+    of each run's start (mtime less the edge's start where ninja logs the wall clock as the edge
+    started, log v6 on; less its end where it logs the output's mtime, v5), each run shifted
+    onto the first's clock. Without mtimes, one run as logged."""
+    mtimes = [m for _, _, m in entries.values() if m]
+    if not mtimes or len(mtimes) < len(entries):
+        return [NinjaEdge(o, a, b) for o, (a, b, _) in entries.items()]
+    seconds = min(mtimes) < 10**15  # ninja >= 1.10 writes nanoseconds
+    at = 0 if mtime_at_start else 1
+    offsets = {o: (m * 1000 if seconds else m // 10**6) - entry[at] for o, entry in entries.items() for m in [entry[2]]}
+    starts: list[int] = []  # each run's start on the wall clock, in ms
+    for off in sorted(offsets.values()):
+        if not starts or off - starts[-1] > _RUN_GAP_MS * (2 if seconds else 1):
+            starts.append(off)
+    edges = []
+    for o, (a, b, _) in entries.items():
+        run = bisect.bisect_right(starts, offsets[o]) - 1
+        shift = starts[run] - starts[0]
+        edges.append(NinjaEdge(o, a + shift, b + shift, run))
+    return edges
+
+
+def ninja_runs(edges: Sequence[NinjaEdge]) -> tuple[tuple[str, ...], ...]:
+    """The units of each ninja run in the order they started; () for a log of one run."""
+    if len({e.run for e in edges}) < 2:
+        return ()
+    runs: dict[int, list[NinjaEdge]] = {}
+    for e in sorted(edges, key=lambda e: (e.start_ms, e.output)):
+        runs.setdefault(e.run, []).append(e)
+    return tuple(tuple(e.unit for e in runs[r]) for r in sorted(runs))
+
+
+def compile_seconds(edges: Sequence[NinjaEdge]) -> float:
+    """Seconds of compiling: each run's first start to its last end, added up (what runs between
+    two ninja runs, setuptools linking the previous extension, is not compiling)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for e in edges:
+        lo, hi = spans.get(e.run, (e.start_ms, e.end_ms))
+        spans[e.run] = (min(lo, e.start_ms), max(hi, e.end_ms))
+    return round(sum(hi - lo for lo, hi in spans.values()) / 1000, 1)
 
 
 def unit_seconds(edges: Iterable[NinjaEdge]) -> dict[str, float]:
@@ -273,6 +333,23 @@ def longest_first(costs: Mapping[str, float]) -> list[str]:
 
 def lpt_makespan(costs: Mapping[str, float], jobs: int, concurrency: Concurrency | None = None) -> float:
     return list_schedule([(u, costs[u]) for u in longest_first(costs)], jobs, concurrency).makespan
+
+
+def in_runs(per_unit: Mapping[str, float], runs: Sequence[Sequence[str]]) -> list[dict[str, float]]:
+    """`per_unit` split into the build's ninja runs, in order; units no run names (a variant's
+    that the measured build lacked) run last, together."""
+    named = {u for run in runs for u in run}
+    groups = [{u: per_unit[u] for u in run if u in per_unit} for run in runs]
+    groups.append({u: s for u, s in per_unit.items() if u not in named})
+    return [g for g in groups if g]
+
+
+def runs_makespan(per_unit: Mapping[str, float], jobs: int, concurrency: Concurrency | None = None,
+                  runs: Sequence[Sequence[str]] = (), upstream_order: bool = False) -> float:
+    """The compile span of a build whose units run in ninja runs one after another (one run: the
+    whole build), each run's units started longest first, or in name order as upstream does."""
+    return sum(list_schedule(sorted(g.items()) if upstream_order else [(u, g[u]) for u in longest_first(g)],
+                             jobs, concurrency).makespan for g in in_runs(per_unit, runs))
 
 
 def running_counts(edges: Sequence[NinjaEdge]) -> list[tuple[float, int]]:

@@ -7,11 +7,12 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, plan
+from extforge import cost_store, plan, unit_costs
 from extforge.build import build_environment
 from extforge.cli import main
 from extforge.errors import ExtforgeError
@@ -27,28 +28,38 @@ def node(cores: int, gib: float) -> Machine:
     return Machine(cores=cores, memory_bytes=int(gib * GIB), glibc="2.36", cores_source="test", memory_source="test")
 
 
-def ninja_log(units: dict[str, float], jobs: int, version: int = 5) -> str:
-    """A .ninja_log as ninja writes it (start and end in ms since ninja started, mtime, output,
-    command hash), the units started in the given order on `jobs` slots."""
-    free = [0.0] * jobs
+def ninja_log(units: dict[str, float], jobs: int, version: int = 5, runs: int = 1) -> str:
+    """A .ninja_log as ninja writes it (start and end in ms since that ninja run started, a wall
+    clock in ns: v5 the output's mtime as the edge ended, v6 on as it started; output, command
+    hash), the units started in the given order
+    on `jobs` slots; with `runs`, the units split into that many ninja runs one after another
+    (setuptools runs one per extension), each run appended with its own clock."""
+    names = list(units)
+    size = -(-len(names) // runs)
     lines = [f"# ninja log v{version}"]
-    for i, (unit, seconds) in enumerate(units.items()):
-        slot = free.index(min(free))
-        start, free[slot] = free[slot], free[slot] + seconds
-        lines.append(f"{int(start * 1000)}\t{int(free[slot] * 1000)}\t1764230400{i:03d}\t"
-                     f"/home/builder/causal-conv1d-1.7.0/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{i:016x}")
+    wall_ms = 1_764_230_400_000
+    for first in range(0, len(names), size):
+        free = [0.0] * jobs
+        for unit in names[first:first + size]:
+            slot = free.index(min(free))
+            start, free[slot] = free[slot], free[slot] + units[unit]
+            stamp = wall_ms + int((start if version >= 6 else free[slot]) * 1000)
+            lines.append(f"{int(start * 1000)}\t{int(free[slot] * 1000)}\t{stamp * 10**6 + 417}\t"
+                         f"/home/builder/causal-conv1d-1.7.0/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{len(lines):016x}")
+        wall_ms += int(max(free) * 1000) + 7_500  # the extension's link before the next run starts
     return "\n".join(lines) + "\n"
 
 
 def learn(tmp_path: Path, units: dict[str, float] = UNITS, jobs: int = 2, version: str = "1.7.0",
-          threads: str = "1", peak: int | None = 2 * GIB) -> cost_store.Learned | None:
+          threads: str = "1", peak: int | None = 2 * GIB, runs: int = 1, recipe: str = "causal-conv1d",
+          log_version: int = 5) -> cost_store.Learned | None:
     log = tmp_path / f"work-{len(list(tmp_path.glob('work-*')))}" / ".ninja_log"
     log.parent.mkdir(parents=True)
-    log.write_text(ninja_log(units, jobs))
+    log.write_text(ninja_log(units, jobs, log_version, runs))
     env = {"MAX_JOBS": str(jobs), "NVCC_THREADS": threads}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cost_store, "largest_child_process_bytes", lambda _env: peak)
-        return cost_store.learn_from_build("causal-conv1d", version, log, ("90",), env)
+        return cost_store.learn_from_build(recipe, version, log, ("90",), env)
 
 
 def test_a_recipe_never_measured_is_planned_so_it_cannot_oom() -> None:
@@ -94,6 +105,41 @@ def test_the_first_build_teaches_the_second(tmp_path: Path, own_cost_store: Path
     assert plan.plan_build(node(64, 24), "never-built", ("90",)).max_jobs == 4  # 20 GiB / 4.4 GiB
     # Two archs: more seconds per unit.
     assert plan.plan_build(node(2, 23), "causal-conv1d", ("80", "90")).expected_wall_seconds > 410
+
+
+# torch-scatter 2.1.2's units (run Z3's seconds): setuptools builds its four extensions one after
+# another, each through a ninja run of its own that appends to the one .ninja_log.
+SCATTER = {"scatter": 57.1, "scatter_cpu": 44.6, "scatter_cuda": 72.0, "segment_coo": 54.5, "segment_coo_cpu": 49.1,
+           "segment_coo_cuda": 122.5, "segment_csr": 47.1, "segment_csr_cpu": 40.3, "segment_csr_cuda": 72.0,
+           "version": 40.4}
+
+
+def test_a_build_of_several_ninja_runs_is_learned_and_planned_run_by_run(tmp_path: Path, own_cost_store: Path) -> None:
+    entry = learn(tmp_path, SCATTER, jobs=16, runs=4, recipe="torch-scatter", version="2.1.2", log_version=7)
+    assert entry is not None
+    assert entry.runs == (("scatter", "scatter_cpu", "scatter_cuda"), ("segment_coo", "segment_coo_cpu", "segment_coo_cuda"),
+                          ("segment_csr", "segment_csr_cpu", "segment_csr_cuda"), ("version",))
+    # Three units at once at most, and compiling only (the links between the runs left out).
+    assert entry.jobs == 3 and entry.compile_seconds == 72.0 + 122.5 + 72.0 + 40.4
+    assert json.loads(entry.path.read_text())["runs"][3] == ["version"]
+
+    second = plan.plan_build(node(16, 64), "torch-scatter", ("90",), version="2.1.2")
+    assert second.max_jobs == 3  # more job slots than the widest run would only raise the peak
+    assert second.expected_wall_seconds == round(72.0 + 122.5 + 72.0 + 40.4)
+    assert any("runs ninja 4 times" in r for r in second.reasons)
+    # Planned as one graph, the same units would have claimed a third of that.
+    assert lpt_makespan(SCATTER, 16) == 122.5
+
+
+def test_logs_of_one_ninja_run_stay_one_run() -> None:
+    """Every node log the shipped data was fitted on is one ninja run (ninja 1.12's v7 logs the wall
+    clock at each edge's start), and an older ninja's log (v5: the output's mtime, in seconds
+    before ninja 1.10, as each edge ended) too."""
+    for path in sorted((BENCH / "data").glob("*.ninja_log")):
+        assert {e.run for e in parse_ninja_log(path.read_text())} == {0}, path.name
+    old = ["# ninja log v5"] + [f"{a}\t{b}\t{1_764_230_400 + b // 1000}\tcsrc/{u}.o\t{i:016x}"
+                                for i, (u, a, b) in enumerate([("a", 0, 60_000), ("b", 0, 240_000), ("c", 60_000, 155_000)])]
+    assert {e.run for e in parse_ninja_log("\n".join(old))} == {0}
 
 
 def test_a_compile_cache_rebuild_does_not_replace_real_costs(tmp_path: Path) -> None:
@@ -175,6 +221,25 @@ def test_a_real_ninja_log(tmp_path: Path) -> None:
     assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order[0] == "causal_conv1d_update"
 
 
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="ninja is not installed")
+def test_a_real_ninja_log_of_two_runs(tmp_path: Path) -> None:
+    """Two ninja runs in one build folder, as torch's BuildExtension runs one per extension of a
+    setuptools build: the second run's times restart at 0 in the log, yet its edges come out after
+    the first's, grouped apart."""
+    for units in ({"a": 1.2, "a_cuda": 0.6}, {"b": 0.3, "b_cuda": 0.6}):
+        (tmp_path / "build.ninja").write_text(
+            "rule cc\n  command = sleep $secs && touch $out\n"
+            + "".join(f"build csrc/{u}.o: cc\n  secs = {s}\n" for u, s in units.items()))
+        subprocess.run(["ninja", "-j", "2"], cwd=tmp_path, check=True, capture_output=True)
+        # setuptools links the extension before the next run: without that gap, two runs' edges
+        # are within the filesystem clock's tick of each other.
+        time.sleep(0.3)
+    edges = parse_ninja_log((tmp_path / ".ninja_log").read_text())
+    assert unit_costs.ninja_runs(edges) == (("a", "a_cuda"), ("b", "b_cuda"))
+    first_end = max(e.end_ms for e in edges if e.run == 0)
+    assert all(e.start_ms >= first_end for e in edges if e.run == 1)
+
+
 def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> None:
     first, second = tmp_path / "first.ninja_log", tmp_path / "second.ninja_log"
     first.write_text(ninja_log(UNITS, 2))
@@ -183,6 +248,12 @@ def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
                          capture_output=True, text=True, check=True).stdout
     assert "planner error on second build: -9.1%" in out and "in the second's start order: 410.0 s" in out
+    # A build of four ninja runs (torch-scatter's extensions), the second 20% slower: run by run.
+    first.write_text(ninja_log(SCATTER, 16, runs=4))
+    second.write_text(ninja_log({u: s * 1.2 for u, s in SCATTER.items()}, 16, runs=4))
+    out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "in 4 ninja run(s), 3 at once" in out and "planner error on second build: -16.7%" in out
 
 
 def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) -> None:

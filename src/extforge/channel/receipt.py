@@ -10,8 +10,8 @@ of the prefix folder. The Slurm case: an admin installs into /nfs/envs/x (parent
 admin's, mode 755), each job's user verifies; a co-tenant who can write the prefix (a group
 with write access) can neither write the parent folder nor make a file owned by the admin.
 
-Byte code: install compiles every owned .py of the prefix with the prefix's own Python and
-records each .pyc's sha256 and mode here. Checking a .pyc against its source instead would
+Byte code: install compiles every owned .py of the prefix that has no current .pyc (packages
+may ship theirs) with the prefix's own Python and records each .pyc's sha256 and mode here. Checking a .pyc against its source instead would
 need the same compiler (the prefix's Python, whose marshal output is not byte-stable) on every
 verify; a planted .pyc can carry its source's header (mtime and size), so the header proves
 nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
@@ -33,6 +33,7 @@ from .hashing import hash_many
 
 SCHEMA = 1
 COMPILE_TIMEOUT_S = 3600
+COMPILE_SCRIPT = Path(__file__).with_name("_compile.py")
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,9 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
 
 def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
     """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
-    (code objects name their final path; up-to-date .pyc are left alone); {relative path:
-    [sha256, mode]} of every .pyc there afterwards."""
+    (code objects name their final path; a .pyc Python would take as it is, shipped by the
+    package or compiled before, is left alone); {relative path: [sha256, mode]} of every .pyc
+    there afterwards."""
     python = staging / "bin" / "python"
     sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
     if not sources or not python.exists():
@@ -177,10 +179,10 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     # The environment's own interpreter runs here, as the installing user (conda and pixi do
     # the same). -I: no PYTHON* variables or user site; -S: no site module, so no `.pth` file
     # or sitecustomize of the environment runs; -B: Python itself writes nothing besides what
-    # compileall does.
+    # the script compiles.
     try:
         subprocess.run(
-            [str(python), "-I", "-S", "-B", "-m", "compileall", "-q", "-j", "0", "-s", str(staging), "-p", str(prefix), "-i", "-"],
+            [str(python), "-I", "-S", "-B", str(COMPILE_SCRIPT), str(staging), str(prefix)],
             input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
         )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
@@ -192,8 +194,8 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     for dirpath, _dirs, files in os.walk(staging / "lib"):
         if os.path.basename(dirpath) == "__pycache__":
             written += [Path(dirpath, f) for f in files if f.endswith(".pyc")]
-    # Owned ones too: a package's .pyc whose header does not match its installed source (the build
-    # compiled it before the source got its packaged mtime) is compiled again, else Python would
+    # Owned ones too: a package's .pyc that its installed source does not match (the build
+    # compiled it before the source got its packaged mtime) was compiled again, else Python would
     # rewrite it at the first import. The record vouches for each in place of the package.
     hashes = hash_many(written)
     return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]

@@ -1,0 +1,58 @@
+"""Run by an environment's own Python at install (stdlib only): byte-compile the sources named on
+stdin whose .pyc Python would not take as it is.
+
+usage: python -I -S -B _compile.py STAGING PREFIX < sources
+
+A package may ship its byte code (conda-forge's carry timestamped .pyc, some builds hash-based
+ones); those that match their installed source stay. The rest are compiled on every core: the
+stdlib's compileall takes a file list one file at a time (a torch env's 6,500 modules: 34 s on
+two cores, 14 s spread over both).
+"""
+
+import compileall
+import functools
+import importlib.util
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+HEADER = 16  # magic, flags, then mtime + size or the source's hash
+BATCH = 64  # files per task: one pickle round trip per batch, not per file
+
+
+def is_current(source):
+    """What Python checks at import: its magic, then the source's mtime and size, or its hash."""
+    try:
+        with open(importlib.util.cache_from_source(source), "rb") as fh:
+            head = fh.read(HEADER)
+        st = os.stat(source)
+    except OSError:
+        return False
+    if len(head) < HEADER or head[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(head[4:8], "little")
+    if flags == 0:
+        stamp = (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+        return head[8:16] == stamp
+    if flags in (1, 3):
+        with open(source, "rb") as fh:
+            return head[8:16] == importlib.util.source_hash(fh.read())
+    return False
+
+
+def main(staging, prefix):
+    sources = [s for s in sys.stdin.read().splitlines() if s and not is_current(s)]
+    # Code objects name the final path, not the staging folder the files sit in now.
+    compile_one = functools.partial(compileall.compile_file, quiet=2, stripdir=staging, prependdir=prefix)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores > 1 and len(sources) > BATCH:
+        with ProcessPoolExecutor(min(cores, len(sources) // BATCH + 1)) as pool:
+            list(pool.map(compile_one, sources, chunksize=BATCH))
+    else:
+        for source in sources:
+            compile_one(source)
+    print(len(sources))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,53 @@
+"""Install's byte-compile step: a .pyc Python would take as it is stays, every other module is
+compiled by the environment's own Python, on every core."""
+
+import importlib.util
+import os
+import py_compile
+import sys
+from pathlib import Path
+
+from extforge.channel.receipt import compile_bytecode
+
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+
+
+def _pyc(source: Path) -> Path:
+    return Path(importlib.util.cache_from_source(str(source)))
+
+
+def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
+    staging, prefix = tmp_path / "staging", tmp_path / "final"
+    (staging / "bin").mkdir(parents=True)
+    (staging / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    site = staging / SITE
+    site.mkdir(parents=True)
+    owned = set()
+    # Enough modules that the step spreads them over processes.
+    for i in range(150):
+        (site / f"m{i}.py").write_text(f"VALUE = {i}\n")
+        owned.add(f"{SITE}/m{i}.py")
+    shipped = site / "m0.py"  # a package's checked-hash .pyc: current, kept byte for byte
+    py_compile.compile(str(shipped), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    shipped_ino = _pyc(shipped).stat().st_ino
+    stale = site / "m1.py"  # a hash .pyc of other source text: compiled again
+    py_compile.compile(str(stale), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    stale.write_text("VALUE = 'changed'\n")
+    dated = site / "m2.py"  # a timestamped .pyc whose source has another mtime: compiled again
+    py_compile.compile(str(dated))
+    os.utime(dated, (1, 1))
+    dated_ino = _pyc(dated).stat().st_ino
+    (site / "broken.py").write_text("print 'py2 test data'\n")
+    owned.add(f"{SITE}/broken.py")
+
+    written = compile_bytecode(staging, prefix, owned)
+
+    assert _pyc(shipped).stat().st_ino == shipped_ino
+    assert _pyc(dated).stat().st_ino != dated_ino
+    assert importlib.util.source_hash(stale.read_bytes()) != _pyc(stale).read_bytes()[8:16]
+    assert int.from_bytes(_pyc(stale).read_bytes()[4:8], "little") == 0  # compiled at install: timestamped
+    for i in range(150):
+        assert f"{Path(SITE, '__pycache__', _pyc(site / f'm{i}.py').name)}" in written
+    assert not _pyc(site / "broken.py").exists()
+    # Code objects name the final prefix, not the staging folder.
+    assert str(prefix / SITE / "m5.py").encode() in _pyc(site / "m5.py").read_bytes()
