@@ -27,6 +27,7 @@ clock, and the planner schedules each run's units apart and adds the runs up.
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import math
 import re
@@ -60,10 +61,13 @@ class NinjaEdge:
     start_ms: int  # on the clock of the log's first ninja run
     end_ms: int
     run: int = 0  # which ninja run of the build, in the order they ran
+    # The same output compiled again, with another command, by a later run (torch-scatter builds
+    # each source into a CPU and a CUDA extension, both to one object path): its 2nd, 3rd... compile.
+    repeat: int = 1
 
     @property
     def unit(self) -> str:
-        return unit_name(self.output)
+        return unit_name(self.output) + (f"@{self.repeat}" if self.repeat > 1 else "")
 
     @property
     def seconds(self) -> float:
@@ -217,21 +221,33 @@ def head_dim(unit: str) -> int | None:
 
 
 def parse_ninja_log(text: str) -> list[NinjaEdge]:
-    """Edges of a `.ninja_log` (v5-v7: start, end, mtime, output, hash; tab-separated). ninja
-    appends on every build; the last entry of an output is the one that counts. Several ninja
-    runs in one log are put on the first run's clock (`on_one_clock`)."""
+    """Edges of a `.ninja_log` (v5-v7: start, end, mtime, output, command hash; tab-separated).
+    ninja appends on every build. Several ninja runs in one log are put on the first run's clock
+    (`on_one_clock`); an output built again by the same command (an incremental rebuild) counts
+    once, at its last entry, while one built again by another command (another extension's
+    flags) is another compile."""
     lines = text.splitlines()
     head = re.match(r"#\s*ninja log v(\d+)", lines[0]) if lines else None
     if not head:
         raise ExtforgeError("not a ninja log", "the first line is not '# ninja log vN'",
                             "pass the .ninja_log from the build folder (build/temp.*/.ninja_log)")
-    entries: dict[str, tuple[int, int, int]] = {}
+    entries: list[LogEntry] = []
     for line in lines[1:]:
         parts = line.split("\t")
         if len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
             continue
-        entries[parts[3]] = (int(parts[0]), int(parts[1]), int(parts[2]) if parts[2].isdigit() else 0)
+        entries.append(LogEntry(parts[3], int(parts[0]), int(parts[1]), int(parts[2]) if parts[2].isdigit() else 0,
+                                parts[4] if len(parts) > 4 else ""))
     return sorted(on_one_clock(entries, mtime_at_start=int(head[1]) >= 6), key=lambda e: (e.start_ms, e.output))
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    output: str
+    start_ms: int  # on its own ninja run's clock
+    end_ms: int
+    mtime: int
+    command: str  # the command's hash
 
 
 # Within one ninja run, the logged wall clock and ninja's own time of the edge differ by the
@@ -240,26 +256,30 @@ def parse_ninja_log(text: str) -> list[NinjaEdge]:
 _RUN_GAP_MS = 1000
 
 
-def on_one_clock(entries: Mapping[str, tuple[int, int, int]], mtime_at_start: bool) -> list[NinjaEdge]:
-    """Edges from {output: (start ms, end ms, mtime)}: grouped into ninja runs by the wall clock
-    of each run's start (mtime less the edge's start where ninja logs the wall clock as the edge
-    started, log v6 on; less its end where it logs the output's mtime, v5), each run shifted
-    onto the first's clock. Without mtimes, one run as logged."""
-    mtimes = [m for _, _, m in entries.values() if m]
-    if not mtimes or len(mtimes) < len(entries):
-        return [NinjaEdge(o, a, b) for o, (a, b, _) in entries.items()]
-    seconds = min(mtimes) < 10**15  # ninja >= 1.10 writes nanoseconds
-    at = 0 if mtime_at_start else 1
-    offsets = {o: (m * 1000 if seconds else m // 10**6) - entry[at] for o, entry in entries.items() for m in [entry[2]]}
+def on_one_clock(entries: Sequence[LogEntry], mtime_at_start: bool) -> list[NinjaEdge]:
+    """Edges from the log's entries: grouped into ninja runs by the wall clock of each run's
+    start (mtime less the edge's start where ninja logs the wall clock as the edge started, log
+    v6 on; less its end where it logs the output's mtime, v5), each run shifted onto the first's
+    clock. Without mtimes, one run as logged."""
+    if not entries or not all(e.mtime for e in entries):
+        return list({e.output: NinjaEdge(e.output, e.start_ms, e.end_ms) for e in entries}.values())
+    seconds = min(e.mtime for e in entries) < 10**15  # ninja >= 1.10 writes nanoseconds
+    offsets = [(e.mtime * 1000 if seconds else e.mtime // 10**6) - (e.start_ms if mtime_at_start else e.end_ms)
+               for e in entries]
     starts: list[int] = []  # each run's start on the wall clock, in ms
-    for off in sorted(offsets.values()):
+    for off in sorted(offsets):
         if not starts or off - starts[-1] > _RUN_GAP_MS * (2 if seconds else 1):
             starts.append(off)
-    edges = []
-    for o, (a, b, _) in entries.items():
-        run = bisect.bisect_right(starts, offsets[o]) - 1
+    runs = [bisect.bisect_right(starts, off) - 1 for off in offsets]
+    latest: dict[tuple[str, str], tuple[int, LogEntry]] = {}  # (output, command) -> its last compile
+    for run, e in sorted(zip(runs, entries, strict=True), key=lambda re_: (re_[0], re_[1].start_ms)):
+        latest.pop((e.output, e.command), None)
+        latest[(e.output, e.command)] = (run, e)
+    edges, seen = [], collections.Counter[str]()
+    for run, e in latest.values():
+        seen[e.output] += 1
         shift = starts[run] - starts[0]
-        edges.append(NinjaEdge(o, a + shift, b + shift, run))
+        edges.append(NinjaEdge(e.output, e.start_ms + shift, e.end_ms + shift, run, seen[e.output]))
     return edges
 
 
@@ -336,19 +356,21 @@ def lpt_makespan(costs: Mapping[str, float], jobs: int, concurrency: Concurrency
 
 
 def in_runs(per_unit: Mapping[str, float], runs: Sequence[Sequence[str]]) -> list[dict[str, float]]:
-    """`per_unit` split into the build's ninja runs, in order; units no run names (a variant's
-    that the measured build lacked) run last, together."""
+    """`per_unit` split into the build's ninja runs, in order, each run's units in the order the
+    measured build started them (setuptools sorts an extension's sources by path); units no run
+    names (every unit of a one-run build, or a variant's the measured build lacked) run last,
+    together, in name order."""
     named = {u for run in runs for u in run}
     groups = [{u: per_unit[u] for u in run if u in per_unit} for run in runs]
-    groups.append({u: s for u, s in per_unit.items() if u not in named})
+    groups.append({u: per_unit[u] for u in sorted(per_unit) if u not in named})
     return [g for g in groups if g]
 
 
 def runs_makespan(per_unit: Mapping[str, float], jobs: int, concurrency: Concurrency | None = None,
                   runs: Sequence[Sequence[str]] = (), upstream_order: bool = False) -> float:
     """The compile span of a build whose units run in ninja runs one after another (one run: the
-    whole build), each run's units started longest first, or in name order as upstream does."""
-    return sum(list_schedule(sorted(g.items()) if upstream_order else [(u, g[u]) for u in longest_first(g)],
+    whole build), each run's units started longest first, or in upstream's order (in_runs)."""
+    return sum(list_schedule(list(g.items()) if upstream_order else [(u, g[u]) for u in longest_first(g)],
                              jobs, concurrency).makespan for g in in_runs(per_unit, runs))
 
 

@@ -29,23 +29,29 @@ def node(cores: int, gib: float) -> Machine:
 
 
 def ninja_log(units: dict[str, float], jobs: int, version: int = 5, runs: int = 1) -> str:
-    """A .ninja_log as ninja writes it (start and end in ms since that ninja run started, a wall
-    clock in ns: v5 the output's mtime as the edge ended, v6 on as it started; output, command
-    hash), the units started in the given order
-    on `jobs` slots; with `runs`, the units split into that many ninja runs one after another
-    (setuptools runs one per extension), each run appended with its own clock."""
+    """A .ninja_log as ninja writes it, the units started in the given order on `jobs` slots;
+    with `runs`, the units split into that many ninja runs one after another."""
     names = list(units)
     size = -(-len(names) // runs)
+    return ninja_log_of_runs([{u: units[u] for u in names[i:i + size]} for i in range(0, len(names), size)], jobs, version)
+
+
+def ninja_log_of_runs(runs: list[dict[str, float]], jobs: int, version: int = 7) -> str:
+    """A .ninja_log as ninja writes it (start and end in ms since that ninja run started, a wall
+    clock in ns: v5 the output's mtime as the edge ended, v6 on as it started; output, command
+    hash): each run's units started in the given order on `jobs` slots, the runs one after
+    another (setuptools runs one per extension), each appended with its own clock. A unit in
+    two runs is one object path compiled by two commands (two extensions' flags)."""
     lines = [f"# ninja log v{version}"]
     wall_ms = 1_764_230_400_000
-    for first in range(0, len(names), size):
+    for units in runs:
         free = [0.0] * jobs
-        for unit in names[first:first + size]:
+        for unit, seconds in units.items():
             slot = free.index(min(free))
-            start, free[slot] = free[slot], free[slot] + units[unit]
+            start, free[slot] = free[slot], free[slot] + seconds
             stamp = wall_ms + int((start if version >= 6 else free[slot]) * 1000)
             lines.append(f"{int(start * 1000)}\t{int(free[slot] * 1000)}\t{stamp * 10**6 + 417}\t"
-                         f"/home/builder/causal-conv1d-1.7.0/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{len(lines):016x}")
+                         f"/home/builder/src/build/temp.linux-x86_64-cpython-312/csrc/{unit}.o\t{len(lines):016x}")
         wall_ms += int(max(free) * 1000) + 7_500  # the extension's link before the next run starts
     return "\n".join(lines) + "\n"
 
@@ -129,6 +135,31 @@ def test_a_build_of_several_ninja_runs_is_learned_and_planned_run_by_run(tmp_pat
     assert any("runs ninja 4 times" in r for r in second.reasons)
     # Planned as one graph, the same units would have claimed a third of that.
     assert lpt_makespan(SCATTER, 16) == 122.5
+
+
+def test_an_object_compiled_again_by_another_extension_is_another_compile(tmp_path: Path, own_cost_store: Path) -> None:
+    """torch-scatter's setup.py (FORCE_CUDA=1) builds each op twice: a CUDA extension of its three
+    sources, then a CPU one of two of them, with other flags, to the same object paths. Both
+    compiles ran; the second of each is its own unit."""
+    runs = [{"segment_coo": 42.6, "segment_coo_cpu": 38.0, "segment_coo_cuda": 110.6},
+            {"segment_coo": 30.1, "segment_coo_cpu": 28.0},
+            {"version": 38.0}, {"version": 20.0}]
+    log = tmp_path / "work" / ".ninja_log"
+    log.parent.mkdir()
+    log.write_text(ninja_log_of_runs(runs, 16))
+    entry = cost_store.learn_from_build("torch-scatter", "2.1.2", log, ("90",), {"NVCC_THREADS": "1"})
+    assert entry is not None
+    assert entry.runs == (("segment_coo", "segment_coo_cpu", "segment_coo_cuda"), ("segment_coo@2", "segment_coo_cpu@2"),
+                          ("version",), ("version@2",))
+    assert entry.units["segment_coo@2"] == 30.1 and entry.units["version@2"] == 20.0
+    assert entry.compile_seconds == 110.6 + 30.1 + 38.0 + 20.0
+    planned = plan.plan_build(node(16, 64), "torch-scatter", ("90",), version="2.1.2")
+    assert planned.max_jobs == 3 and planned.expected_wall_seconds == round(110.6 + 30.1 + 38.0 + 20.0)
+    # On two cores, upstream's order is the order the measured build started each run's units:
+    # there the .cu waits for the first of the two .cpp to end.
+    two = plan.plan_build(node(2, 23), "torch-scatter", ("90",), version="2.1.2")
+    assert two.expected_wall_seconds == round(max(110.6, 42.6 + 38.0) + 30.1 + 38.0 + 20.0)
+    assert two.upstream_order_wall_seconds == round(38.0 + 110.6 + 30.1 + 38.0 + 20.0)
 
 
 def test_logs_of_one_ninja_run_stay_one_run() -> None:

@@ -72,14 +72,15 @@ def test_heuristic_follows_the_measured_kinds_for_units_without_data() -> None:
     assert head_dim("flash_fwd_split_hdim192_fp16_causal_sm80") == 192 and head_dim("flash_api") is None
 
 
-# v5: the mtime is the output's, as its edge ended; the last line is an incremental rebuild 15 min later.
+# v5: the mtime is the output's, as its edge ended; the last line is an incremental rebuild 15 min later
+# (the same command: its hash).
 NINJA_LOG = """# ninja log v5
 0\t41250\t1732350041250000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/flash_api.o\t8f0c6a2b3c4d5e6f
 12\t398012\t1732350398012000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_bwd_hdim256_bf16_causal_sm80.o\t1a2b3c4d5e6f7a8b
 15\t101500\t1732350101500000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.o\t2a2b3c4d5e6f7a8b
 garbage line
 101600\t190000\t1732350190000000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_split_hdim64_bf16_sm80.o\t3a2b3c4d5e6f7a8b
-20\t500\t1732350900500000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.o\t4a2b3c4d5e6f7a8b
+20\t500\t1732350900500000000\t/b/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.o\t2a2b3c4d5e6f7a8b
 """
 
 
