@@ -27,8 +27,13 @@ def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
     for i in range(150):
         (site / f"m{i}.py").write_text(f"VALUE = {i}\n")
         owned.add(f"{SITE}/m{i}.py")
-    shipped = site / "m0.py"  # a package's checked-hash .pyc: current, kept byte for byte
-    py_compile.compile(str(shipped), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    shipped = site / "m0.py"  # a package's checked-hash .pyc, linked from the package cache: kept
+    cached = tmp_path / "pkgs" / "m0.cpython.pyc"
+    cached.parent.mkdir()
+    py_compile.compile(str(shipped), cfile=str(cached), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    _pyc(shipped).parent.mkdir()
+    os.link(cached, _pyc(shipped))
+    owned.add(_pyc(shipped).relative_to(staging).as_posix())
     shipped_ino = _pyc(shipped).stat().st_ino
     stale = site / "m1.py"  # a hash .pyc of other source text: compiled again
     py_compile.compile(str(stale), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
@@ -46,7 +51,10 @@ def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
     assert _pyc(dated).stat().st_ino != dated_ino
     assert importlib.util.source_hash(stale.read_bytes()) != _pyc(stale).read_bytes()[8:16]
     assert int.from_bytes(_pyc(stale).read_bytes()[4:8], "little") == 0  # compiled at install: timestamped
-    for i in range(150):
+    # The record vouches for what install compiled; the package for its own .pyc, which verify
+    # then finds linked from the package cache, as every file of a package is.
+    assert f"{Path(SITE, '__pycache__', _pyc(shipped).name)}" not in written
+    for i in range(1, 150):
         assert f"{Path(SITE, '__pycache__', _pyc(site / f'm{i}.py').name)}" in written
     assert not _pyc(site / "broken.py").exists()
     # Code objects name the final prefix, not the staging folder.

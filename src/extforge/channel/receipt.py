@@ -167,6 +167,13 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
     return receipt, ""
 
 
+def _still_the_packages(pyc: Path, staging: Path, owned: set[str]) -> bool:
+    """A package's own .pyc that was current, so left alone: still linked from the package cache
+    (its other name), vouched for by its package, not by the record. A .pyc compiled here is a
+    new file of one name."""
+    return pyc.relative_to(staging).as_posix() in owned and pyc.lstat().st_nlink > 1
+
+
 def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
     """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
     (code objects name their final path; a .pyc Python would take as it is, shipped by the
@@ -193,9 +200,9 @@ def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, 
     written = []
     for dirpath, _dirs, files in os.walk(staging / "lib"):
         if os.path.basename(dirpath) == "__pycache__":
-            written += [Path(dirpath, f) for f in files if f.endswith(".pyc")]
-    # Owned ones too: a package's .pyc that its installed source does not match (the build
-    # compiled it before the source got its packaged mtime) was compiled again, else Python would
+            written += [p for f in files if f.endswith(".pyc") and not _still_the_packages(p := Path(dirpath, f), staging, owned)]
+    # Owned ones too where compiled again: a package's .pyc that its installed source did not
+    # match (the build compiled it before the source got its packaged mtime), else Python would
     # rewrite it at the first import. The record vouches for each in place of the package.
     hashes = hash_many(written)
     return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
