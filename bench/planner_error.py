@@ -8,7 +8,7 @@ The first build's log goes through the cost store as `extforge build` stores it 
 not the site's), the planner reads it back, and predicts the second build's compile span: its
 units, at the number of compiles the second log ran at once, started in the order the second log
 shows (a recipe that takes the planner's EXTFORGE_UNIT_ORDER starts them longest first; one that
-does not, in setuptools' name order), run by run where the build ran ninja once per extension.
+does not, in setuptools' order), run by run where the build ran ninja once per extension.
 The measured span is each ninja run's first start to last end, added up; the links after them
 are in neither. Prints `planner error on second build: X%`
 ((predicted - measured) / measured).
@@ -58,7 +58,7 @@ def main() -> int:
         print(f"the second build compiled units the first did not: {', '.join(unknown)}", file=sys.stderr)
         return 1
     runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
-    predicted = sum(unit_costs.list_schedule([(u, costs[u]) for u in run], jobs).makespan for run in runs)
+    predicted = unit_costs.runs_makespan({e.unit: costs[e.unit] for e in edges}, jobs, runs=runs, upstream_order=True)
     longest_first = unit_costs.runs_makespan({e.unit: costs[e.unit] for e in edges}, jobs, runs=numbers.costs.runs)
     print(f"first build: {len(learned.units)} units, {learned.jobs} at once, compile span {learned.compile_seconds:.1f} s "
           f"({args.first})")

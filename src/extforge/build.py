@@ -535,9 +535,10 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                 # A link job's log times cache hits, not compiles: it teaches the cost store nothing.
                 report_link(split, split_state, fh, notes)
             else:
-                cost_store.learn_from_build(profile, result.version,
-                                            ninja_log_in(work_dirs), variant_archs(merged) or plan.DEFAULT_ARCHS, env)
-                keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log")])
+                ninja_log = ninja_log_in(work_dirs)
+                cost_store.learn_from_build(profile, result.version, ninja_log,
+                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env)
+                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log")])
             for pkg in packages:
                 pkg.node_speed = speed
             try:

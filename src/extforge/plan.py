@@ -235,9 +235,9 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
                                          costs.subsets, variant or {})
         per_unit = {u: s * node_speed for u, s in in_build.items()}
-        # What a plain build does: no unit split, and the units in name order (setuptools sorts an
-        # extension's sources before torch writes build.ninja). Every schedule paces the units by
-        # the compiles running beside them (costs.concurrency).
+        # What a plain build does: no unit split, and the units in setuptools' order (it sorts an
+        # extension's sources before torch writes build.ninja; unit_costs.in_runs). Every schedule
+        # paces the units by the compiles running beside them (costs.concurrency).
         upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
             + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)

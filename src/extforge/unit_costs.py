@@ -18,10 +18,11 @@ siblings): one flash-attn unit took 1.35x as long with 32 copies at once as with
 The data's seconds are therefore seconds at a reference number of compiles at once, and
 `Concurrency` scales them to the number running at each moment of a schedule.
 
-A setuptools build of several extensions (torch-scatter: four) runs one ninja per extension, one
-after another, each appending to the same `.ninja_log` with times counted from its own start.
-The log's mtime column (the output's wall clock as it was written) places every run on one
-clock, and the planner schedules each run's units apart and adds the runs up.
+A setuptools build of several extensions (torch-scatter: eight) runs one ninja per extension,
+one after another, each appending to the same `.ninja_log` with times counted from its own
+start. The log's mtime column (a wall clock: as each edge started, or as its output was written
+in older logs) places every run on one clock, and the planner schedules each run's units apart
+and adds the runs up.
 """
 
 from __future__ import annotations

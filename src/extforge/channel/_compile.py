@@ -51,7 +51,6 @@ def main(staging, prefix):
     else:
         for source in sources:
             compile_one(source)
-    print(len(sources))
 
 
 if __name__ == "__main__":

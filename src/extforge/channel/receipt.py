@@ -11,9 +11,9 @@ admin's, mode 755), each job's user verifies; a co-tenant who can write the pref
 with write access) can neither write the parent folder nor make a file owned by the admin.
 
 Byte code: install compiles every owned .py of the prefix that has no current .pyc (packages
-may ship theirs) with the prefix's own Python and records each .pyc's sha256 and mode here. Checking a .pyc against its source instead would
-need the same compiler (the prefix's Python, whose marshal output is not byte-stable) on every
-verify; a planted .pyc can carry its source's header (mtime and size), so the header proves
+may ship theirs) with the prefix's own Python and records each .pyc it wrote, sha256 and mode,
+here. Checking a .pyc against its source instead would need the same compiler (the prefix's
+Python, whose marshal output is not byte-stable) on every verify; a planted .pyc can carry its source's header (mtime and size), so the header proves
 nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
 """
 
