@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import time
+import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -20,6 +21,7 @@ from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..ui import log
+from .conda_writer import write_package
 from .recipes import PackageJob, render_recipe
 
 
@@ -68,7 +70,45 @@ def _build_miss(job: PackageJob, key: str, log_file: Path | None, compression_th
     entry = package_cache_dir() / key
     work = paths.cache_root() / "mirror" / "work" / key
     shutil.rmtree(work, ignore_errors=True)
-    (work / "recipe").mkdir(parents=True)
+    work.mkdir(parents=True)
+    if job.written_directly:
+        built, record = _write_directly(job, work, compression_threads or 1)
+    else:
+        built, record = _build_with_rattler(job, work, log_file, compression_threads)
+    entry.mkdir(parents=True, exist_ok=True)
+    final = entry / built.name
+    shutil.move(built, final)
+    final.chmod(0o644)
+    data = {
+        "name": record["name"],
+        "version": record["version"],
+        "build": record["build"],
+        "subdir": record["subdir"],
+        "file": built.name,
+        "record": record,
+    }
+    (entry / "package.json").write_text(json.dumps(data))
+    shutil.rmtree(work, ignore_errors=True)
+    return CachedPackage(
+        record["name"], record["version"], record["build"], record["subdir"], final, False, time.monotonic() - start
+    )
+
+
+def _write_directly(job: PackageJob, work: Path, threads: int) -> tuple[Path, dict]:
+    try:
+        return write_package(job, work, threads)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ExtforgeError(
+            f"could not package {job.name} {job.version} for the mirror",
+            f"reading its files failed: {exc}",
+            "check that the wheel or environment it comes from is still there and readable, then run the "
+            "mirror again (packages already built are kept)",
+        ) from exc
+
+
+def _build_with_rattler(job: PackageJob, work: Path, log_file: Path | None,
+                        compression_threads: int | None) -> tuple[Path, dict]:
+    (work / "recipe").mkdir()
     manifest = work / "manifest.json"
     manifest.write_text(json.dumps(job.manifest))
     recipe = work / "recipe" / "recipe.yaml"
@@ -97,24 +137,9 @@ def _build_miss(job: PackageJob, key: str, log_file: Path | None, compression_th
             fh.write(f"## {job.name} {job.version}\n" + "\n".join(sink.lines) + "\n")
     result = results[0]
     built = Path(result.packages[0])
-    record = _built_record(built)
-    entry.mkdir(parents=True, exist_ok=True)
-    final = entry / built.name
-    shutil.move(built, final)
-    final.chmod(0o644)
-    data = {
-        "name": result.name,
-        "version": result.version,
-        "build": result.build_string,
-        "subdir": result.platform,
-        "file": built.name,
-        "record": record,
-    }
-    (entry / "package.json").write_text(json.dumps(data))
-    shutil.rmtree(work, ignore_errors=True)
-    return CachedPackage(
-        result.name, result.version, result.build_string, result.platform, final, False, time.monotonic() - start
-    )
+    record = _built_record(built) or {}
+    return built, {"name": result.name, "version": result.version, "build": result.build_string,
+                   "subdir": result.platform} | record
 
 
 def _built_record(built: Path) -> dict | None:

@@ -49,11 +49,34 @@ class PackageJob:
     relocate: bool = True  # let rattler-build rewrite RUNPATHs (not for wheels: installed as pip would)
 
     @property
+    def about_summary(self) -> str:
+        return self.summary or f"{self.name} {self.version}, repackaged by extforge mirror"
+
+    @property
+    def about_license(self) -> str:
+        return self.license or "LicenseRef-upstream"
+
+    @property
     def package_format(self) -> str:
         # A mirror channel is read from local disk, rarely shipped: zstd level 1 instead of
         # rattler-build's 15 (level 3 took 217 s instead of 597 s for torch + nvidia, +5% size;
         # level 1 adds ~2% more, docs/benchmarks-history.md "Mirror phases of one row").
         return "conda:1"
+
+    @property
+    def zstd_level(self) -> int:
+        return int(self.package_format.partition(":")[2])
+
+    @property
+    def written_directly(self) -> bool:
+        """A distribution's package, which conda_writer writes without rattler-build: nothing
+        relinked, no symlinks, no text rewritten but python shebangs."""
+        return (
+            not self.relocate
+            and not self.manifest.get("symlinks")
+            and not self.manifest.get("prefix_rewrite")
+            and all(flags in ("", "s") for _, _, flags in self.manifest.get("files", []))
+        )
 
     def cache_key(self) -> str:
         """Hash of everything the package is made of; equal keys give interchangeable packages."""
@@ -74,6 +97,7 @@ class PackageJob:
             "symlinks": self.manifest.get("symlinks", []),
             "format": self.package_format,
             "relocate": self.relocate,
+            "writer": "extforge" if self.written_directly else "rattler-build",
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -91,8 +115,8 @@ def render_recipe(job: PackageJob, manifest_path: Path, python: str = sys.execut
         "constrains": job.constrains,
         "run_exports": job.run_exports,
         "strong_run_exports": job.strong_run_exports,
-        "summary": job.summary or f"{job.name} {job.version}, repackaged by extforge mirror",
-        "license": job.license or "LicenseRef-upstream",
+        "summary": job.about_summary,
+        "license": job.about_license,
         "binary_relocation": job.relocate,
     }
     return Template(template_text()).substitute({k: json.dumps(v) for k, v in values.items()})

@@ -1,0 +1,143 @@
+"""A distribution's package written straight into a .conda holds what rattler-build would have
+packaged from the same job, installs with rattler, and its record is the file's own."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from extforge.mirror.channel import _build_with_rattler, build_jobs, place
+from extforge.mirror.recipes import PackageJob
+from extforge.mirror.wheels import console_script
+
+SITE = "lib/python3.11/site-packages"
+
+
+def _wheel(tmp_path: Path) -> Path:
+    whl = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("demo_pkg/__init__.py", "X = 1\n")
+        zf.writestr("demo_pkg/__pycache__/__init__.cpython-311.pyc", b"stale")  # never installed
+        zf.writestr("demo_pkg/blob.bin", bytes(range(256)) * 4096)  # 1 MiB: streamed in chunks
+        tool = zipfile.ZipInfo("demo_pkg-1.0.data/scripts/demo-tool")
+        tool.external_attr = 0o755 << 16
+        zf.writestr(tool, "#!python\nimport demo_pkg\n")
+        zf.writestr("demo_pkg-1.0.data/scripts/plain.sh", "#!/bin/sh\necho hi\n")
+        zf.writestr("demo_pkg-1.0.data/headers/demo.h", "int demo;\n")
+        zf.writestr("demo_pkg-1.0.dist-info/METADATA", "Name: demo-pkg\nVersion: 1.0\n")
+        zf.writestr("demo_pkg-1.0.dist-info/entry_points.txt", "[console_scripts]\ndemo = demo_pkg:main\n")
+    return whl
+
+
+def _job(tmp_path: Path, installed: Path) -> PackageJob:
+    wheel = {"path": str(_wheel(tmp_path)), "data_dir": "demo_pkg-1.0.data", "site": SITE,
+             "include": "include/python3.11/demo-pkg"}
+    return PackageJob(
+        name="demo-pkg", version="1.0", build_string="py311_h${{ hash }}_0", identity="demo-pkg-test",
+        constrains=["other-pkg >=2"], run_exports=["demo-pkg >=1.0"],
+        manifest={"python": "bin/python3.11", "wheels": [wheel],
+                  "texts": [console_script("demo", "demo_pkg:main", "bin/python3.11")],
+                  "files": [[str(installed), "share/demo/config.py", "s"]]},
+        relocate=False,
+    )
+
+
+def _read_conda(path: Path) -> tuple[dict[str, tuple[int, bytes]], dict[str, bytes]]:
+    """(pkg members: path -> (mode, content), info members: name -> content)."""
+    out: list[dict] = []
+    with zipfile.ZipFile(path) as zf:
+        assert zf.namelist()[0] == "metadata.json"
+        assert json.loads(zf.read("metadata.json")) == {"conda_pkg_format_version": 2}
+        for prefix in ("pkg-", "info-"):
+            (name,) = [n for n in zf.namelist() if n.startswith(prefix)]
+            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(zf.read(name))).read()
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                out.append({m.name: (m.mode, tar.extractfile(m).read()) for m in tar if m.isfile()})  # type: ignore[union-attr]
+    return out[0], {k: v for k, (_, v) in out[1].items()}
+
+
+def _normalized(files: dict[str, tuple[int, bytes]], paths: list[dict]) -> dict[str, tuple[int, bytes]]:
+    placeholders = {p["_path"]: p["prefix_placeholder"].encode() for p in paths if "prefix_placeholder" in p}
+    return {k: (mode, data.replace(placeholders.get(k, b"\0never"), b"@PREFIX@")) for k, (mode, data) in files.items()}
+
+
+def test_written_like_rattler_build_would_package_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    installed = tmp_path / "old-env-config.py"
+    installed.write_text("#!/old/env/bin/python3\nprint('config')\n")
+    installed.chmod(0o700)
+    job = _job(tmp_path, installed)
+    assert job.written_directly
+    (direct,) = build_jobs([job], None, None, workers=1)
+    ours, our_info = _read_conda(direct.path)
+    work = tmp_path / "rb"
+    work.mkdir()
+    theirs_path, their_record = _build_with_rattler(job, work, None, 1)
+    theirs, their_info = _read_conda(theirs_path)
+
+    our_paths = json.loads(our_info["info/paths.json"])["paths"]
+    their_paths = json.loads(their_info["info/paths.json"])["paths"]
+    assert _normalized(ours, our_paths) == _normalized(theirs, their_paths)
+    assert [p["_path"] for p in our_paths] == sorted(theirs)
+    for mine, other in zip(our_paths, sorted(their_paths, key=lambda p: p["_path"]), strict=True):
+        assert mine.keys() == other.keys() and mine.get("file_mode") == other.get("file_mode"), mine["_path"]
+        assert mine["sha256"] == hashlib.sha256(ours[mine["_path"]][1]).hexdigest()
+        assert mine["size_in_bytes"] == len(ours[mine["_path"]][1])
+    # The files that name the prefix are the scripts the mirror writes, nothing else.
+    assert sorted(p["_path"] for p in our_paths if "prefix_placeholder" in p) == [
+        "bin/demo", "bin/demo-tool", "share/demo/config.py"]
+    assert f"{SITE}/demo_pkg/__pycache__/__init__.cpython-311.pyc" not in ours
+
+    our_index = json.loads(our_info["info/index.json"])
+    their_index = json.loads(their_info["info/index.json"])
+    assert {k: v for k, v in our_index.items() if k not in ("build", "timestamp")} == \
+        {k: v for k, v in their_index.items() if k not in ("build", "timestamp")}
+    assert json.loads(our_info["info/run_exports.json"]) == json.loads(their_info["info/run_exports.json"])
+    assert json.loads(our_info["info/about.json"])["summary"] == json.loads(their_info["info/about.json"])["summary"]
+    # The cache entry's record is the whole file's, as the channel index would compute it.
+    record = json.loads((direct.path.parent / "package.json").read_text())["record"]
+    blob = direct.path.read_bytes()
+    assert (record["sha256"], record["md5"], record["size"]) == (
+        hashlib.sha256(blob).hexdigest(), hashlib.md5(blob).hexdigest(), len(blob))
+    assert record.keys() == their_record.keys()
+
+
+def test_a_written_package_installs_with_rattler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import rattler
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    installed = tmp_path / "config.py"
+    installed.write_text("print('config')\n")
+    built = build_jobs([_job(tmp_path, installed)], None, None, workers=1)
+    channel = tmp_path / "channel"
+    place(built, channel)
+    records = asyncio.run(rattler.solve([channel.as_uri()], ["demo-pkg"], platforms=["linux-64", "noarch"],
+                                        virtual_packages=[]))
+    prefix = tmp_path / "env"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "pkgs", show_progress=False))
+    assert (prefix / "bin" / "demo-tool").read_text().startswith(f"#!{prefix}/bin/python3.11\n")
+    assert (prefix / "bin" / "demo").read_text().startswith(f"#!{prefix}/bin/python3.11\n")
+    assert (prefix / "bin" / "demo-tool").stat().st_mode & 0o111
+    assert (prefix / SITE / "demo_pkg" / "blob.bin").read_bytes() == bytes(range(256)) * 4096
+    assert (prefix / "include/python3.11/demo-pkg/demo.h").is_file()
+
+
+def test_a_vanished_wheel_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from extforge.errors import ExtforgeError
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    installed = tmp_path / "config.py"
+    installed.write_text("print('config')\n")
+    job = _job(tmp_path, installed)
+    Path(job.manifest["wheels"][0]["path"]).unlink()
+    with pytest.raises(ExtforgeError) as err:
+        build_jobs([job], None, None, workers=1)
+    assert "could not package demo-pkg 1.0" in str(err.value) and "mirror again" in (err.value.fix or "")
