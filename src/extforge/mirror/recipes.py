@@ -20,6 +20,8 @@ def template_text() -> str:
 
 
 STAGE_SCRIPT = Path(__file__).with_name("_stage.py")
+# What writes a distribution's package without rattler-build (its behaviour is in the key too).
+CONDA_WRITER = Path(__file__).with_name("conda_writer.py")
 
 
 @dataclass
@@ -97,7 +99,7 @@ class PackageJob:
             "symlinks": self.manifest.get("symlinks", []),
             "format": self.package_format,
             "relocate": self.relocate,
-            "writer": "extforge" if self.written_directly else "rattler-build",
+            "writer": hashlib.sha256(CONDA_WRITER.read_bytes()).hexdigest() if self.written_directly else "rattler-build",
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
