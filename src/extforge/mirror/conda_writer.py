@@ -78,7 +78,8 @@ def _members(job: PackageJob, zips: list[zipfile.ZipFile]) -> list[_Member]:
                 continue
             mode = (info.external_attr >> 16) & 0o777
             script = rel.startswith("bin/") and python
-            out[rel] = _Member(rel, _packaged_mode(mode | 0o755 if script else mode), info.file_size, wheel=i, member=info.filename, shebang=script)
+            out[rel] = _Member(rel, _packaged_mode(mode | 0o755 if script else mode), info.file_size, wheel=i,
+                               member=info.filename, shebang=script)
     for src, dst, flags in m.get("files", []):
         st = os.stat(src)
         out[dst] = _Member(dst, _packaged_mode(st.st_mode), st.st_size, src=src, shebang="s" in flags and python)
@@ -205,4 +206,5 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
             md5.update(chunk)
             size += len(chunk)
     # The channel's repodata carries run_exports beside the index, as rattler's indexer writes them.
-    return out, index | ({"run_exports": exports} if exports else {}) | {"sha256": sha.hexdigest(), "md5": md5.hexdigest(), "size": size}
+    whole = {"sha256": sha.hexdigest(), "md5": md5.hexdigest(), "size": size}
+    return out, index | ({"run_exports": exports} if exports else {}) | whole
