@@ -58,8 +58,9 @@ def main() -> int:
         print(f"the second build compiled units the first did not: {', '.join(unknown)}", file=sys.stderr)
         return 1
     runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
-    predicted = unit_costs.runs_makespan({e.unit: costs[e.unit] for e in edges}, jobs, runs=runs, upstream_order=True)
-    longest_first = unit_costs.runs_makespan({e.unit: costs[e.unit] for e in edges}, jobs, runs=numbers.costs.runs)
+    seconds = {e.unit: costs[e.unit] for e in edges}
+    predicted = unit_costs.runs_makespan(seconds, jobs, runs=runs, upstream_order=True)
+    longest_first = unit_costs.runs_makespan(seconds, jobs, runs=numbers.costs.runs)
     print(f"first build: {len(learned.units)} units, {learned.jobs} at once, compile span {learned.compile_seconds:.1f} s "
           f"({args.first})")
     print(f"second build: {len(edges)} units in {len(runs)} ninja run(s), {jobs} at once, compile span {measured:.1f} s "

@@ -13,8 +13,8 @@ with write access) can neither write the parent folder nor make a file owned by 
 Byte code: install compiles every owned .py of the prefix that has no current .pyc (packages
 may ship theirs) with the prefix's own Python and records each .pyc it wrote, sha256 and mode,
 here. Checking a .pyc against its source instead would need the same compiler (the prefix's
-Python, whose marshal output is not byte-stable) on every verify; a planted .pyc can carry its source's header (mtime and size), so the header proves
-nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
+Python, whose marshal output is not byte-stable) on every verify; a planted .pyc can carry its
+source's header (mtime and size), so the header proves nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
 """
 
 from __future__ import annotations

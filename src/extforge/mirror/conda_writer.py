@@ -31,13 +31,13 @@ from typing import IO
 import zstandard
 from rattler import Subdir
 
+from ..channel.hashing import digests_file
 from ._stage import rewrite_shebang, wheel_member_target
 from .recipes import PackageJob
 
 # What the files that name the prefix hold in the package; the installer puts the real prefix in.
 # Long, as conda-build's, so that no real path starts with it by chance.
 PLACEHOLDER = "/opt/extforge_mirror_env_" + "placehold_" * 14
-_CHUNK = 1 << 20
 
 
 def render_build_string(job: PackageJob) -> str:
@@ -199,12 +199,6 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
     finally:
         for zf in zips:
             zf.close()
-    sha, md5, size = hashlib.sha256(), hashlib.md5(), 0
-    with out.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-            size += len(chunk)
+    whole = digests_file(out, ("sha256", "md5")) | {"size": out.stat().st_size}
     # The channel's repodata carries run_exports beside the index, as rattler's indexer writes them.
-    whole = {"sha256": sha.hexdigest(), "md5": md5.hexdigest(), "size": size}
     return out, index | ({"run_exports": exports} if exports else {}) | whole
