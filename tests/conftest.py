@@ -53,6 +53,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         prepare.stop()
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # The session's fixtures stay in use however long it runs: work that makes room on the disk
+    # (cache.make_room) removes only entries unused for half an hour.
+    if _fixtures_dir().is_dir():
+        paths.mark_used(_fixtures_dir())
+
+
 @pytest.fixture(autouse=True)
 def own_cost_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                    monkeypatch: pytest.MonkeyPatch) -> Path:

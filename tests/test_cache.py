@@ -167,3 +167,55 @@ def test_private_and_self_managed_areas_are_listed_but_never_pruned(tmp_path: Pa
     refused = _cli(t["root"], "--prune", "0", "--area", "trust")
     assert refused.returncode == 2 and "cannot be pruned" in refused.stderr and "Traceback" not in refused.stderr
     assert secret.exists()
+
+
+def _candidates(t: dict[str, Path], *keys: str) -> list[cache.Entry]:
+    by_path = {e.path: e for e in cache.scan(t["root"])}
+    return [by_path[t[k]] for k in keys]
+
+
+def test_eviction_keeps_an_entry_linked_from_elsewhere_and_stops_when_enough_is_freed(tmp_path: Path):
+    t = _tree(tmp_path)
+    # The old wheel's bytes are also the request folder's (not a candidate): removing it frees
+    # nothing, so the next entry in LRU order goes instead.
+    plan, freed = cache.eviction_plan(_candidates(t, "old_pkg", "old_wheel", "old_env", "new_pkg"), int(1.5 * MIB))
+    assert [e.path for e in plan] == [t["old_pkg"], t["old_env"]]
+    assert 2 * MIB <= freed < 3 * MIB
+    # With the request a candidate too, the pair goes together once both are in the run.
+    plan, freed = cache.eviction_plan(_candidates(t, "old_pkg", "old_env", "old_wheel", "request", "new_pkg"), int(3.5 * MIB))
+    assert [e.path for e in plan] == [t["old_pkg"], t["old_env"], t["old_wheel"], t["request"]]
+    assert 4 * MIB <= freed < 5 * MIB
+    # Enough after the first: nothing more is touched.
+    plan, _ = cache.eviction_plan(_candidates(t, "old_pkg", "old_env", "new_pkg"), MIB // 2)
+    assert [e.path for e in plan] == [t["old_pkg"]]
+
+
+def test_make_room_removes_the_unused_least_recently_used_entries_and_says_so(tmp_path: Path, monkeypatch, caplog):
+    t = _tree(tmp_path)
+    in_use = _entry(t["root"] / "audit-targets", "ffff", MIB, 10 / (24 * 60))  # used 10 minutes ago
+    secret = _entry(t["root"] / f"trust-{os.getuid()}", "secret", 10, 30)
+    monkeypatch.setenv(cache.MIN_FREE_ENV, "0")
+    assert cache.make_room(t["root"], "a test", need=2**60) is None  # 0: off, whatever the need
+    assert t["old_pkg"].exists()
+
+    # More than any disk has: every entry that frees space and is not in use goes, oldest first.
+    monkeypatch.setenv(cache.MIN_FREE_ENV, "1e9")
+    with caplog.at_level("WARNING", logger="extforge"):
+        room = cache.make_room(t["root"], "a test")
+    assert room is not None
+    assert {e.path for e in room.removed} == {t["old_pkg"], t["old_env"], t["new_pkg"]}
+    assert not any(t[k].exists() for k in ("old_pkg", "old_env", "new_pkg"))
+    # Kept: used less than half an hour ago (a run in progress: the request folder too), a
+    # private area, and the old wheel, whose bytes the request folder still links.
+    assert in_use.exists() and secret.exists() and t["request"].exists() and t["old_wheel"].exists()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "before a test ($EXTFORGE_CACHE_MIN_FREE)" in message and "removed 3 cache entries" in message
+    assert "mirror-packages 2" in message and "still short" in message
+
+
+def test_a_bad_min_free_is_refused_with_the_fix(tmp_path: Path, monkeypatch):
+    t = _tree(tmp_path)
+    for bad in ("twenty", "-5", "nan"):
+        monkeypatch.setenv(cache.MIN_FREE_ENV, bad)
+        proc = _cli(t["root"])
+        assert proc.returncode == 2 and "EXTFORGE_CACHE_MIN_FREE=20" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -21,6 +21,7 @@ from . import build_layer, compile_cache, cost_store, engine, machine, paths, pl
 from .archive import check_package
 from .audit import audit_package
 from .build_options import BuildOptions
+from .cache import make_room
 from .channel.index import index_channel
 from .channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
 from .cuda_rule import missing_toolkit
@@ -465,6 +466,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
         env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env, recipe_file, matrix)
+    make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -1,8 +1,10 @@
 """What extforge keeps under the cache root, and removing what has gone unused.
 
-The cache grows without bound on a machine that keeps it: every change of a torch build, a
-toolkit or extforge's own package recipes adds entries (a torch row is ~7 GB of wheels and
-packages) and nothing retires the old ones. Each area holds entries, one folder (or file) per
+Every change of a torch build, a toolkit or extforge's own package recipes adds entries (a
+torch row is ~7 GB of wheels and packages) and nothing retires the old ones by itself: `extforge
+cache --prune DAYS` removes what went unused for that long, and work that fills the cache first
+makes room (make_room) where its disk has less than $EXTFORGE_CACHE_MIN_FREE GiB free, removing
+the least recently used entries. Each area holds entries, one folder (or file) per
 content key. An entry's last use is its mtime, which the code that reuses an entry refreshes
 (paths.mark_used), so an entry's age means "unused for that long", not "old".
 rattler's own extracted packages are the exception: rattler does not refresh them, so a pruned
@@ -11,8 +13,11 @@ one that was still in use is extracted again at its next install (time, not corr
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable, Iterator
+import shutil
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,24 +113,64 @@ class Freeable:
     by_area: dict[str, int]  # what removing only that area's entries would give back
 
 
+@dataclass
+class _Inode:
+    nlink: int
+    blocks: int
+    holders: list[int]  # indexes of the entries that hold a name of it, once per name
+
+
+def _inodes(entries: Sequence[Entry]) -> list[list[_Inode]]:
+    """Per entry, the inodes of its files (one walk): who else holds a name of each decides
+    whether removing the entry gives its blocks back."""
+    table: dict[tuple[int, int], _Inode] = {}
+    per_entry: list[list[_Inode]] = []
+    for i, entry in enumerate(entries):
+        mine = []
+        for st in _walk(entry.path):
+            inode = table.setdefault((st.st_dev, st.st_ino), _Inode(st.st_nlink, st.st_blocks * 512, []))
+            inode.holders.append(i)
+            mine.append(inode)
+        per_entry.append(mine)
+    return per_entry
+
+
 def freeable(entries: Iterable[Entry]) -> Freeable:
     """Disk bytes that removing `entries` gives back, in one walk: a file also linked from
     elsewhere (another area, an installed environment) stays on disk, so it does not count."""
-    links: dict[tuple[int, int], tuple[list[int], set[str]]] = {}  # inode -> ([links seen, nlink, blocks], areas)
-    for entry in entries:
-        for st in _walk(entry.path):
-            counts, areas = links.setdefault((st.st_dev, st.st_ino), ([0, st.st_nlink, st.st_blocks * 512], set()))
-            counts[0] += 1
-            areas.add(entry.area)
+    entries = list(entries)
     total = 0
     by_area: dict[str, int] = {}
-    for (here, nlink, blocks), areas in links.values():
-        if here >= nlink:
-            total += blocks
+    for inode in {id(n): n for names in _inodes(entries) for n in names}.values():
+        if len(inode.holders) >= inode.nlink:
+            total += inode.blocks
+            areas = {entries[i].area for i in inode.holders}
             if len(areas) == 1:
                 (area,) = areas
-                by_area[area] = by_area.get(area, 0) + blocks
+                by_area[area] = by_area.get(area, 0) + inode.blocks
     return Freeable(total, by_area)
+
+
+def eviction_plan(candidates: Sequence[Entry], shortfall: int) -> tuple[list[Entry], int]:
+    """The entries to remove, least recently used first, to give back `shortfall` bytes, and
+    what they give back: the shortest run of `candidates` (in their order) that frees that
+    much, less the entries in it whose every file is still linked from elsewhere (removing
+    them would only make the cache colder). A package linked from a channel and the package
+    store goes only together with both; all that can be freed if the candidates cannot free
+    `shortfall`."""
+    per_entry = _inodes(candidates)
+    seen: dict[int, int] = {}
+    freeing: set[int] = set()
+    freed = 0
+    for names in per_entry:
+        if freed >= shortfall:
+            break
+        for inode in names:
+            seen[id(inode)] = seen.get(id(inode), 0) + 1
+            if seen[id(inode)] == inode.nlink:
+                freed += inode.blocks
+                freeing.update(inode.holders)
+    return [candidates[i] for i in sorted(freeing)], freed
 
 
 def _children(root: Path, area: Area) -> list[Path]:
@@ -139,8 +184,9 @@ def _children(root: Path, area: Area) -> list[Path]:
     return found
 
 
-def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:
-    """Every entry of `areas` under `root`; a file hard-linked from two entries counts for the first."""
+def scan(root: Path, areas: Iterable[Area] = AREAS, sizes: bool = True) -> Iterator[Entry]:
+    """Every entry of `areas` under `root`; a file hard-linked from two entries counts for the
+    first. Without `sizes`, no entry's files are walked (bytes 0)."""
     seen: set[tuple[int, int]] = set()
     for area in areas:
         for path in _children(root, area):
@@ -150,7 +196,7 @@ def scan(root: Path, areas: Iterable[Area] = AREAS) -> Iterator[Entry]:
                 used = 0.0 if path.name.startswith(PRUNING) else path.lstat().st_mtime
             except OSError:
                 continue
-            yield Entry(area.name, path, used, _disk_bytes(path, seen), root)
+            yield Entry(area.name, path, used, _disk_bytes(path, seen) if sizes else 0, root)
 
 
 def unused(entries: Iterable[Entry], now: float, days: float) -> list[Entry]:
@@ -172,3 +218,89 @@ def remove(entry: Entry) -> None:
         except FileNotFoundError:
             return  # removed by another prune
     safe_files.remove_quietly(doomed, beneath=entry.root)
+
+
+def human_size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+MIN_FREE_ENV = "EXTFORGE_CACHE_MIN_FREE"
+DEFAULT_MIN_FREE_GIB = 20.0
+# Removed beyond the minimum, so that the next few writes do not each walk the cache again.
+HEADROOM = 5 * 2**30
+# An entry used this recently may belong to a run in progress (an install about to link from
+# it, a test session's fixtures); the prune by age has no such guard, its user chose the age.
+IN_USE_S = 30 * 60
+
+
+def min_free() -> int:
+    """Bytes the cache keeps free on its disk ($EXTFORGE_CACHE_MIN_FREE, in GiB; 0: off)."""
+    text = os.environ.get(MIN_FREE_ENV, "").strip()
+    if not text:
+        return int(DEFAULT_MIN_FREE_GIB * 2**30)
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = -1.0
+    if not gib >= 0:  # also refuses nan
+        raise ExtforgeError(f"${MIN_FREE_ENV}={text!r} is not a number of GiB",
+                            "it is how much free disk the cache keeps beside itself, in GiB",
+                            f"set it like {MIN_FREE_ENV}=20 (0 turns the removal off) or unset it "
+                            f"(default {DEFAULT_MIN_FREE_GIB:g})")
+    return int(gib * 2**30)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What make_room did: the disk was short of `target` free bytes."""
+
+    free_before: int
+    target: int
+    removed: list[Entry]
+    freed: int  # measured on the disk
+
+    def describe(self, root: Path, purpose: str) -> str:
+        gib = human_size
+        areas: dict[str, int] = {}
+        for entry in self.removed:
+            areas[entry.area] = areas.get(entry.area, 0) + 1
+        text = (f"the disk of extforge's cache ({root}) had {gib(self.free_before)} free, less than the "
+                f"{gib(self.target)} kept free before {purpose} (${MIN_FREE_ENV}): ")
+        if self.removed:
+            text += (f"removed {len(self.removed)} cache entries unused for {IN_USE_S // 60} minutes or more, least "
+                     f"recently used first ({', '.join(f'{a} {n}' for a, n in areas.items())}), {gib(self.freed)} freed")
+        else:
+            text += f"no cache entry unused for {IN_USE_S // 60} minutes frees space (each is linked from elsewhere)"
+        if self.free_before + self.freed < self.target:
+            text += "; still short: free space on that disk or point EXTFORGE_CACHE at a bigger one"
+        return text
+
+
+def make_room(root: Path, purpose: str, need: int = 0) -> Room | None:
+    """Before `purpose`, work that fills the cache: where its disk has less free than
+    min_free() (or `need`, if more), remove the least recently used entries not in use until it
+    has that much and HEADROOM more, like Nix's min-free, and say so (a warning). None where
+    nothing was short. A cache that nobody prunes by hand then fills its disk only with what is
+    in use: every change of extforge's package recipes leaves a generation of packages behind."""
+    floor = min_free()
+    target = max(floor, need) if floor else 0
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free >= target:
+        return None
+    cutoff = time.time() - IN_USE_S
+    candidates = sorted((e for e in scan(root, [a for a in AREAS if a.prunable], sizes=False) if e.last_used <= cutoff),
+                        key=lambda e: e.last_used)
+    doomed, _ = eviction_plan(candidates, target + HEADROOM - free)
+    removed = []
+    for entry in doomed:
+        try:
+            remove(entry)
+        except (OSError, ExtforgeError):
+            continue  # another user's entry in a shared cache: theirs to prune
+        removed.append(entry)
+    room = Room(free, target, removed, shutil.disk_usage(probe).free - free)
+    logging.getLogger("extforge").warning(room.describe(root, purpose))
+    return room

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,24 @@ def test_lock_check_detects_staleness(tiny_packages, tmp_path):
     assert proc.returncode == 1 and "environment 'app' changed" in proc.stderr
     proc = subprocess.run([*extforge_cmd(), "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)], capture_output=True, text=True)
     assert proc.returncode == 1 and "stale" in proc.stderr and not (tmp_path / "p").exists()
+
+
+def test_an_install_on_a_short_disk_first_removes_the_unused_cache_entries(tiny_packages, tmp_path, isolated_cache):
+    channel = tmp_path / "ch"
+    publish(tiny_packages.distinct[:2] + [tiny_packages.app], channel, audit=False)
+    _, lock_path = _workspace(tmp_path, channel.as_uri(), extra="tiny-01")
+    stale = isolated_cache / "mirror" / "packages" / "0123abcd"  # a package of an older generation
+    stale.mkdir(parents=True)
+    (stale / "old.conda").write_bytes(os.urandom(2**20))
+    month_ago = time.time() - 30 * 24 * 3600
+    os.utime(stale, (month_ago, month_ago))
+    # No disk has 10^9 GiB free: the install makes what room it can, says so and goes on.
+    env = {**os.environ, "EXTFORGE_CACHE_MIN_FREE": "1e9"}
+    proc = subprocess.run([*extforge_cmd(), "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not stale.exists() and (tmp_path / "p" / "conda-meta").is_dir()
+    assert "before installing environment 'app'" in proc.stderr and "removed 1 cache entries" in proc.stderr, proc.stderr
 
 
 def test_package_altered_after_locking_is_refused(tiny_packages, tmp_path, isolated_cache):

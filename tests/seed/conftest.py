@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge import paths
+from extforge import cache, paths
 from extforge.locking import exclusive
 
 from . import prepare
@@ -171,10 +171,13 @@ def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
 
 
 def seed_shortfall(fixtures_dir: Path, besides: float = 0.0) -> str | None:
-    """disk_shortfall of this cache; `besides`: GiB the disk must keep for other work as well."""
+    """disk_shortfall of this cache, after it made room for the rows' cold parts (the least
+    recently used entries of other checkouts and generations go first); `besides`: GiB the disk
+    must keep for other work as well."""
     fixtures_dir.mkdir(parents=True, exist_ok=True)
-    return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30),
-                          disk_need(_warm_record(), paths.rattler_pkgs_dir()))
+    need = disk_need(_warm_record(), paths.rattler_pkgs_dir())
+    cache.make_room(paths.cache_root(), "the seed rows", need=int((need.total + besides) * 2**30))
+    return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30), need)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import cache
 from ..channel_ref import channel_url, records, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
@@ -102,6 +103,7 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
         # Below the cache root nothing is followed: a link planted at audit-targets/ leads nowhere.
         make_dirs(tmp.parent, beneath=cache_root())
         remove_quietly(tmp, beneath=cache_root())
+        cache.make_room(cache_root(), f"installing {', '.join(specs)} to audit against")
         try:
             asyncio.run(_solve_install(specs, channels, tmp))
         except ExtforgeError:

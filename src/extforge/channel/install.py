@@ -37,9 +37,10 @@ from pathlib import Path
 
 from .. import safe_files
 from ..archive import check_package
+from ..cache import make_room
 from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
-from ..paths import rattler_pkgs_dir
+from ..paths import cache_root, rattler_pkgs_dir
 from .accounting import user_name
 from .hashing import default_threads, sha256_file
 from .mirrors import Mirrors
@@ -202,6 +203,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
             "pass a new or empty --prefix, or delete this one first",
         )
 
+    make_room(cache_root(), f"installing environment {env!r} into {prefix}")
     t = time.monotonic()
     local, bad = fetch_verified(records, store_dir(), mirrors, result.cache_mismatches)
     if bad:

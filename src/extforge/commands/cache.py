@@ -31,10 +31,6 @@ class AreaSummary:
     pruned_bytes: int
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 def run(args: argparse.Namespace) -> int:
     from .. import cache
     from ..paths import cache_root
@@ -58,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ExtforgeError(f"cache area(s) {', '.join(kept)} cannot be pruned by age",
                             "; ".join(f"{a.name}: {a.what}" for a in areas if a.name in kept),
                             "prune the other areas; remove such a folder by hand only when you mean to lose it")
+    min_free = cache.min_free()
     entries = list(cache.scan(root, areas))
     prunable = {a.name for a in areas if a.prunable}
     doomed = (cache.unused([e for e in entries if e.area in prunable], time.time(), args.prune)
@@ -72,30 +69,33 @@ def run(args: argparse.Namespace) -> int:
                                    len(gone), frees.by_area.get(area.name, 0)))
     free_before = shutil.disk_usage(root).free if root.exists() else 0
     for entry in doomed:
-        log.info("%s %s (%s)", "would remove" if args.dry_run else "removing", entry.path, _gib(entry.bytes))
+        log.info("%s %s (%s)", "would remove" if args.dry_run else "removing", entry.path, cache.human_size(entry.bytes))
         if not args.dry_run:
             cache.remove(entry)
     freed = (shutil.disk_usage(root).free - free_before) if doomed and not args.dry_run else 0
     if args.json:
         emit_json({"root": str(root), "areas": [asdict(row) for row in summary], "dry_run": args.dry_run, "prune_days": args.prune,
                    "removed": [{"area": e.area, "path": str(e.path), "bytes": e.bytes} for e in doomed],
-                   "frees_bytes": frees.total, "freed_bytes": freed})
+                   "frees_bytes": frees.total, "freed_bytes": freed, "min_free_bytes": min_free})
         return EXIT_OK
     console.print(f"cache root: {root}")
     for row in summary:
-        line = f"  {row.area:<16} {row.entries:>5} entries {_gib(row.bytes):>10}"
+        line = f"  {row.area:<16} {row.entries:>5} entries {cache.human_size(row.bytes):>10}"
         if args.prune is not None and row.area not in prunable:
             line += "   listed only, never pruned"
         elif args.prune is not None:
             verb = "would go" if args.dry_run else "removed"
-            line += f"   {row.pruned} {verb} ({_gib(row.pruned_bytes)})"
+            line += f"   {row.pruned} {verb} ({cache.human_size(row.pruned_bytes)})"
         console.print(line)
-    console.print(f"  total {_gib(sum(r.bytes for r in summary))} (files hard-linked from two areas count once)")
+    console.print(f"  total {cache.human_size(sum(r.bytes for r in summary))} (files hard-linked from two areas count once)")
+    console.print(f"keeps {cache.human_size(min_free)} free on its disk (${cache.MIN_FREE_ENV}): work that fills the cache first removes "
+                  f"the least recently used entries unused for {cache.IN_USE_S // 60} minutes" if min_free else
+                  f"keeps no free space on its disk (${cache.MIN_FREE_ENV}=0): nothing is removed unless pruned")
     if args.prune is not None:
         # pruned_bytes leaves out files still linked from elsewhere, so a prune never promises space it cannot give.
         if args.dry_run:
-            console.print(f"would remove {len(doomed)} entries unused for {args.prune:g} days, freeing {_gib(frees.total)}")
+            console.print(f"would remove {len(doomed)} entries unused for {args.prune:g} days, freeing {cache.human_size(frees.total)}")
         else:
             console.print(f"removed {len(doomed)} entries unused for {args.prune:g} days: "
-                          f"{_gib(max(freed, 0))} freed on that disk")
+                          f"{cache.human_size(max(freed, 0))} freed on that disk")
     return EXIT_OK

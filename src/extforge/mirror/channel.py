@@ -15,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import engine, paths
+from .. import cache, engine, paths
 from ..channel.index import index_channel
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
@@ -209,6 +209,9 @@ def build_jobs(jobs: Sequence[PackageJob], log_file: Path | None = None,
             continue
         notify(job, None)
         found[i] = notify_done(notify, job, hit)
+    if misses:
+        cache.make_room(paths.cache_root(), f"packaging {len(misses)} package(s) for the mirror",
+                        need=sum(jobs[i].size_hint for i in misses))
     cores = usable_cores()
     n = min(workers or min(cores, MAX_WORKERS), len(misses))
     if n <= 1:
