@@ -189,7 +189,7 @@ def _cache_copy(rel: str, e: Expected, linked: dict[str, str]) -> str | None:
         return None
     if rel.startswith(f"{CLOBBERS}/"):
         rel = rel.split("/", 2)[2]  # __clobbers__/<package>/<path> is that package's <path>
-    return f"{folder}/{rel}"
+    return f"{folder}/{e.source or rel}"
 
 
 def _link_problem(rel: str, st: os.stat_result, e: Expected, linked: dict[str, str]) -> str | None:

@@ -36,7 +36,8 @@ from .packages import fetch_verified, store_dir
 
 # 3: each path also carries the payload's mode bits and, for a symbolic link, its target.
 # 4: shebangs of prefixes with a space are expected in rattler's /bin/sh form (earlier: /usr/bin/env).
-SCHEMA = 4
+# 5: a noarch: python package's manifest says so, with its entry points (placed per prefix).
+SCHEMA = 5
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
 
@@ -218,12 +219,32 @@ def _in_prefix_hashes(originals: dict[str, bytes], placeholders: dict[str, list]
     }
 
 
+def _noarch_python(archive: Path) -> list[str] | None:
+    """The entry points of a noarch: python package (info/link.json), None for any other package."""
+    info = _read_members(archive, "info", {"info/index.json", "info/link.json"})
+    try:
+        index = json.loads(info.get("info/index.json", b"{}"))
+        link = json.loads(info.get("info/link.json", b"{}"))
+    except ValueError as exc:
+        raise ExtforgeError(f"{archive.name} has an unreadable info/index.json or info/link.json: {exc}",
+                            "its files cannot be placed", "rebuild the package") from exc
+    noarch = link.get("noarch") if isinstance(link.get("noarch"), dict) else {}
+    if index.get("noarch") != "python" and noarch.get("type") != "python":
+        return None
+    points = noarch.get("entry_points") or []
+    if not isinstance(points, list) or not all(isinstance(p, str) and "=" in p for p in points):
+        raise ExtforgeError(f"{archive.name}'s info/link.json has malformed entry points: {points!r}",
+                            "each is `name = module:function`", "rebuild the package")
+    return points
+
+
 def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | None = None) -> dict:
     """A package's manifest from its (already sha256-checked) archive: each path with its kind,
     sha256, placeholder, mode bits and link target, plus the in-prefix sha256 of its
-    placeholder files for this prefix."""
+    placeholder files for this prefix; for a noarch: python package, its entry points."""
     body = previous or {"schema": SCHEMA, "sha256": sha256, "file": archive.name, "in_prefix": {}}
     if "paths" not in body:
+        body["noarch_python"] = _noarch_python(archive)
         entries = read_paths_json(archive)
         placeholders = {e["_path"] for e in entries if e.get("prefix_placeholder") and e.get("path_type", "hardlink") == "hardlink"}
         modes, targets, originals = _payload_facts(archive, placeholders)
@@ -239,6 +260,68 @@ def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | No
         originals = originals or _read_members(archive, "pkg", set(placeholder_rows))
         body["in_prefix"][str(prefix)] = _in_prefix_hashes(originals, placeholder_rows, prefix)
     return body
+
+
+# --- noarch: python packages, placed for the environment's python ---------------------------
+
+ENTRY_POINT = """# -*- coding: utf-8 -*-
+import re
+import sys
+
+from {module} import {head}
+
+if __name__ == '__main__':
+\tsys.argv[0] = re.sub(r'(-script\\.pyw?|\\.exe)?$', '', sys.argv[0])
+\tsys.exit({function}())
+"""
+# A path without a space standing for the prefix while its shebang is rewritten (as in _replace_text).
+_STAND_IN = "/extforge-prefix"
+
+
+def entry_point_script(spec: str, python: str, prefix: Path) -> bytes:
+    """What rattler writes at bin/<name> for the entry point `name = module:function` of a
+    noarch: python package, for the python X.Y of the prefix."""
+    module, _, function = spec.partition("=")[2].partition(":")
+    function = function.strip()
+    line = f"#!{_STAND_IN}/bin/python{python}"
+    shebang = line.replace(_STAND_IN, str(prefix))
+    if " " in str(prefix) or len(shebang.encode()) > MAX_SHEBANG:
+        shebang = _env_shebang(line).replace(_STAND_IN, str(prefix))
+    body = ENTRY_POINT.format(module=module.strip(), head=function.split(".")[0], function=function)
+    return f"{shebang}\n{body}".encode()
+
+
+def _placed(path: str, site: str) -> str:
+    if path.startswith("site-packages/"):
+        return site + path[len("site-packages"):]
+    if path.startswith("python-scripts/"):
+        return "bin/" + path[len("python-scripts/"):]
+    return path
+
+
+def place_noarch_python(body: dict, python: str, prefix: Path) -> dict:
+    """The manifest of a noarch: python package as installed in a prefix whose python is X.Y:
+    site-packages/ under lib/pythonX.Y/, python-scripts/ in bin/, and each entry point's script
+    (with its sha256). `sources` maps a moved path back to the package's own (the package cache's
+    copy of the file)."""
+    site = f"lib/python{python}/site-packages"
+    paths = [[_placed(row[0], site), *row[1:]] for row in body["paths"]]
+    sources = {_placed(row[0], site): row[0] for row in body["paths"] if _placed(row[0], site) != row[0]}
+    for spec in body["noarch_python"]:
+        script = entry_point_script(spec, python, prefix)
+        paths.append([f"bin/{spec.partition('=')[0].strip()}", "hardlink", hashlib.sha256(script).hexdigest(),
+                      None, "text", None, None])
+    in_prefix = {key: {_placed(p, site): sha for p, sha in hashes.items()} for key, hashes in body["in_prefix"].items()}
+    return {**body, "paths": paths, "sources": sources, "in_prefix": in_prefix}
+
+
+def python_minor(refs: list[PackageRef]) -> str | None:
+    """X.Y of the python among the packages (its file is python-X.Y.Z-build.ext), None without one."""
+    for ref in refs:
+        if ref.name == "python":
+            version = ref.file_name[len("python-"):].split("-", 1)[0]
+            return ".".join(version.split(".")[:2])
+    return None
 
 
 def manifest_path(sha256: str) -> Path:
@@ -287,6 +370,7 @@ class Expected(NamedTuple):
     sha256: str | None = None
     mode: int | None = None
     target: str | None = None
+    source: str | None = None  # the path in the package where the prefix's differs (noarch: python)
 
 
 _KINDS = {"hardlink": "file", "softlink": "link", "directory": "dir"}
@@ -295,10 +379,12 @@ _KINDS = {"hardlink": "file", "softlink": "link", "directory": "dir"}
 def expected_entries(name: str, body: dict, prefix: Path) -> Iterator[tuple[str, Expected]]:
     """(relative path, Expected) of every path a package's manifest lists."""
     in_prefix = body["in_prefix"].get(str(prefix), {})
+    sources = body.get("sources", {})
     for path, kind, sha, placeholder, _file_mode, mode, target in body["paths"]:
         if kind == "hardlink" and sha and placeholder:
             sha = in_prefix.get(path, sha)
-        yield path, Expected(_KINDS.get(kind, "file"), name, sha if kind == "hardlink" else None, mode, target)
+        yield path, Expected(_KINDS.get(kind, "file"), name, sha if kind == "hardlink" else None, mode, target,
+                             sources.get(path))
 
 
 def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] | None = None,
@@ -327,6 +413,14 @@ def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] |
         for ref in missing:
             if ref.file_name in have:
                 out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix)
+    noarch = sorted(name for name, body in out.items() if body.get("noarch_python") is not None)
+    if noarch:
+        python = python_minor(refs)
+        if python is None:
+            raise ExtforgeError(f"noarch: python package(s) {', '.join(noarch)} but no python in the environment",
+                                "their files go into python's site-packages, which only python's version names",
+                                "add python to the environment (the manifest's dependencies) and lock again")
+        out |= {name: place_noarch_python(out[name], python, prefix) for name in noarch}
     return out, problems
 
 
