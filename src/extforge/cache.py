@@ -256,6 +256,7 @@ class Room:
 
     free_before: int
     target: int
+    floor: int  # min_free()
     removed: list[Entry]
     freed: int  # measured on the disk
 
@@ -265,7 +266,7 @@ class Room:
         for entry in self.removed:
             areas[entry.area] = areas.get(entry.area, 0) + 1
         text = (f"the disk of extforge's cache ({root}) had {gib(self.free_before)} free, less than the "
-                f"{gib(self.target)} kept free before {purpose} (${MIN_FREE_ENV}): ")
+                f"{gib(self.target)} to keep free before {purpose} (${MIN_FREE_ENV}: at least {gib(self.floor)}): ")
         if self.removed:
             text += (f"removed {len(self.removed)} cache entries unused for {IN_USE_S // 60} minutes or more, least "
                      f"recently used first ({', '.join(f'{a} {n}' for a, n in areas.items())}), {gib(self.freed)} freed")
@@ -301,6 +302,6 @@ def make_room(root: Path, purpose: str, need: int = 0) -> Room | None:
         except (OSError, ExtforgeError):
             continue  # another user's entry in a shared cache: theirs to prune
         removed.append(entry)
-    room = Room(free, target, removed, shutil.disk_usage(probe).free - free)
+    room = Room(free, target, floor, removed, shutil.disk_usage(probe).free - free)
     logging.getLogger("extforge").warning(room.describe(root, purpose))
     return room

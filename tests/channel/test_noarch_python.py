@@ -94,3 +94,12 @@ def test_python_minor_comes_from_the_python_package():
     refs = [PackageRef("tinypy", "tinypy-1.0-pyh0_0.conda", "", ""), PackageRef("python", "python-3.12.1-hb0f4dca_0_cpython.conda", "", "")]
     assert python_minor(refs) == "3.12"
     assert python_minor(refs[:1]) is None
+
+
+def test_an_entry_point_whose_name_leaves_bin_is_refused():
+    """Its script would be expected at bin/<name>: verify would read outside the prefix."""
+    from extforge.channel.trust import _entry_point_ok
+
+    assert _entry_point_ok("tinypy-hello = tinypy:cli.run")
+    for bad in ("../../escaped = os:getcwd", "a/b = m:f", ".. = m:f", " = m:f", "no-equals-sign", 3):
+        assert not _entry_point_ok(bad), bad

@@ -219,6 +219,14 @@ def _in_prefix_hashes(originals: dict[str, bytes], placeholders: dict[str, list]
     }
 
 
+def _entry_point_ok(spec: object) -> bool:
+    # Each becomes bin/<name>: a name that left bin/ would have verify read outside the prefix.
+    if not isinstance(spec, str) or "=" not in spec:
+        return False
+    name = spec.partition("=")[0].strip()
+    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
 def _noarch_python(archive: Path) -> list[str] | None:
     """The entry points of a noarch: python package (info/link.json), None for any other package."""
     info = _read_members(archive, "info", {"info/index.json", "info/link.json"})
@@ -232,9 +240,9 @@ def _noarch_python(archive: Path) -> list[str] | None:
     if index.get("noarch") != "python" and noarch.get("type") != "python":
         return None
     points = noarch.get("entry_points") or []
-    if not isinstance(points, list) or not all(isinstance(p, str) and "=" in p for p in points):
+    if not isinstance(points, list) or not all(_entry_point_ok(p) for p in points):
         raise ExtforgeError(f"{archive.name}'s info/link.json has malformed entry points: {points!r}",
-                            "each is `name = module:function`", "rebuild the package")
+                            "each is `name = module:function`, the name a file name in bin/", "rebuild the package")
     return points
 
 
