@@ -170,12 +170,25 @@ def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
     return SeedChannel(channel, rows, skipped, seconds)
 
 
+def _mark_warm_parts_used(record: Path, extracted: Path) -> None:
+    """This session is about to use what the record lists: marked, the cache's room-making
+    (which removes entries unused for 30 minutes) leaves them, and the record, in place."""
+    try:
+        packages = [Path(f) for f in json.loads(record.read_text())["packages"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for used in (record, *(f.parent for f in packages), *(extracted / f.name.removesuffix(".conda") for f in packages)):
+        if used.exists():
+            paths.mark_used(used)
+
+
 def seed_shortfall(fixtures_dir: Path, besides: float = 0.0) -> str | None:
     """disk_shortfall of this cache, after it made room for the rows' cold parts (the least
     recently used entries of other checkouts and generations go first); `besides`: GiB the disk
     must keep for other work as well."""
     fixtures_dir.mkdir(parents=True, exist_ok=True)
     need = disk_need(_warm_record(), paths.rattler_pkgs_dir())
+    _mark_warm_parts_used(_warm_record(), paths.rattler_pkgs_dir())
     cache.make_room(paths.cache_root(), "the seed rows", need=int((need.total + besides) * 2**30))
     return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30), need)
 
