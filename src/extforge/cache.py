@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import safe_files
-from .errors import ExtforgeError
+from .errors import ExtforgeError, file_system
 
 DAY_S = 24 * 3600
 
@@ -285,10 +284,7 @@ def make_room(root: Path, purpose: str, need: int = 0) -> Room | None:
     in use: every change of extforge's package recipes leaves a generation of packages behind."""
     floor = min_free()
     target = max(floor, need) if floor else 0
-    probe = root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    free = file_system(str(root))[1]
     if free >= target:
         return None
     cutoff = time.time() - IN_USE_S
@@ -302,6 +298,6 @@ def make_room(root: Path, purpose: str, need: int = 0) -> Room | None:
         except (OSError, ExtforgeError):
             continue  # another user's entry in a shared cache: theirs to prune
         removed.append(entry)
-    room = Room(free, target, floor, removed, shutil.disk_usage(probe).free - free)
+    room = Room(free, target, floor, removed, file_system(str(root))[1] - free)
     logging.getLogger("extforge").warning(room.describe(root, purpose))
     return room

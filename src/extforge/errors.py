@@ -43,7 +43,7 @@ class ExtforgeError(Exception):
         return {"error": self.what, "why": self.why, "fix": self.fix}
 
 
-def _file_system(path: str) -> tuple[str, int]:
+def file_system(path: str) -> tuple[str, int]:
     """The mount point holding path (or its nearest existing folder) and its free bytes."""
     here = Path(path).absolute()
     while not here.exists() and here != here.parent:
@@ -57,7 +57,7 @@ def _file_system(path: str) -> tuple[str, int]:
 
 def _nearly_full(path: str) -> bool:
     try:
-        return _file_system(path)[1] < 16 * 2**20
+        return file_system(path)[1] < 16 * 2**20
     except OSError:
         return False
 
@@ -78,7 +78,7 @@ def from_os_error(exc: OSError) -> ExtforgeError | None:
                 "or in extforge's cache (`extforge cache --prune 14`), and run again",
             )
         try:
-            mount, free = _file_system(where)
+            mount, free = file_system(where)
         except OSError:
             mount, free = where, 0
         return ExtforgeError(

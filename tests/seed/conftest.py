@@ -106,13 +106,18 @@ class DiskNeed:
         return ", ".join(f"{part} {gib:.1f} GiB" for part, gib in self.parts.items())
 
 
+def _warm_packages(record: Path) -> list[Path]:
+    """The package files the warm record lists; none where it is missing or unreadable."""
+    try:
+        return [Path(f) for f in json.loads(record.read_text())["packages"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def disk_need(record: Path, extracted: Path) -> DiskNeed:
     """The parts still cold: the rows' mirror packages (all on disk: warm), and their pytorch
     packages extracted for builds and envs (rattler's folder per package: warm)."""
-    try:
-        packages = [Path(f) for f in json.loads(record.read_text())["packages"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        packages = []
+    packages = _warm_packages(record)
     mirrored = bool(packages) and all(f.is_file() for f in packages)
     torches = [f for f in packages if f.name.startswith("pytorch-")]
     unpacked = mirrored and bool(torches) and all((extracted / f.name.removesuffix(".conda")).is_dir() for f in torches)
@@ -173,10 +178,7 @@ def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
 def _mark_warm_parts_used(record: Path, extracted: Path) -> None:
     """This session is about to use what the record lists: marked, the cache's room-making
     (which removes entries unused for 30 minutes) leaves them, and the record, in place."""
-    try:
-        packages = [Path(f) for f in json.loads(record.read_text())["packages"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return
+    packages = _warm_packages(record)
     for used in (record, *(f.parent for f in packages), *(extracted / f.name.removesuffix(".conda") for f in packages)):
         if used.exists():
             paths.mark_used(used)

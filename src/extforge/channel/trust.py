@@ -282,8 +282,8 @@ if __name__ == '__main__':
 \tsys.argv[0] = re.sub(r'(-script\\.pyw?|\\.exe)?$', '', sys.argv[0])
 \tsys.exit({function}())
 """
-# A path without a space standing for the prefix while its shebang is rewritten (as in _replace_text).
-_STAND_IN = "/extforge-prefix"
+# Where rattler writes the prefix into a script's shebang: a placeholder it replaces.
+_STAND_IN = b"/extforge-prefix"
 
 
 def entry_point_script(spec: str, python: str, prefix: Path) -> bytes:
@@ -291,12 +291,8 @@ def entry_point_script(spec: str, python: str, prefix: Path) -> bytes:
     noarch: python package, for the python X.Y of the prefix."""
     module, _, function = spec.partition("=")[2].partition(":")
     function = function.strip()
-    line = f"#!{_STAND_IN}/bin/python{python}"
-    shebang = line.replace(_STAND_IN, str(prefix))
-    if " " in str(prefix) or len(shebang.encode()) > MAX_SHEBANG:
-        shebang = _env_shebang(line).replace(_STAND_IN, str(prefix))
     body = ENTRY_POINT.format(module=module.strip(), head=function.split(".")[0], function=function)
-    return f"{shebang}\n{body}".encode()
+    return _replace_text(b"#!" + _STAND_IN + f"/bin/python{python}\n{body}".encode(), _STAND_IN, str(prefix).encode())
 
 
 def _placed(path: str, site: str) -> str:
@@ -313,8 +309,9 @@ def place_noarch_python(body: dict, python: str, prefix: Path) -> dict:
     (with its sha256). `sources` maps a moved path back to the package's own (the package cache's
     copy of the file)."""
     site = f"lib/python{python}/site-packages"
-    paths = [[_placed(row[0], site), *row[1:]] for row in body["paths"]]
-    sources = {_placed(row[0], site): row[0] for row in body["paths"] if _placed(row[0], site) != row[0]}
+    placed = [(_placed(row[0], site), row) for row in body["paths"]]
+    paths = [[path, *row[1:]] for path, row in placed]
+    sources = {path: row[0] for path, row in placed if path != row[0]}
     for spec in body["noarch_python"]:
         script = entry_point_script(spec, python, prefix)
         paths.append([f"bin/{spec.partition('=')[0].strip()}", "hardlink", hashlib.sha256(script).hexdigest(),
