@@ -106,16 +106,24 @@ def test_packages_sharing_a_path_install_and_the_set_aside_copy_is_checked(sandb
 
     channel = sandbox.path("ch")
     shared = f"{SITE}/nsshared/__init__.py"
-    craft_package(channel / "noarch", "ns-a", [member(shared, b""), member(f"{SITE}/nsshared/a.py", b"A = 1\n")])
-    craft_package(channel / "noarch", "ns-b", [member(shared, b""), member(f"{SITE}/nsshared/b.py", b"B = 1\n")],
-                  index={"depends": ["ns-a"]})
+    # As torch's: several independent packages ship the path, one of them depends on another,
+    # and rattler's choice of the copy it keeps in place is not the last of them by name.
+    for name, depends in (("ns-a", []), ("ns-b", []), ("ns-c", ["ns-a"]), ("ns-d", [])):
+        craft_package(channel / "noarch", name, [member(shared, b""), member(f"{SITE}/nsshared/{name}.py", b"X = 1\n")],
+                      index={"depends": depends})
+    craft_package(channel / "noarch", "ns-app", [member(f"{SITE}/nsapp.py", b"")],
+                  index={"depends": ["ns-d", "ns-c", "ns-b"]})
     reindex(channel)
-    lock = sandbox.lock(channel, "ns-b")
+    lock = sandbox.lock(channel, "ns-app")
     prefix = sandbox.root / "envs" / "ns"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
-    (aside,) = (prefix / "__clobbers__").glob(f"*/{shared}")
-    assert (prefix / shared).read_bytes() == b"" and aside.read_bytes() == b""
+    aside = list((prefix / "__clobbers__").glob(f"*/{shared}"))
+    assert len(aside) == 3 and all(a.read_bytes() == b"" for a in aside) and (prefix / shared).read_bytes() == b""
+    # The copy in place is a hard link of its package's cache copy, whichever package rattler kept.
+    assert (prefix / shared).stat().st_nlink == 2
     sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", expect=0)
+    # And an install over it finds it complete (it runs the same checks).
+    sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
 
 
 def test_a_tampered_set_aside_copy_is_repaired_from_its_package(sandbox):

@@ -69,6 +69,7 @@ def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], writte
     optional: dict[str, Expected] = {}
     for rel, names in owners.items():
         if len(names) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
+            expect[rel] = expect[rel]._replace(also=tuple(n for n in names if n != expect[rel].package))
             for name in names:
                 entry = next(e for r, e in manifest_entries[name] if r == rel)
                 optional[f"{CLOBBERS}/{name}/{rel}"] = entry
@@ -182,21 +183,18 @@ def _xattr_problems(rel: str, path: str) -> list[str]:
     return out
 
 
-def _cache_copy(rel: str, e: Expected, linked: dict[str, str]) -> str | None:
-    """The package cache's copy a prefix file was hard-linked from, or None."""
-    folder = linked.get(e.package)
-    if folder is None:
-        return None
+def _cache_copies(rel: str, e: Expected, linked: dict[str, str]) -> list[str]:
+    """The package cache's copies a prefix file may have been hard-linked from: its package's,
+    and where several packages ship the path, each of theirs (rattler keeps any one in place)."""
     if rel.startswith(f"{CLOBBERS}/"):
         rel = rel.split("/", 2)[2]  # __clobbers__/<package>/<path> is that package's <path>
-    return f"{folder}/{e.source or rel}"
+    return [f"{linked[name]}/{e.source or rel}" for name in (e.package, *e.also) if name in linked]
 
 
 def _link_problem(rel: str, st: os.stat_result, e: Expected, linked: dict[str, str]) -> str | None:
     if st.st_nlink < 2:
         return None
-    copy = _cache_copy(rel, e, linked)
-    if copy is not None:
+    for copy in _cache_copies(rel, e, linked):
         try:
             cst = os.lstat(copy)
         except (PermissionError, FileNotFoundError):

@@ -376,6 +376,7 @@ class Expected(NamedTuple):
     mode: int | None = None
     target: str | None = None
     source: str | None = None  # the path in the package where the prefix's differs (noarch: python)
+    also: tuple[str, ...] = ()  # the other packages that ship this path: rattler keeps any one of them in place
 
 
 _KINDS = {"hardlink": "file", "softlink": "link", "directory": "dir"}
