@@ -266,12 +266,53 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     return make_seed_builds(seed_channel, fixtures_dir)
 
 
-@pytest.fixture(scope="session")
-def seed_envs_root(fixtures_dir: Path) -> Path:
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def env_name(row: str) -> str:
+    """The row's environment: pixi's names are lowercase letters, digits and dashes."""
+    return f"row-{row.lower()}"
+
+
+def make_seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, fixtures_dir: Path) -> Path | None:
+    """One pixi.toml with an environment per built row (its torch pinned, plus demo-ext), locked
+    once in a fresh seed-envs folder; None when no row was built."""
+    rows = [c for c in CLUSTERS if c.name in seed_builds.packages]
+    if not rows:
+        return None
     root = fixtures_dir / "seed-envs"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    return root
+    lines = ["[workspace]", 'name = "seed-clusters"',
+             f'channels = ["{seed_builds.channel.resolve().as_uri()}", "{seed_channel.path.resolve().as_uri()}"]',
+             'platforms = ["linux-64"]', "", "[system-requirements]", 'cuda = "13.0"', ""]
+    for c in rows:
+        lines += [f"[feature.{env_name(c.name)}.dependencies]", f'python = "{c.python}.*"', f'pytorch = "=={c.torch}"',
+                  'demo-ext = "*"', ""]
+    lines.append("[environments]")
+    lines += [f'{env_name(c.name)} = ["{env_name(c.name)}"]' for c in rows]
+    manifest = root / "pixi.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    proc = cli("lock", "--manifest", str(manifest))
+    assert proc.returncode == 0, proc.stderr
+    return root / "pixi.lock"
+
+
+def install_row_env(lock: Path, cluster: Cluster) -> tuple[subprocess.CompletedProcess, Path]:
+    """`extforge install` of the row's environment beside its lock; the run and the prefix."""
+    prefix = lock.parent / f"env-{cluster.name}"
+    return cli("install", env_name(cluster.name), "--prefix", str(prefix), "--lock", str(lock)), prefix
+
+
+@pytest.fixture(scope="session")
+def seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, fixtures_dir: Path) -> Path:
+    """The lock this session's background wrote (its envs installed beside it, as far as it
+    got), else one written here."""
+    lock = prepare.made_lock(fixtures_dir) or make_seed_lock(seed_channel, seed_builds, fixtures_dir)
+    if lock is None:
+        pytest.skip("no cluster row could be built here: " + "; ".join(f"{k}: {v}" for k, v in seed_channel.skipped.items()))
+    return lock
 
 
 WRONG_ABI_RECIPE = Path(__file__).parent / "data" / "wrong-abi-ext"

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 SUITE_TMP_GIB = 16.0
 # The channel this session's background made: its rows, as the seed_channel fixture returns them.
 CHANNEL_RECORD = "seed-channel.session.json"
+# The rows' lock it wrote, the envs then installed beside it (as far as it got).
+LOCK_RECORD = "seed-lock.session.json"
 
 _running: subprocess.Popen | None = None
 
@@ -41,7 +43,8 @@ def start(fixtures_dir: Path, first: list[list[str]]) -> None:
     global _running
     if _running is not None:
         return
-    (fixtures_dir / CHANNEL_RECORD).unlink(missing_ok=True)
+    for record in (CHANNEL_RECORD, LOCK_RECORD):
+        (fixtures_dir / record).unlink(missing_ok=True)
     tests = Path(__file__).resolve().parents[1]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")]))}
     fixtures_dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +80,14 @@ def made_channel(fixtures_dir: Path) -> SeedChannel | None:
     return SeedChannel(Path(data["path"]), data["rows"], data["skipped"], data["seconds"])
 
 
+def made_lock(fixtures_dir: Path) -> Path | None:
+    """The seed rows' lock this session's background wrote, or None."""
+    record = fixtures_dir / LOCK_RECORD
+    if _running is None or not record.is_file():
+        return None
+    return Path(json.loads(record.read_text())["lock"])
+
+
 def stop() -> None:
     """End the background work with the session (its children too: pip, rattler-build's workers)."""
     if _running is not None and _running.poll() is None:
@@ -87,7 +98,15 @@ def stop() -> None:
 def main(fixtures_dir: Path, first: list[list[str]]) -> None:
     from extforge import mirror
 
-    from .conftest import make_seed_builds, make_seed_channel, make_wrong_abi_package, seed_shortfall
+    from .conftest import (
+        CLUSTERS,
+        install_row_env,
+        make_seed_builds,
+        make_seed_channel,
+        make_seed_lock,
+        make_wrong_abi_package,
+        seed_shortfall,
+    )
 
     # Begun before the other tests write their files, it leaves them their room; where the disk
     # cannot hold both, the seed fixtures decide at their turn, as they did without this process.
@@ -111,6 +130,16 @@ def main(fixtures_dir: Path, first: list[list[str]]) -> None:
     print(f"{time.monotonic() - start:7.1f} s  seed builds ({rows})", flush=True)
     make_wrong_abi_package(channel, fixtures_dir)
     print(f"{time.monotonic() - start:7.1f} s  the wrong-ABI build", flush=True)
+    # Each row's env installed ahead too (one install ~50-65 s warm): the row tests then check it.
+    lock = make_seed_lock(channel, builds, fixtures_dir)
+    if lock is None:
+        return
+    (fixtures_dir / LOCK_RECORD).write_text(json.dumps({"lock": str(lock)}))
+    for c in CLUSTERS:
+        if c.name in builds.packages:
+            proc, _ = install_row_env(lock, c)
+            done = "installed" if proc.returncode == 0 else f"not installed ({proc.stderr.strip()[-300:]})"
+            print(f"{time.monotonic() - start:7.1f} s  row {c.name}'s env {done}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import CLUSTERS, SeedBuilds, SeedChannel, make_wrong_abi_package
+from .conftest import CLUSTERS, SeedBuilds, SeedChannel, cli, install_row_env, make_wrong_abi_package
 
 pytestmark = [pytest.mark.slow, pytest.mark.seed]
 ROW_IDS = [c.name for c in CLUSTERS]
-
-
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def _package_json(conda: Path, member: str) -> dict:
@@ -70,32 +65,6 @@ def test_each_row_pins_its_exact_torch_and_names_its_abi(name: str, seed_channel
     assert stamp["torch"].startswith(c.torch)
 
 
-@pytest.fixture(scope="session")
-def seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, seed_envs_root: Path) -> Path:
-    """One pixi.toml with an environment per row (its torch pinned, plus demo-ext), locked once."""
-    rows = [c for c in CLUSTERS if c.name in seed_builds.packages]
-    if not rows:
-        pytest.skip("no cluster row could be built here: " + "; ".join(f"{k}: {v}" for k, v in seed_channel.skipped.items()))
-    lines = ["[workspace]", 'name = "seed-clusters"',
-             f'channels = ["{seed_builds.channel.resolve().as_uri()}", "{seed_channel.path.resolve().as_uri()}"]',
-             'platforms = ["linux-64"]', "", "[system-requirements]", 'cuda = "13.0"', ""]
-    for c in rows:
-        lines += [f"[feature.{env_name(c.name)}.dependencies]", f'python = "{c.python}.*"', f'pytorch = "=={c.torch}"',
-                  'demo-ext = "*"', ""]
-    lines.append("[environments]")
-    lines += [f'{env_name(c.name)} = ["{env_name(c.name)}"]' for c in rows]
-    manifest = seed_envs_root / "pixi.toml"
-    manifest.write_text("\n".join(lines) + "\n")
-    proc = _cli("lock", "--manifest", str(manifest))
-    assert proc.returncode == 0, proc.stderr
-    return seed_envs_root / "pixi.lock"
-
-
-def env_name(row: str) -> str:
-    """The row's environment: pixi's names are lowercase letters, digits and dashes."""
-    return f"row-{row.lower()}"
-
-
 @pytest.mark.parametrize("name", ROW_IDS)
 def test_each_rows_env_locks_to_its_own_build_installs_and_imports(name: str, seed_channel: SeedChannel,
                                                                     seed_builds: SeedBuilds, seed_lock: Path):
@@ -103,8 +72,9 @@ def test_each_rows_env_locks_to_its_own_build_installs_and_imports(name: str, se
     seed_channel.row(c)
     locked = seed_lock.read_text()
     assert seed_builds.packages[name].name in locked
-    prefix = seed_lock.parent / f"env-{name}"
-    proc = _cli("install", env_name(name), "--prefix", str(prefix), "--lock", str(seed_lock))
+    # The session's background installed it (prepare.py): this install then checks it and
+    # finds nothing to do; what the background did not install is installed here.
+    proc, prefix = install_row_env(seed_lock, c)
     assert proc.returncode == 0, proc.stderr
     out = subprocess.run([str(prefix / "bin" / "python"), "-c",
                           "import torch, demo_ext; print(torch.__version__, demo_ext.rms_norm.__name__)"],
@@ -128,11 +98,11 @@ def wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> Path:
 
 def test_a_new_abi_build_against_torch_2_6_is_refused_naming_the_symbol(wrong_abi_package: Path,
                                                                          seed_channel: SeedChannel, tmp_path: Path):
-    proc = _cli("audit", str(wrong_abi_package), "--channel", str(seed_channel.path))
+    proc = cli("audit", str(wrong_abi_package), "--channel", str(seed_channel.path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "c10::" in text and "std::__cxx11::basic_string" in text, text
-    publish = _cli("publish", str(wrong_abi_package), "--channel", str(tmp_path / "published"),
+    publish = cli("publish", str(wrong_abi_package), "--channel", str(tmp_path / "published"),
                    "--upstream", str(seed_channel.path))
     assert publish.returncode == 1, publish.stdout + publish.stderr
     assert not list((tmp_path / "published").glob("*/wrong-abi-ext-*"))
@@ -168,7 +138,7 @@ def test_explain_says_what_to_do_about_its_import_error(wrong_abi_package: Path,
     out = subprocess.run([str(prefix / "bin" / "python"), "-c", "import torch, wrong_abi_ext"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and "undefined symbol" in out.stderr, out.stderr
-    explained = _cli("explain", "--json", out.stderr.strip().splitlines()[-1])
+    explained = cli("explain", "--json", out.stderr.strip().splitlines()[-1])
     assert explained.returncode == 0, explained.stderr
     primary = json.loads(explained.stdout)["diagnoses"][0]
     assert primary["variant"] == "abi-mismatch", primary
