@@ -266,8 +266,8 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     return make_seed_builds(seed_channel, fixtures_dir)
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, cwd=cwd)
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True)
 
 
 def env_name(row: str) -> str:
