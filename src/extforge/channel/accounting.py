@@ -69,7 +69,9 @@ def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], writte
     optional: dict[str, Expected] = {}
     for rel, names in owners.items():
         if len(names) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
-            expect[rel] = expect[rel]._replace(also=tuple(n for n in names if n != expect[rel].package))
+            others = [next(e for r, e in manifest_entries[n] if r == rel) for n in names if n != expect[rel].package]
+            expect[rel] = expect[rel]._replace(also=tuple(e.package for e in others),
+                                               also_sha256=tuple(e.sha256 for e in others if e.sha256))
             for name in names:
                 entry = next(e for r, e in manifest_entries[name] if r == rel)
                 optional[f"{CLOBBERS}/{name}/{rel}"] = entry

@@ -377,6 +377,12 @@ class Expected(NamedTuple):
     target: str | None = None
     source: str | None = None  # the path in the package where the prefix's differs (noarch: python)
     also: tuple[str, ...] = ()  # the other packages that ship this path: rattler keeps any one of them in place
+    also_sha256: tuple[str, ...] = ()  # their copies' sha256, which the one in place may have as well
+
+    @property
+    def sha256s(self) -> tuple[str, ...]:
+        """Every content the path may hold."""
+        return (self.sha256 or "", *self.also_sha256)
 
 
 _KINDS = {"hardlink": "file", "softlink": "link", "directory": "dir"}

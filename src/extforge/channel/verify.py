@@ -115,15 +115,16 @@ def check_packages(records: list[dict], locked: list[Pinned], source: str, mirro
     return Check("packages", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
 
-def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """{relative path: (sha256, package)} of files to hash, and findings for entries checked
-    without hashing (symbolic links: presence only)."""
-    expect: dict[str, tuple[str, str]] = {}
+def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, tuple[tuple[str, ...], str]], list[str]]:
+    """{relative path: (sha256s, package)} of files to hash, and findings for entries checked
+    without hashing (symbolic links: presence only). A path several packages ship may hold any
+    one's copy: rattler keeps one of them in place, not always the last one's."""
+    expect: dict[str, tuple[tuple[str, ...], str]] = {}
     findings = []
     for name, body in manifests.items():
         for rel, sha in expected_paths(body, prefix):
             if sha is not None:
-                expect[rel] = (sha, name)
+                expect[rel] = ((sha, *expect[rel][0]) if rel in expect else (sha,), name)
             elif not os.path.lexists(os.path.join(root, rel)):
                 findings.append(f"missing: {rel} ({name})")
     return expect, findings
@@ -177,7 +178,7 @@ def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_f
     return "written"
 
 
-def _hash_and_compare(root: Path, want: dict[str, tuple[str, str]], keys: dict[str, list[int] | None],
+def _hash_and_compare(root: Path, want: dict[str, tuple[tuple[str, ...], str]], keys: dict[str, list[int] | None],
                       threads: int | None, report: VerifyReport) -> tuple[list[str], dict[str, list[int]]]:
     """Hash the files `keys` names (relative to root) against `want`; findings, and the key of
     each file that hashed right."""
@@ -188,15 +189,16 @@ def _hash_and_compare(root: Path, want: dict[str, tuple[str, str]], keys: dict[s
     good: dict[str, list[int]] = {}
     for hashed, got in sorted(hashes.items()):
         rel = paths[hashed]
-        sha, pkg = want[rel]
-        if not isinstance(got, str) or got != sha:
+        shas, pkg = want[rel]
+        if not isinstance(got, str) or got not in shas:
             report.bad_files.append(rel)
         if isinstance(got, FileNotFoundError):
             findings.append(f"missing: {rel} ({pkg})")
         elif isinstance(got, OSError):
             findings.append(f"unreadable: {rel} ({pkg}): {got.strerror}")
-        elif got != sha:
-            findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {sha[:12]}…")
+        elif got not in shas:
+            others = f" (or another package's copy: {len(shas) - 1} more)" if len(shas) > 1 else ""
+            findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {shas[0][:12]}…{others}")
         elif (k := keys[rel]) is not None:
             good[rel] = k
     report.files_hashed = len(hashes)
@@ -248,7 +250,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     expect, absent_ok = expectations(entries, acc.written, acc.record_names)
     taken_ns = time.time_ns()
     found = walk(str(prefix), expect, absent_ok, acc.previous, acc.trusted, acc.linked)
-    want = {rel: (expect[rel].sha256 or "", expect[rel].package) for rel in found.to_hash}
+    want = {rel: (expect[rel].sha256s, expect[rel].package) for rel in found.to_hash}
     hashed, good = _hash_and_compare(prefix, want, dict(found.to_hash), threads, report)
     found.record.update(good)
     findings = [*problems, *found.owned, *hashed]
