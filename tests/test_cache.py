@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.mirror.channel import lookup
 from extforge.mirror.inputs import share_wheels
@@ -30,7 +30,7 @@ def _entry(folder: Path, name: str, size: int, age_days: float) -> Path:
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "EXTFORGE_CACHE": str(root)}
-    return subprocess.run([sys.executable, "-m", "extforge", "cache", *args], capture_output=True, text=True, env=env)
+    return run_extforge("cache", *args, env=env)
 
 
 def _tree(tmp_path: Path) -> dict[str, Path]:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from cli_run import run_extforge
 from extforge import paths
 from extforge.build import build_recipe
 from extforge.build_options import BuildOptions
@@ -51,10 +51,6 @@ def _package_member(conda: Path, name: str) -> bytes:
 def _channel_record(channel: Path, name: str) -> dict:
     data = json.loads((channel / "linux-64" / "repodata.json").read_text())
     return next(r for r in data["packages.conda"].values() if r["name"] == name)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -134,7 +130,7 @@ def test_a_variant_the_channel_cannot_satisfy_names_the_spec(mirror_channel: Pat
 
 
 def test_missing_recipe_path_is_one_paragraph(tmp_path: Path):
-    proc = _cli("build", str(tmp_path / "no-such-recipe"), "--channel", str(tmp_path), "--output-dir", str(tmp_path / "o"))
+    proc = run_extforge("build", str(tmp_path / "no-such-recipe"), "--channel", str(tmp_path), "--output-dir", str(tmp_path / "o"))
     assert proc.returncode == 2
     assert "error: no recipe at" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -147,7 +143,7 @@ def test_mirror_input_without_torch_says_what_to_do(tmp_path: Path):
         zf.writestr("tiny/__init__.py", "")
         zf.writestr("tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n")
         zf.writestr("tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
-    proc = _cli("mirror", "--channel", str(tmp_path / "ch"), "--from-wheels", str(wheels), "--json")
+    proc = run_extforge("mirror", "--channel", str(tmp_path / "ch"), "--from-wheels", str(wheels), "--json")
     assert proc.returncode == 2, proc.stderr
     assert json.loads(proc.stdout)["error"].startswith("there is no torch in")
     assert "install torch" in proc.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import http.server
 import shutil
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import EXTFORGE
 from extforge import engine
 
 N_PACKAGES = 16
@@ -97,7 +97,7 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
 
 
 def extforge_cmd() -> list[str]:
-    return [sys.executable, "-m", "extforge"]
+    return list(EXTFORGE)
 
 
 def copy_packages(pkgs: list[Path], dest: Path) -> list[Path]:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from cli_run import run_extforge
 
 DATA = Path(__file__).with_name("data")
 MESSAGE = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
 
 
 def explain(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "extforge", "explain", *args], input=stdin, capture_output=True, text=True, timeout=60
-    )
+    return run_extforge("explain", *args, input=stdin, timeout=60)
 
 
 def test_message_as_argument() -> None:

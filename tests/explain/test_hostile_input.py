@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
+from cli_run import run_extforge
 from extforge.explain import TAIL_BYTES, explain_text
 
 
@@ -22,8 +22,7 @@ def test_the_fixed_patterns_still_find_module_and_compiler_error() -> None:
 
 
 def explain(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "extforge", "explain", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_extforge("explain", *args, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_a_1_gib_log_is_read_from_its_tail(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.locking import exclusive
 
@@ -266,10 +267,6 @@ def seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
     return make_seed_builds(seed_channel, fixtures_dir)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True)
-
-
 def env_name(row: str) -> str:
     """The row's environment: pixi's names are lowercase letters, digits and dashes."""
     return f"row-{row.lower()}"
@@ -294,7 +291,7 @@ def make_seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, fixtures_
     lines += [f'{env_name(c.name)} = ["{env_name(c.name)}"]' for c in rows]
     manifest = root / "pixi.toml"
     manifest.write_text("\n".join(lines) + "\n")
-    proc = cli("lock", "--manifest", str(manifest))
+    proc = run_extforge("lock", "--manifest", str(manifest))
     assert proc.returncode == 0, proc.stderr
     return root / "pixi.lock"
 
@@ -302,7 +299,7 @@ def make_seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, fixtures_
 def install_row_env(lock: Path, cluster: Cluster) -> tuple[subprocess.CompletedProcess, Path]:
     """`extforge install` of the row's environment beside its lock; the run and the prefix."""
     prefix = lock.parent / f"env-{cluster.name}"
-    return cli("install", env_name(cluster.name), "--prefix", str(prefix), "--lock", str(lock)), prefix
+    return run_extforge("install", env_name(cluster.name), "--prefix", str(prefix), "--lock", str(lock)), prefix
 
 
 @pytest.fixture(scope="session")

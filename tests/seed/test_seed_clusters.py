@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLUSTERS, SeedBuilds, SeedChannel, cli, install_row_env, make_wrong_abi_package
+from cli_run import run_extforge
+
+from .conftest import CLUSTERS, SeedBuilds, SeedChannel, install_row_env, make_wrong_abi_package
 
 pytestmark = [pytest.mark.slow, pytest.mark.seed]
 ROW_IDS = [c.name for c in CLUSTERS]
@@ -98,11 +100,11 @@ def wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> Path:
 
 def test_a_new_abi_build_against_torch_2_6_is_refused_naming_the_symbol(wrong_abi_package: Path,
                                                                          seed_channel: SeedChannel, tmp_path: Path):
-    proc = cli("audit", str(wrong_abi_package), "--channel", str(seed_channel.path))
+    proc = run_extforge("audit", str(wrong_abi_package), "--channel", str(seed_channel.path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "c10::" in text and "std::__cxx11::basic_string" in text, text
-    publish = cli("publish", str(wrong_abi_package), "--channel", str(tmp_path / "published"),
+    publish = run_extforge("publish", str(wrong_abi_package), "--channel", str(tmp_path / "published"),
                    "--upstream", str(seed_channel.path))
     assert publish.returncode == 1, publish.stdout + publish.stderr
     assert not list((tmp_path / "published").glob("*/wrong-abi-ext-*"))
@@ -138,7 +140,7 @@ def test_explain_says_what_to_do_about_its_import_error(wrong_abi_package: Path,
     out = subprocess.run([str(prefix / "bin" / "python"), "-c", "import torch, wrong_abi_ext"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and "undefined symbol" in out.stderr, out.stderr
-    explained = cli("explain", "--json", out.stderr.strip().splitlines()[-1])
+    explained = run_extforge("explain", "--json", out.stderr.strip().splitlines()[-1])
     assert explained.returncode == 0, explained.stderr
     primary = json.loads(explained.stdout)["diagnoses"][0]
     assert primary["variant"] == "abi-mismatch", primary

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_run import run_extforge
 
 DATA = Path(__file__).parent / "data"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def extforge(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, env=os.environ, timeout=timeout)
+    return run_extforge(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from cli_run import run_extforge
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def extforge(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, timeout=120)
+    proc = run_extforge(*args, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
