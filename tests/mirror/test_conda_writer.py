@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import io
 import json
+import platform
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -15,17 +19,21 @@ import pytest
 import zstandard
 
 from extforge.mirror.channel import _build_with_rattler, build_jobs, place
-from extforge.mirror.recipes import PackageJob
+from extforge.mirror.recipes import PackageJob, bytecode_spec
 from extforge.mirror.wheels import console_script
 
-SITE = "lib/python3.11/site-packages"
+# The package's python is the one running the tests: it compiles the .pyc the package ships.
+SHORT = f"{sys.version_info.major}.{sys.version_info.minor}"
+SITE = f"lib/python{SHORT}/site-packages"
+PYC = f"{SITE}/demo_pkg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"
 
 
 def _wheel(tmp_path: Path) -> Path:
     whl = tmp_path / "demo_pkg-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("demo_pkg/__init__.py", "X = 1\n")
-        zf.writestr("demo_pkg/__pycache__/__init__.cpython-311.pyc", b"stale")  # never installed
+        zf.writestr(f"demo_pkg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc", b"stale")  # never packaged
+        zf.writestr("demo_pkg/py2_data.py", "print 'test data'\n")  # does not compile: no .pyc
         zf.writestr("demo_pkg/blob.bin", bytes(range(256)) * 4096)  # 1 MiB: streamed in chunks
         tool = zipfile.ZipInfo("demo_pkg-1.0.data/scripts/demo-tool")
         tool.external_attr = 0o755 << 16
@@ -39,13 +47,14 @@ def _wheel(tmp_path: Path) -> Path:
 
 def _job(tmp_path: Path, installed: Path) -> PackageJob:
     wheel = {"path": str(_wheel(tmp_path)), "data_dir": "demo_pkg-1.0.data", "site": SITE,
-             "include": "include/python3.11/demo-pkg"}
+             "include": f"include/python{SHORT}/demo-pkg"}
     return PackageJob(
-        name="demo-pkg", version="1.0", build_string="py311_h${{ hash }}_0", identity="demo-pkg-test",
+        name="demo-pkg", version="1.0", build_string="py_h${{ hash }}_0", identity="demo-pkg-test",
         constrains=["other-pkg >=2"], run_exports=["demo-pkg >=1.0"],
-        manifest={"python": "bin/python3.11", "wheels": [wheel],
-                  "texts": [console_script("demo", "demo_pkg:main", "bin/python3.11")],
-                  "files": [[str(installed), "share/demo/config.py", "s"]]},
+        manifest={"python": f"bin/python{SHORT}", "wheels": [wheel],
+                  "texts": [console_script("demo", "demo_pkg:main", f"bin/python{SHORT}")],
+                  "files": [[str(installed), "share/demo/config.py", "s"]],
+                  "bytecode": bytecode_spec(sys.executable, platform.python_version())},
         relocate=False,
     )
 
@@ -94,7 +103,13 @@ def test_written_like_rattler_build_would_package_it(tmp_path: Path, monkeypatch
     # The files that name the prefix are the scripts the mirror writes, nothing else.
     assert sorted(p["_path"] for p in our_paths if "prefix_placeholder" in p) == [
         "bin/demo", "bin/demo-tool", "share/demo/config.py"]
-    assert f"{SITE}/demo_pkg/__pycache__/__init__.cpython-311.pyc" not in ours
+    # The wheel's own .pyc is never packaged; the package's python compiled one, checked by the
+    # source's hash (the file may be copied, not linked, at install), naming no build folder.
+    pyc = ours[PYC][1]
+    assert pyc != b"stale" and pyc[:4] == importlib.util.MAGIC_NUMBER
+    assert int.from_bytes(pyc[4:8], "little") == 3 and pyc[8:16] == importlib.util.source_hash(b"X = 1\n")
+    assert str(tmp_path).encode() not in pyc and f"{SITE}/demo_pkg/__init__.py".encode() in pyc
+    assert sorted(p for p in ours if p.endswith(".pyc")) == [PYC]
 
     our_index = json.loads(our_info["info/index.json"])
     their_index = json.loads(their_info["info/index.json"])
@@ -123,11 +138,18 @@ def test_a_written_package_installs_with_rattler(tmp_path: Path, monkeypatch: py
                                         virtual_packages=[]))
     prefix = tmp_path / "env"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "pkgs", show_progress=False))
-    assert (prefix / "bin" / "demo-tool").read_text().startswith(f"#!{prefix}/bin/python3.11\n")
-    assert (prefix / "bin" / "demo").read_text().startswith(f"#!{prefix}/bin/python3.11\n")
+    assert (prefix / "bin" / "demo-tool").read_text().startswith(f"#!{prefix}/bin/python{SHORT}\n")
+    assert (prefix / "bin" / "demo").read_text().startswith(f"#!{prefix}/bin/python{SHORT}\n")
     assert (prefix / "bin" / "demo-tool").stat().st_mode & 0o111
     assert (prefix / SITE / "demo_pkg" / "blob.bin").read_bytes() == bytes(range(256)) * 4096
-    assert (prefix / "include/python3.11/demo-pkg/demo.h").is_file()
+    assert (prefix / f"include/python{SHORT}/demo-pkg/demo.h").is_file()
+    # Python takes the shipped .pyc as it is: an import where it may write rewrites nothing.
+    site = prefix / SITE
+    before = [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(site.rglob("*"))]
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", "import demo_pkg; assert demo_pkg.X == 1"], env=env, check=True)
+    assert [(p, p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(site.rglob("*"))] == before
+    assert (prefix / PYC).is_file()
 
 
 def test_a_vanished_wheel_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

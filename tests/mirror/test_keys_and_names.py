@@ -1,7 +1,7 @@
 """Cache keys, build strings, torch facts, nvcc parsing: the pure parts of the mirror."""
 
 from extforge.mirror.inputs import wheel_fits
-from extforge.mirror.recipes import PackageJob, render_recipe
+from extforge.mirror.recipes import PackageJob, bytecode_spec, render_recipe
 from extforge.mirror.toolchain import parse_nvcc_version
 from extforge.mirror.torch_pkg import build_string, parse_version_py
 
@@ -18,6 +18,10 @@ def test_cache_key_changes_with_every_input():
     assert key != _job(depends=["python", "bar"]).cache_key()
     assert key != _job(manifest={"texts": [["etc/x.sh", "export A=1", "644"]]}).cache_key()
     assert key != _job(name="bar").cache_key()
+    # The Python that compiles a package's .pyc: its version, not where it lives.
+    compiled = _job(manifest={"bytecode": bytecode_spec("/opt/py/bin/python3.12", "3.12.4")}).cache_key()
+    assert compiled not in (key, _job(manifest={"bytecode": bytecode_spec("/opt/py/bin/python3.12", "3.12.5")}).cache_key())
+    assert compiled == _job(manifest={"bytecode": bytecode_spec("/usr/bin/python3.12", "3.12.4")}).cache_key()
 
 
 def test_rendered_recipe_is_yaml_with_our_values(tmp_path):

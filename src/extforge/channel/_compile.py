@@ -1,18 +1,25 @@
 """Run by an environment's own Python at install (stdlib only): byte-compile the sources named on
 stdin whose .pyc Python would not take as it is.
 
-usage: python -I -S -B _compile.py STAGING PREFIX < sources
+usage: python -I -S -B _compile.py STAGING PREFIX [checked-hash] < sources
 
-A package may ship its byte code (conda-forge's carry timestamped .pyc, some builds hash-based
-ones); those that match their installed source stay. The rest are compiled on every core: the
-stdlib's compileall takes a file list one file at a time (a torch env's 6,500 modules: 34 s on
-two cores, 14 s spread over both).
+A package may ship its byte code (conda-forge's carry timestamped .pyc, extforge mirror's
+hash-checked ones); those that match their installed source stay. The rest are compiled on every
+core: the stdlib's compileall takes a file list one file at a time (a torch env's 6,500 modules:
+34 s on two cores, 14 s spread over both).
+
+Install compiles timestamped .pyc (Python checks them with one stat). The mirror compiles the
+.pyc its packages ship with `checked-hash`: an installer may copy a file instead of linking it,
+and a copy's mtime is not the one a timestamped .pyc names; a hash holds wherever the file lands.
+PREFIX "" leaves code objects naming the path relative to STAGING (Python puts the real path
+into them when it loads the .pyc).
 """
 
 import compileall
 import functools
 import importlib.util
 import os
+import py_compile
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -40,10 +47,12 @@ def is_current(source):
     return False
 
 
-def main(staging, prefix):
+def main(staging, prefix, mode=None):
     sources = [s for s in sys.stdin.read().splitlines() if s and not is_current(s)]
+    invalidation = py_compile.PycInvalidationMode.CHECKED_HASH if mode == "checked-hash" else py_compile.PycInvalidationMode.TIMESTAMP
     # Code objects name the final path, not the staging folder the files sit in now.
-    compile_one = functools.partial(compileall.compile_file, quiet=2, stripdir=staging, prependdir=prefix)
+    compile_one = functools.partial(compileall.compile_file, quiet=2, stripdir=staging, prependdir=prefix,
+                                    invalidation_mode=invalidation)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if cores > 1 and len(sources) > BATCH:
         with ProcessPoolExecutor(min(cores, len(sources) // BATCH + 1)) as pool:
@@ -54,4 +63,4 @@ def main(staging, prefix):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

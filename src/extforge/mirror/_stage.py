@@ -52,6 +52,41 @@ def replace_prefix(text, old, new, system):
     return re.sub(r"(?<![\w/.-])" + pattern, new.replace("\\", "\\\\"), text, flags=re.M)
 
 
+def compile_bytecode(spec, root):
+    """Byte-compile the package's modules (every .py below ROOT/lib/python3.X) with the Python
+    `spec` names (recipes.bytecode_spec says why); returns the .pyc files written, relative to
+    ROOT. Modules that do not compile (test data in some packages) get none, as at install, and
+    so do modules naming ROOT: the installer rewrites the prefix in them, and a .pyc would carry
+    the old one, in binary, where a rewrite would break its marshalled strings."""
+    lib = os.path.join(root, "lib")
+    sources = []
+    for top in sorted(os.listdir(lib)) if os.path.isdir(lib) else []:
+        if top.startswith("python3"):
+            for dirpath, _dirs, files in os.walk(os.path.join(lib, top)):
+                sources += [os.path.join(dirpath, f) for f in files if f.endswith(".py")]
+    sources = [s for s in sources if not _names(s, root.encode())]
+    if not sources:
+        return []
+    proc = subprocess.run(
+        [spec["python"], "-I", "-S", "-B", spec["script"], root, "", "checked-hash"],
+        input="\n".join(sources), capture_output=True, text=True, check=False,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"byte-compiling the package's modules with {spec['python']} failed "
+                           f"(exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return sorted(
+        os.path.relpath(os.path.join(dirpath, f), root)
+        for dirpath, _dirs, files in os.walk(lib) if os.path.basename(dirpath) == "__pycache__"
+        for f in files if f.endswith(".pyc")
+    )
+
+
+def _names(path, text):
+    with open(path, "rb") as fh:
+        return text in fh.read()
+
+
 def _write(path, data, mode):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.lexists(path):
@@ -113,6 +148,8 @@ def main(manifest_path, prefix):
         os.symlink(target, out)
     for dst, content, mode in m.get("texts", []):
         _write(os.path.join(prefix, dst), content.replace("@PREFIX@", prefix).encode(), int(mode, 8))
+    if m.get("bytecode"):
+        compile_bytecode(m["bytecode"], prefix)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import time
 import zipfile
@@ -32,7 +33,8 @@ import zstandard
 from rattler import Subdir
 
 from ..channel.hashing import digests_file
-from ._stage import rewrite_shebang, wheel_member_target
+from ..errors import ExtforgeError
+from ._stage import compile_bytecode, rewrite_shebang, wheel_member_target
 from .recipes import PackageJob
 
 # What the files that name the prefix hold in the package; the installer puts the real prefix in.
@@ -86,6 +88,29 @@ def _members(job: PackageJob, zips: list[zipfile.ZipFile]) -> list[_Member]:
     for dst, content, mode in m.get("texts", []):
         out[dst] = _Member(dst, _packaged_mode(int(mode, 8)), text=content.replace("@PREFIX@", PLACEHOLDER).encode())
     return [out[k] for k in sorted(out)]
+
+
+def _compiled(job: PackageJob, members: list[_Member], zips: list[zipfile.ZipFile], staging: Path) -> list[_Member]:
+    """The .pyc of the package's modules (recipes.bytecode_spec), compiled in `staging` from the
+    bytes the package carries."""
+    for member in members:
+        if member.path.startswith("lib/python3") and member.path.endswith(".py") and member.text is None \
+                and not member.shebang:
+            dest = staging / member.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _open(member, zips) as raw, dest.open("wb") as out:
+                shutil.copyfileobj(raw, out)
+    spec = job.manifest["bytecode"]
+    try:
+        written = compile_bytecode(spec, str(staging))
+    except (OSError, RuntimeError) as exc:
+        raise ExtforgeError(
+            f"could not package {job.name} {job.version} for the mirror",
+            f"its modules' byte code could not be compiled: {exc}",
+            f"check that {spec['python']} (the python of this mirror's row) still runs, then run the mirror "
+            "again (packages already built are kept)",
+        ) from exc
+    return [_Member(rel, 0o644, (staging / rel).stat().st_size, src=str(staging / rel)) for rel in written]
 
 
 class _HashingReader:
@@ -183,8 +208,11 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
     out = out_dir / f"{stem}.conda"
     exports = {k: v for k, v in (("weak", job.run_exports), ("strong", job.strong_run_exports)) if v}
     zips = [zipfile.ZipFile(w["path"]) for w in job.manifest.get("wheels", [])]
+    staging = out_dir / "bytecode"
     try:
         members = _members(job, zips)
+        if job.manifest.get("bytecode"):
+            members = sorted(members + _compiled(job, members, zips, staging), key=lambda m: m.path)
         with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
             zout.writestr(zipfile.ZipInfo("metadata.json", time.localtime(mtime)[:6]),
                           '{"conda_pkg_format_version":2}')
@@ -199,6 +227,7 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
     finally:
         for zf in zips:
             zf.close()
+        shutil.rmtree(staging, ignore_errors=True)
     whole = digests_file(out, ("sha256", "md5")) | {"size": out.stat().st_size}
     # The channel's repodata carries run_exports beside the index, as rattler's indexer writes them.
     return out, index | ({"run_exports": exports} if exports else {}) | whole

@@ -9,7 +9,7 @@ from pathlib import Path
 from .deps import python_abi_pin
 from .hashing import stat_identity
 from .inputs import Interpreter
-from .recipes import PackageJob
+from .recipes import PackageJob, bytecode_spec
 
 # Left out of the package: installed third-party packages, caches, the 30 MB test suite, and
 # Debian's marker that makes pip refuse to install into the interpreter.
@@ -97,6 +97,7 @@ def python_job(interp: Interpreter) -> PackageJob:
         "texts": texts,
         "prefix_rewrite": {"old": interp.base_prefix, "system": system_prefix},
         "patchelf": shutil.which("patchelf") or "patchelf",
+        "bytecode": bytecode_spec(interp.executable, interp.version),
     }
     size = sum(os.lstat(f[0]).st_size for f in files)
     short_nodot = interp.short.replace(".", "")

@@ -13,6 +13,7 @@ from string import Template
 from typing import Any
 
 from .. import __version__
+from ..channel.receipt import COMPILE_SCRIPT
 
 
 def template_text() -> str:
@@ -20,6 +21,15 @@ def template_text() -> str:
 
 
 STAGE_SCRIPT = Path(__file__).with_name("_stage.py")
+
+
+def bytecode_spec(python: str, version: str) -> dict[str, str]:
+    """The manifest's `bytecode`: the packages of a Python ship their modules' .pyc, compiled by
+    that Python (its minor fixes the .pyc's magic), as conda-forge's do. Without them an env
+    that pixi or conda installs has none (both compile only noarch packages): Python compiles
+    torch's ~3,500 modules again at every start where it cannot write the env (a team's env on
+    NFS), and writes them where it can, files `extforge verify` reports as not from any package."""
+    return {"python": python, "version": version, "script": str(COMPILE_SCRIPT)}
 # What writes a distribution's package without rattler-build (its behaviour is in the key too).
 CONDA_WRITER = Path(__file__).with_name("conda_writer.py")
 
@@ -31,7 +41,7 @@ class PackageJob:
     `manifest` is the _stage.py manifest: `wheels` (installed like pip does), `files`
     ([src, dst, flags]: s = rewrite a python shebang, t = rewrite the old prefix in text,
     r = set RUNPATH to $ORIGIN/../lib, L = keep a symlink), `symlinks`, `texts` (generated
-    files; @PREFIX@ is replaced) and `prefix_rewrite`.
+    files; @PREFIX@ is replaced), `prefix_rewrite` and `bytecode` (bytecode_spec).
     `identity` is what the inputs' content hashes to (artifact sha256s, file stats).
     """
 
@@ -101,6 +111,9 @@ class PackageJob:
             "relocate": self.relocate,
             "writer": hashlib.sha256(CONDA_WRITER.read_bytes()).hexdigest() if self.written_directly else "rattler-build",
         }
+        if bytecode := self.manifest.get("bytecode"):
+            # Packages without Python modules keep their keys (and their cached builds).
+            payload["bytecode"] = [bytecode["version"], hashlib.sha256(Path(bytecode["script"]).read_bytes()).hexdigest()]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 

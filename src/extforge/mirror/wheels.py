@@ -12,7 +12,7 @@ from ._stage import wheel_member_target
 from .deps import Dependency, conda_name, conda_version, python_abi_pin, python_pin
 from .hashing import sha256_file, stat_identity
 from .inputs import Artifact, Interpreter
-from .recipes import PackageJob
+from .recipes import PackageJob, bytecode_spec
 
 CONSOLE_SCRIPT = """#!@PREFIX@/{python}
 import re
@@ -94,7 +94,7 @@ def installed_files(art: Artifact, interp: Interpreter) -> list[list[str]]:
 def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> PackageJob:
     """The conda package of one distribution; it lives in lib/pythonX.Y, so it pins python's minor."""
     depends = [python_pin(interp.short), python_abi_pin(interp.short)] + [d.conda_spec for d in deps]
-    manifest: dict = {"python": interp.python_rel}
+    manifest: dict = {"python": interp.python_rel, "bytecode": bytecode_spec(interp.executable, interp.version)}
     if art.wheel is not None:
         stem = _dist_info_stem(art.wheel)
         wheel = {
