@@ -46,6 +46,8 @@ ALLOWED: dict[str, str] = {
     "mirror/channel.py::_build_miss": MIRROR,
     "mirror/channel.py::_build_with_rattler": MIRROR,
     "mirror/conda_writer.py::_tar_zst": "writes a member of a zip stream, not a file",
+    "mirror/conda_writer.py::_compiled": MIRROR + "; the package's modules staged for its python to compile",
+    "mirror/conda_writer.py::write_package": MIRROR,
     "mirror/channel.py::seed_records": MIRROR,
     "mirror/channel.py::place": MIRROR,
     "mirror/cuda_sources.py::_cached_tree": MIRROR,
