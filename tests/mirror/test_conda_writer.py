@@ -163,3 +163,18 @@ def test_a_vanished_wheel_is_one_clear_error(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(ExtforgeError) as err:
         build_jobs([job], None, None, workers=1)
     assert "could not package demo-pkg 1.0" in str(err.value) and "mirror again" in (err.value.fix or "")
+
+
+def test_a_python_that_cannot_compile_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from extforge.errors import ExtforgeError
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    installed = tmp_path / "config.py"
+    installed.write_text("print('config')\n")
+    job = _job(tmp_path, installed)
+    job.manifest["bytecode"] = bytecode_spec(str(tmp_path / "gone" / "python3"), platform.python_version())
+    with pytest.raises(ExtforgeError) as err:
+        build_jobs([job], None, None, workers=1)
+    assert "could not package demo-pkg 1.0" in str(err.value) and "byte code could not be compiled" in err.value.why
+    assert str(tmp_path / "gone" / "python3") in (err.value.fix or "")
+    assert not list((tmp_path / "cache").rglob("*.conda"))  # nothing half-made kept
