@@ -58,8 +58,8 @@ def test_torch_env_installed_twice_is_identical_and_verified_even_in_a_path_with
     files_a = {p.relative_to(a) for p in _files(a)}
     assert files_a == {p.relative_to(b) for p in _files(b)}
     # Files that are hard links of one package-cache file in both are the same bytes by being one
-    # inode (most of them, where the cache is on the prefixes' filesystem); the rest are hashed. Files differ only where the install wrote its own prefix into
-    # them (placeholders).
+    # inode (most of them, where the cache is on the prefixes' filesystem); the rest are hashed.
+    # Files differ only where the install wrote its own prefix into them (placeholders).
     own = [f for f in files_a if (a / f).stat().st_ino != (b / f).stat().st_ino]
     ha, hb = hash_many([a / f for f in own]), hash_many([b / f for f in own])
     differing = [f for f in own if ha[a / f] != hb[b / f]]

@@ -61,20 +61,19 @@ def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], writte
     """What the prefix should hold: {relative path: Expected}, and the paths that may be absent
     (rattler's set-aside copies of a path two packages ship, and the folders above them)."""
     expect: dict[str, Expected] = {}
-    owners: dict[str, list[str]] = {}
-    for name, entries in manifest_entries.items():
+    owners: dict[str, list[Expected]] = {}  # each package's entry for the path
+    for entries in manifest_entries.values():
         for rel, e in entries:
             expect[rel] = e
-            owners.setdefault(rel, []).append(name)
+            owners.setdefault(rel, []).append(e)
     optional: dict[str, Expected] = {}
-    for rel, names in owners.items():
-        if len(names) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
-            others = [next(e for r, e in manifest_entries[n] if r == rel) for n in names if n != expect[rel].package]
+    for rel, copies in owners.items():
+        if len(copies) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
+            others = [e for e in copies if e.package != expect[rel].package]
             expect[rel] = expect[rel]._replace(also=tuple(e.package for e in others),
                                                also_sha256=tuple(e.sha256 for e in others if e.sha256))
-            for name in names:
-                entry = next(e for r, e in manifest_entries[name] if r == rel)
-                optional[f"{CLOBBERS}/{name}/{rel}"] = entry
+            for e in copies:
+                optional[f"{CLOBBERS}/{e.package}/{rel}"] = e
     for rel, (sha, mode) in written.items():
         expect[rel] = Expected("file", INSTALL, sha, mode)
     for fn in record_names:

@@ -52,19 +52,22 @@ def replace_prefix(text, old, new, system):
     return re.sub(r"(?<![\w/.-])" + pattern, new.replace("\\", "\\\\"), text, flags=re.M)
 
 
-def compile_bytecode(spec, root):
+def compile_bytecode(spec, root, root_is_prefix=True):
     """Byte-compile the package's modules (every .py below ROOT/lib/python3.X) with the Python
     `spec` names (recipes.bytecode_spec says why); returns the .pyc files written, relative to
-    ROOT. Modules that do not compile (test data in some packages) get none, as at install, and
-    so do modules naming ROOT: the installer rewrites the prefix in them, and a .pyc would carry
-    the old one, in binary, where a rewrite would break its marshalled strings."""
+    ROOT. Modules that do not compile (test data in some packages) get none, as at install. Where
+    ROOT is the build's $PREFIX (staging wrote it into files), so do modules naming it: the
+    installer rewrites the prefix in them, and a .pyc would carry the old one, in binary, where a
+    rewrite would break its marshalled strings. A private staging folder no file names is not
+    searched for."""
     lib = os.path.join(root, "lib")
     sources = []
     for top in sorted(os.listdir(lib)) if os.path.isdir(lib) else []:
         if top.startswith("python3"):
             for dirpath, _dirs, files in os.walk(os.path.join(lib, top)):
                 sources += [os.path.join(dirpath, f) for f in files if f.endswith(".py")]
-    sources = [s for s in sources if not _names(s, root.encode())]
+    if root_is_prefix:
+        sources = [s for s in sources if not _names(s, root.encode())]
     if not sources:
         return []
     proc = subprocess.run(

@@ -102,7 +102,7 @@ def _compiled(job: PackageJob, members: list[_Member], zips: list[zipfile.ZipFil
                 shutil.copyfileobj(raw, out)
     spec = job.manifest["bytecode"]
     try:
-        written = compile_bytecode(spec, str(staging))
+        written = compile_bytecode(spec, str(staging), root_is_prefix=False)
     except (OSError, RuntimeError) as exc:
         raise ExtforgeError(
             f"could not package {job.name} {job.version} for the mirror",

@@ -21,6 +21,8 @@ def template_text() -> str:
 
 
 STAGE_SCRIPT = Path(__file__).with_name("_stage.py")
+# What writes a distribution's package without rattler-build (its behaviour is in the key too).
+CONDA_WRITER = Path(__file__).with_name("conda_writer.py")
 
 
 def bytecode_spec(python: str, version: str) -> dict[str, str]:
@@ -30,8 +32,6 @@ def bytecode_spec(python: str, version: str) -> dict[str, str]:
     torch's ~3,500 modules again at every start where it cannot write the env (a team's env on
     NFS), and writes them where it can, files `extforge verify` reports as not from any package."""
     return {"python": python, "version": version, "script": str(COMPILE_SCRIPT)}
-# What writes a distribution's package without rattler-build (its behaviour is in the key too).
-CONDA_WRITER = Path(__file__).with_name("conda_writer.py")
 
 
 @dataclass
