@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from cli_run import EXTFORGE
 from extforge import engine
 
 N_PACKAGES = 16
@@ -94,10 +93,6 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("EXTFORGE_CACHE", str(cache))
     monkeypatch.setenv("RATTLER_CACHE_DIR", str(cache / "rattler"))
     return cache
-
-
-def extforge_cmd() -> list[str]:
-    return list(EXTFORGE)
 
 
 def copy_packages(pkgs: list[Path], dest: Path) -> list[Path]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import EXTFORGE
 from extforge.archive import check_package, unsafe_reason
 from extforge.channel import verify as verify_mod
 from extforge.channel.index import reindex
@@ -22,7 +23,6 @@ from extforge.channel.publish import publish
 from extforge.channel.verify import verify_prefix
 from extforge.errors import ExtforgeError
 
-from .conftest import extforge_cmd
 from .crafted import crafted_conda, crafted_tar_bz2
 
 MANIFEST = """\
@@ -89,14 +89,14 @@ def test_lock_install_twice_identical_and_verify(tiny_packages, http_root, tmp_p
 
     a, b = tmp_path / "envs" / "a", tmp_path / "envs" / "b"
     for prefix in (a, b):
-        proc = subprocess.run([*extforge_cmd(), "install", "app", "--prefix", str(prefix), "--lock", str(lock_path)], capture_output=True, text=True)
+        proc = subprocess.run([*EXTFORGE, "install", "app", "--prefix", str(prefix), "--lock", str(lock_path)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     assert (a / "share/tiny-app/where.txt").read_text() == f"installed in {a}\n"  # placeholder patched to the final path
     files_a = _hashes_modulo_prefix(a)
     assert files_a == _hashes_modulo_prefix(b)
     assert len([f for f in files_a if f.startswith("share/")]) == 6
     for prefix in (a, b):
-        proc = subprocess.run([*extforge_cmd(), "verify", str(prefix), "--env", "app", "--lock", str(lock_path), "--json"], capture_output=True, text=True)
+        proc = subprocess.run([*EXTFORGE, "verify", str(prefix), "--env", "app", "--lock", str(lock_path), "--json"], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         verdicts = {c["name"]: c["verdict"] for c in json.loads(proc.stdout)["checks"]}
         assert verdicts["packages"] == "pass" and verdicts["files"] == "pass"
@@ -121,12 +121,12 @@ def test_lock_check_detects_staleness(tiny_packages, tmp_path):
     channel = tmp_path / "ch"
     publish(tiny_packages.distinct[:6] + [tiny_packages.app], channel, audit=False)
     manifest, lock_path = _workspace(tmp_path, channel.as_uri())
-    check = [*extforge_cmd(), "lock", "--manifest", str(manifest), "--check"]
+    check = [*EXTFORGE, "lock", "--manifest", str(manifest), "--check"]
     assert subprocess.run(check, capture_output=True).returncode == 0
     manifest.write_text(manifest.read_text().replace('tiny-app = "*"', 'tiny-app = ">=1.0"'))
     proc = subprocess.run(check, capture_output=True, text=True)
     assert proc.returncode == 1 and "environment 'app' changed" in proc.stderr
-    proc = subprocess.run([*extforge_cmd(), "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)], capture_output=True, text=True)
+    proc = subprocess.run([*EXTFORGE, "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)], capture_output=True, text=True)
     assert proc.returncode == 1 and "stale" in proc.stderr and not (tmp_path / "p").exists()
 
 
@@ -141,7 +141,7 @@ def test_an_install_on_a_short_disk_first_removes_the_unused_cache_entries(tiny_
     os.utime(stale, (month_ago, month_ago))
     # No disk has 10^9 GiB free: the install makes what room it can, says so and goes on.
     env = {**os.environ, "EXTFORGE_CACHE_MIN_FREE": "1e9"}
-    proc = subprocess.run([*extforge_cmd(), "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)],
+    proc = subprocess.run([*EXTFORGE, "install", "app", "--prefix", str(tmp_path / "p"), "--lock", str(lock_path)],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert not stale.exists() and (tmp_path / "p" / "conda-meta").is_dir()

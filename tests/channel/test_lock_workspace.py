@@ -11,12 +11,11 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from cli_run import EXTFORGE
 from extforge.channel.lock import lock, run_lock_path, stale_reasons
 from extforge.channel.manifest import read_manifest
 from extforge.channel.publish import publish
 from extforge.locking import exclusive
-
-from .conftest import extforge_cmd
 
 MANIFEST = """\
 [workspace]
@@ -52,7 +51,7 @@ def _env_packages(lock_path: Path) -> dict[str, list[str]]:
 
 
 def _lock_cli(ws: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml"), *args], capture_output=True, text=True)
+    return subprocess.run([*EXTFORGE, "lock", "--manifest", str(ws / "pixi.toml"), *args], capture_output=True, text=True)
 
 
 def test_lock_one_env_keeps_the_others(tiny_packages, tmp_path):
@@ -68,7 +67,7 @@ def test_lock_one_env_keeps_the_others(tiny_packages, tmp_path):
     assert _env_packages(ws / "pixi.lock") == before
     assert {p.name: p.read_bytes() for p in (ws / "envs").glob("b.*")} == b_exports
     assert stale_reasons(read_manifest(ws / "pixi.toml"), ws / "pixi.lock") == []
-    proc = subprocess.run([*extforge_cmd(), "install", "b", "--prefix", str(tmp_path / "b"), "--lock", str(ws / "pixi.lock")],
+    proc = subprocess.run([*EXTFORGE, "install", "b", "--prefix", str(tmp_path / "b"), "--lock", str(ws / "pixi.lock")],
                           capture_output=True, text=True, env={**os.environ, "EXTFORGE_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "b" / "share" / "tiny-05" / "data.txt").is_file()
@@ -85,7 +84,7 @@ def test_a_first_lock_of_one_env_holds_pixis_default_too(tiny_packages, tmp_path
 
 def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     ws = _workspace(tmp_path, tiny_packages)
-    runs = [subprocess.Popen([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml"), *(["--env", "b"] if i % 2 else [])],
+    runs = [subprocess.Popen([*EXTFORGE, "lock", "--manifest", str(ws / "pixi.toml"), *(["--env", "b"] if i % 2 else [])],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
     for run in runs:
         _, err = run.communicate(timeout=300)
@@ -95,7 +94,7 @@ def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     assert [p.name for p in ws.rglob("*.tmp")] == []
     # A run waits while another holds the workspace's lock, then goes on.
     with exclusive(run_lock_path(ws / "pixi.lock"), transient=True):
-        waiting = subprocess.Popen([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml")],
+        waiting = subprocess.Popen([*EXTFORGE, "lock", "--manifest", str(ws / "pixi.toml")],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(3)
         assert waiting.poll() is None

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from cli_run import EXTFORGE
 from extforge.channel.lock import lock, stale_reasons
 from extforge.channel.manifest import parse_manifest, read_manifest
 from extforge.channel.mirrors import Mirrors, parse_channel_map, pixi_config_paths, read_pixi_mirrors, site_mirrors
 from extforge.channel.publish import publish
 from extforge.errors import ExtforgeError
-
-from .conftest import extforge_cmd
 
 INTERNAL = "https://conda.internal.example/extforge"
 MANIFEST = f"""\
@@ -35,7 +34,7 @@ app = ["app"]
 
 
 def _run(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*extforge_cmd(), *args], capture_output=True, text=True, **kw)
+    return subprocess.run([*EXTFORGE, *args], capture_output=True, text=True, **kw)
 
 
 def test_lock_made_through_one_mirror_installs_through_another(tiny_packages, http_root, tmp_path, isolated_cache,

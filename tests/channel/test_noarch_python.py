@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from rattler_build import Stage0Recipe
 
+from cli_run import EXTFORGE
 from extforge.channel.publish import publish
 from extforge.channel.trust import PackageRef, python_minor
-
-from .conftest import extforge_cmd
 
 RECIPE = """\
 schema_version: 1
@@ -57,7 +56,7 @@ def _workspace(tmp_path: Path, internal: Path, mirror: Path) -> Path:
     ws.mkdir()
     (ws / "pixi.toml").write_text(f'[workspace]\nname = "t"\nchannels = ["{internal.as_uri()}", "{mirror.as_uri()}"]\n'
                                   'platforms = ["linux-64"]\n\n[dependencies]\npython = "3.11.*"\ntinypy = "*"\n')
-    lock = subprocess.run([*extforge_cmd(), "lock", "--manifest", str(ws / "pixi.toml")], capture_output=True, text=True)
+    lock = subprocess.run([*EXTFORGE, "lock", "--manifest", str(ws / "pixi.toml")], capture_output=True, text=True)
     assert lock.returncode == 0, lock.stderr
     return ws / "pixi.lock"
 
@@ -66,7 +65,7 @@ def _workspace(tmp_path: Path, internal: Path, mirror: Path) -> Path:
 def test_a_noarch_python_package_installs_runs_and_verifies(noarch_channel, mirror_channel, tmp_path, where):
     lock = _workspace(tmp_path, noarch_channel, mirror_channel)
     prefix = tmp_path / where
-    proc = subprocess.run([*extforge_cmd(), "install", "default", "--prefix", str(prefix), "--lock", str(lock)],
+    proc = subprocess.run([*EXTFORGE, "install", "default", "--prefix", str(prefix), "--lock", str(lock)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (prefix / "lib/python3.11/site-packages/tinypy/__init__.py").is_file() and not (prefix / "site-packages").exists()
@@ -76,7 +75,7 @@ def test_a_noarch_python_package_installs_runs_and_verifies(noarch_channel, mirr
                           text=True).stdout == "a python script\n"
 
     def verify() -> dict:
-        run = subprocess.run([*extforge_cmd(), "verify", str(prefix), "--env", "default", "--lock", str(lock), "--json", "--rehash"],
+        run = subprocess.run([*EXTFORGE, "verify", str(prefix), "--env", "default", "--lock", str(lock), "--json", "--rehash"],
                              capture_output=True, text=True)
         return {c["name"]: c for c in json.loads(run.stdout)["checks"]}
 

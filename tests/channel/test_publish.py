@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import EXTFORGE
 from extforge.channel.publish import LOG_NAME, parse_channel, publish
 from extforge.errors import ExtforgeError
-
-from .conftest import extforge_cmd
 
 
 def test_same_name_different_bytes_is_refused(tiny_packages, tmp_path):
@@ -32,12 +31,12 @@ def test_same_name_different_bytes_is_refused(tiny_packages, tmp_path):
 def test_audit_gate_refuses_then_logs_the_override(tiny_packages, tmp_path):
     channel = tmp_path / "ch"
     pkg = tiny_packages.distinct[3]  # no ELF inside: the extension audit fails it
-    proc = subprocess.run([*extforge_cmd(), "publish", str(pkg), "--channel", str(channel)], capture_output=True, text=True)
+    proc = subprocess.run([*EXTFORGE, "publish", str(pkg), "--channel", str(channel)], capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     assert "failed its audit" in proc.stderr
     assert not (channel / "noarch" / pkg.name).exists()
     proc = subprocess.run(
-        [*extforge_cmd(), "publish", str(pkg), "--channel", channel.as_uri(), "--allow-audit-failure", "fixture without ELF", "--json"],
+        [*EXTFORGE, "publish", str(pkg), "--channel", channel.as_uri(), "--allow-audit-failure", "fixture without ELF", "--json"],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
@@ -87,7 +86,7 @@ def test_a_planted_file_that_is_no_package_is_not_served_and_blocks_no_publish(t
     real = tiny_packages.distinct[2].read_bytes()
     (noarch / "cut-1.0-h0_0.conda").write_bytes(real[: len(real) // 2])
     (noarch / "junk-1.0-0.tar.bz2").write_bytes(b"BZh9 not really")
-    out = subprocess.run([*extforge_cmd(), "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
+    out = subprocess.run([*EXTFORGE, "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
                           "--no-audit", "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -97,7 +96,7 @@ def test_a_planted_file_that_is_no_package_is_not_served_and_blocks_no_publish(t
     served = json.loads((noarch / "repodata.json").read_text())
     assert sorted(served["packages.conda"]) == sorted(p.name for p in tiny_packages.distinct[:2])
     assert served["packages"] == {}
-    text = subprocess.run([*extforge_cmd(), "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
+    text = subprocess.run([*EXTFORGE, "publish", str(tiny_packages.distinct[1]), "--channel", str(channel),
                            "--no-audit"], capture_output=True, text=True)
     assert text.returncode == 0 and "3 file(s) in the channel are not served" in text.stderr
     assert "Traceback" not in text.stderr + text.stdout
