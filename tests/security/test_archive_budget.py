@@ -80,3 +80,38 @@ def test_audit_publish_and_install_refuse_a_bomb_writing_nothing(sandbox) -> Non
     res.refused("lib/libbomb.so", "decompression bomb")
     assert not prefix.exists()
     assert not any((sandbox.cache / "rattler").glob("**/libbomb.so"))
+
+
+def test_install_checks_an_archive_once_and_believes_no_record_it_did_not_sign(sandbox, monkeypatch) -> None:
+    import hashlib
+    import json
+    import os
+
+    from extforge.channel import trust
+    from extforge.channel.index import reindex
+
+    from .pyish import pyish_package
+
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    checked = [json.loads(sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / name), "--lock",
+                                      str(lock), "--json", expect=0).stdout)["archives_checked"] for name in ("a", "b")]
+    assert checked == [1, 0]
+
+    bomb = craft_bomb(sandbox.path("in"), "bomb", "lib/libbomb.so", 4 * GIB)
+    sha = hashlib.sha256(bomb.read_bytes()).hexdigest()
+    bomb.rename(channel / "noarch" / bomb.name)
+    reindex(channel)
+    lock = sandbox.lock(channel, "bomb")
+    monkeypatch.setenv("EXTFORGE_CACHE", str(sandbox.cache))
+    record = trust.trust_dir() / "checked" / f"{sha}.json"
+    # A record someone else planted (they lack the user's key), then one the user's own key signed
+    # under other extraction rules: neither spares the bomb its check.
+    for plant in (lambda: record.write_bytes(b"0" * 64 + b"\n" + json.dumps({"sha256": sha, "rules": trust._rules_id()}).encode()),
+                  lambda: trust.write_signed(record, {"sha256": sha, "rules": "0" * 64})):
+        plant()
+        prefix = sandbox.root / "envs" / "bomb"
+        sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=(1, 2)).refused(
+            "lib/libbomb.so", "decompression bomb")
+        assert not prefix.exists() and os.path.exists(record)

@@ -31,22 +31,20 @@ import json
 import os
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import safe_files
-from ..archive import check_package
 from ..cache import make_room
 from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import cache_root, rattler_pkgs_dir
 from .accounting import user_name
-from .hashing import default_threads, sha256_file
+from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
-from .trust import PackageRef, expected_paths, manifests_for, owned_paths, sign, trust_dir, verify_signed
+from .trust import PackageRef, check_archives, expected_paths, manifests_for, owned_paths, sign, trust_dir, verify_signed
 from .verify import VerifyReport, check_files, verify_prefix
 
 
@@ -60,6 +58,8 @@ class InstallResult:
     timings: dict[str, float] = field(default_factory=dict)
     # Files the package cache gave wrong, before install re-extracted them from the verified packages.
     cache_mismatches: list[str] = field(default_factory=list)
+    # Archives whose member paths were checked in this install (the others had passed before).
+    archives_checked: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -70,6 +70,7 @@ class InstallResult:
             "seconds": round(self.seconds, 3),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "cache_mismatches": self.cache_mismatches,
+            "archives_checked": self.archives_checked,
         }
 
 
@@ -213,11 +214,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
             "nothing was installed; restore the channel's files, or re-lock if the change is intended",
             exit_code=EXIT_FINDINGS,
         )
-    # Each archive is decompressed to read its members' paths (~9 s for torch's env one after
-    # another): on a thread pool, biggest first; the first unsafe package in that order is raised.
-    with ThreadPoolExecutor(max_workers=default_threads()) as pool:
-        for _ in pool.map(check_package, sorted(local.values(), key=lambda p: -p.stat().st_size)):
-            pass
+    result.archives_checked = check_archives({record_sha256(r): local[r.file_name] for r in records})
     refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
     manifests, _ = manifests_for(refs, prefix, local)
     _check_prefix_length(prefix, manifests)
