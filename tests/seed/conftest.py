@@ -25,6 +25,7 @@ import pytest
 from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.locking import exclusive
+from extforge.mirror.recipes import code_generation
 
 from . import prepare
 
@@ -108,10 +109,15 @@ class DiskNeed:
 
 
 def _warm_packages(record: Path) -> list[Path]:
-    """The package files the warm record lists; none where it is missing or unreadable."""
+    """The package files the warm record lists; none where it is missing, unreadable or of
+    another generation of the mirror's code (this code's keys name other packages: marking those
+    in use would keep a dead generation from the room-making a cold run needs)."""
     try:
-        return [Path(f) for f in json.loads(record.read_text())["packages"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        data = json.loads(record.read_text())
+        if data.get("generation") != code_generation():
+            return []
+        return [Path(f) for f in data["packages"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
 
 
@@ -171,7 +177,7 @@ def make_seed_channel(fixtures_dir: Path) -> SeedChannel:
         finally:
             fetcher.shutdown(cancel_futures=True)
     tmp = _warm_record().with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"packages": packages}))
+    tmp.write_text(json.dumps({"packages": packages, "generation": code_generation()}))
     tmp.replace(_warm_record())
     return SeedChannel(channel, rows, skipped, seconds)
 

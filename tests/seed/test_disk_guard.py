@@ -4,17 +4,20 @@ says so when it skips; a warm cache reserves only the scratch space."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from .conftest import INSTALL_GIB, MIRROR_GIB, SCRATCH_GIB, disk_need, disk_shortfall
+from extforge.mirror.recipes import code_generation
+
+from .conftest import INSTALL_GIB, MIRROR_GIB, SCRATCH_GIB, _mark_warm_parts_used, disk_need, disk_shortfall
 
 GIB = 2**30
 TORCH = "pytorch-2.9.1-cuda128_py312_h0_0"
 
 
-def _record(tmp_path: Path, files: list[Path]) -> Path:
+def _record(tmp_path: Path, files: list[Path], generation: str | None = None) -> Path:
     record = tmp_path / "record.json"
-    record.write_text(json.dumps({"packages": [str(f) for f in files]}))
+    record.write_text(json.dumps({"packages": [str(f) for f in files], "generation": generation or code_generation()}))
     return record
 
 
@@ -54,3 +57,18 @@ def test_an_unreadable_record_counts_as_cold(tmp_path: Path):
     record = tmp_path / "record.json"
     record.write_text("{not json")
     assert disk_need(record, tmp_path).total == MIRROR_GIB + INSTALL_GIB + SCRATCH_GIB
+
+
+def test_a_record_of_another_generation_of_the_mirror_is_cold_and_marks_nothing_in_use(tmp_path: Path):
+    # The mirror's code changed since the record: its packages are a dead generation, which must
+    # stay the first to go when a cold run makes room (a CI run filled its disk when they did not).
+    pkg, _ = _mirrored(tmp_path)
+    (tmp_path / "pkgs" / TORCH).mkdir(parents=True)
+    for part in (pkg.parent, tmp_path / "pkgs" / TORCH):
+        os.utime(part, (1, 1))
+    record = _record(tmp_path, [pkg], generation="0" * 64)
+    assert disk_need(record, tmp_path / "pkgs").total == MIRROR_GIB + INSTALL_GIB + SCRATCH_GIB
+    _mark_warm_parts_used(record, tmp_path / "pkgs")
+    assert pkg.parent.stat().st_mtime == 1 and (tmp_path / "pkgs" / TORCH).stat().st_mtime == 1
+    _mark_warm_parts_used(_record(tmp_path, [pkg]), tmp_path / "pkgs")
+    assert pkg.parent.stat().st_mtime > 1 and (tmp_path / "pkgs" / TORCH).stat().st_mtime > 1

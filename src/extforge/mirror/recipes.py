@@ -25,6 +25,15 @@ STAGE_SCRIPT = Path(__file__).with_name("_stage.py")
 CONDA_WRITER = Path(__file__).with_name("conda_writer.py")
 
 
+def code_generation() -> str:
+    """Hash of the mirror's own code that package cache keys include: a record of cached packages
+    made under another generation (a test's warm record, say) names packages no run will use again."""
+    h = hashlib.sha256(__version__.encode() + b"\0" + template_text().encode())
+    for script in (STAGE_SCRIPT, CONDA_WRITER, COMPILE_SCRIPT):
+        h.update(b"\0" + script.read_bytes())
+    return h.hexdigest()
+
+
 def bytecode_spec(python: str, version: str) -> dict[str, str]:
     """The manifest's `bytecode`: the packages of a Python ship their modules' .pyc, compiled by
     that Python (its minor fixes the .pyc's magic), as conda-forge's do. Without them an env
