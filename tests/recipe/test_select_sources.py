@@ -170,9 +170,10 @@ def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
                f"{torch}/torch/include/torch/csrc/api/include", "/usr/local/cuda/include", f"{torch}/nvidia/cu13/include",
                sysconfig.get_paths()["include"]]
-    subprocess.run(["g++", "-c", "-O0", f"-std={cxx_std(torch)}", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
+    launcher, env = _through_ccache(work)
+    subprocess.run([*launcher, "g++", "-c", "-O0", f"-std={cxx_std(torch)}", "-fPIC", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda",
                     *[f"-I{i}" for i in include], "csrc/flash_attn/flash_api.cpp", "-o", "flash_api.o"],
-                   cwd=work, check=True)
+                   cwd=work, env=env, check=True)
     syms = subprocess.run(["nm", "-uC", "flash_api.o"], cwd=work, capture_output=True, text=True, check=True).stdout
     kernels = {re.sub(r"cutlass::(half_t|bfloat16_t), ", "", m) for m in re.findall(r"run_mha_\w+<[^>]*>", syms)}
     assert kernels == {f"{fn}<128, {c}>" for fn in ("run_mha_fwd_", "run_mha_bwd_", "run_mha_fwd_splitkv_dispatch")
@@ -210,20 +211,33 @@ def test_a_unit_of_another_shape_is_refused_before_compiling(recipe_dir: Path, s
     assert "Traceback" not in proc.stderr
 
 
+def _through_ccache(work: Path) -> tuple[list[str], dict[str, str]]:
+    """(argv prefix, environment) that carry a compile in `work` through ccache where it is
+    installed, its cache kept with extforge's test fixtures: a later run compiles again only what
+    select_sources.py's output, the headers or the flags changed (two flash-attn units are ~150 s
+    of nvcc on 2 cores, flash_api.cpp ~40 s of g++). The work folder's path is left out of the hash (CCACHE_BASEDIR)."""
+    found = shutil.which("ccache")
+    if found is None:
+        return [], dict(os.environ)
+    return [found], {**os.environ, "CCACHE_DIR": str(cache_root() / "test-fixtures" / "ccache"),
+                     "CCACHE_BASEDIR": str(work), "CCACHE_NOHASHDIR": "1"}
+
+
 def _nvcc_objects(work: Path, torch: Path, units: list[str]) -> dict[str, str]:
     """Each unit compiled by nvcc as torch's BuildExtension would (two at once), with the -std= flag
     setup.py passes once select_sources.py raised it, as `nm -C`. PTX only (compute_90): the symbols
     checked are the host side's, which ptxas would not change (a fifth of the test's time)."""
+    launcher, env = _through_ccache(work)
     std = std_flags(work / "setup.py")[0]
     # nvcc's own toolkit headers, not the nvidia wheels' (another CUDA minor: CCCL refuses the mix).
     include = ["csrc/flash_attn", "csrc/flash_attn/src", "csrc/cutlass/include", f"{torch}/torch/include",
                f"{torch}/torch/include/torch/csrc/api/include", sysconfig.get_paths()["include"]]
     procs = {u: subprocess.Popen(
-        ["nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", std, "--expt-relaxed-constexpr",
+        [*launcher, "nvcc", "-c", f"csrc/flash_attn/src/{u}.cu", "-o", f"{u}.o", "-O3", std, "--expt-relaxed-constexpr",
          "--expt-extended-lambda", "--use_fast_math", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
          "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__", "--compiler-options=-fPIC",
          "-gencode", "arch=compute_90,code=compute_90", "-DTORCH_EXTENSION_NAME=flash_attn_2_cuda", *[f"-I{i}" for i in include]],
-        cwd=work, stderr=subprocess.PIPE, text=True) for u in units}
+        cwd=work, env=env, stderr=subprocess.PIPE, text=True) for u in units}
     for u, p in procs.items():
         assert p.wait() == 0, f"nvcc {u}: {p.stderr.read()[-2000:]}"
     return {u: subprocess.run(["nm", "-C", f"{u}.o"], cwd=work, capture_output=True, text=True, check=True).stdout
