@@ -101,3 +101,39 @@ def test_placing_a_row_again_keeps_the_packages_ctime(tmp_path: Path, monkeypatc
     time.sleep(0.05)  # past the filesystem clock's tick
     mirror_channel.place(built, tmp_path / "channel")
     assert placed.stat().st_ctime_ns == before
+
+
+def test_a_package_linked_elsewhere_is_not_read_again_and_another_rows_changed_file_is(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch):
+    """A mirror run into a channel whose packages were linked elsewhere since (a package store,
+    a test's channel: each link moves the file's ctime) keeps their entries from the build
+    records instead of reading every package again (a torch row: 35 s, now ~1 s); a file of
+    another row rewritten since is still read again."""
+    import hashlib
+    import os
+    import time
+
+    from extforge.mirror.channel import place
+
+    def mark(pkg, md5: str) -> None:  # a value only the build record holds; an index of the file would not
+        meta = pkg.path.parent / "package.json"
+        marked = json.loads(meta.read_text())
+        marked["record"]["md5"] = md5
+        meta.write_text(json.dumps(marked))
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    channel = tmp_path / "channel"
+    one, other = build_jobs([_job("one", 10), _job("other", 10)], None, None, workers=1)
+    mark(other, "1" * 32)
+    place([one, other], channel)
+    time.sleep(0.05)  # past the filesystem clock's tick
+    os.link(one.path, tmp_path / "elsewhere.conda")
+    mark(one, "0" * 32)
+    replaced = channel / other.subdir / other.path.name
+    content = replaced.read_bytes()
+    replaced.unlink()
+    replaced.write_bytes(content)  # the other row's file, written anew since the index
+    place([one], channel)
+    entries = json.loads((channel / one.subdir / "repodata.json").read_text())["packages.conda"]
+    assert entries[one.path.name]["md5"] == "0" * 32
+    assert entries[other.path.name]["md5"] == hashlib.md5(content).hexdigest()

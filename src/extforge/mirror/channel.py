@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cache, engine, paths
-from ..channel.index import index_channel
+from ..channel.index import carry_fresh_entries, dated_after_its_packages, index_channel
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
 from ..locking import exclusive
@@ -152,33 +152,42 @@ def _built_record(built: Path) -> dict | None:
 
 
 def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
-    """Give the channel's repodata.json the entries its new packages got when they were built, so
+    """Give the channel's repodata.json the entries its packages got when they were built, so
     the indexer, which indexes only files it has no entry for, does not read ~3 GB of packages
-    again. Returns how many entries were added."""
-    added = 0
+    again. Returns how many entries were seeded.
+
+    A file that is the cached package itself (one inode) gets its entry anew; the channel's other
+    entries stay only while their files are unchanged since the repodata was written
+    (carry_fresh_entries), and the repodata is then dated after its packages. Linking a package
+    elsewhere (a package store, another channel) moves its ctime, which made every later run into
+    this channel read all of its packages again (35 s for one torch row)."""
+    seeded = 0
     for sub in sorted({p.subdir for p in packages}):
         live = channel / sub / "repodata.json"
-        try:
-            data = json.loads(live.read_text())
-        except (OSError, ValueError):
+        tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
+        data = None
+        if live.exists() and carry_fresh_entries(live, tmp) is not None:
+            data = json.loads(tmp.read_text())
+        if not isinstance(data, dict):
             data = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}, "repodata_version": 1}
         entries = data.setdefault("packages.conda", {})
-        before = added
         for pkg in packages:
-            if pkg.subdir != sub or pkg.path.name in entries:
+            placed = channel / sub / pkg.path.name
+            if pkg.subdir != sub or not placed.is_file():
                 continue
+            if pkg.path.name in entries and not os.path.samefile(placed, pkg.path):
+                continue  # a copy (another file system) indexed before: its entry was carried or it is read again
             try:
                 record = json.loads((pkg.path.parent / "package.json").read_text()).get("record")
             except (OSError, ValueError):
                 record = None
             if record and record.get("size") == pkg.path.stat().st_size:
                 entries[pkg.path.name] = record
-                added += 1
-        if added > before:
-            tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(live)
-    return added
+                seeded += 1
+        tmp.write_text(json.dumps(data))
+        tmp.replace(live)
+        dated_after_its_packages(channel, sub)
+    return seeded
 
 
 # Each worker holds a package's files and buffers (~1-3 GB for torch); more than this many at
