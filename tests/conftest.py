@@ -21,6 +21,7 @@ import pytest
 
 from extforge import cost_store, paths
 from extforge.locking import exclusive
+from fixture_keys import build_key
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = REPO / "recipe" / "demo-ext"
@@ -91,26 +92,13 @@ def mirror_channel() -> Path:
     return channel
 
 
-def _tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="session")
 def demo_channel(mirror_channel: Path) -> Path:
     """Channel folder holding demo-ext built (tests run, audited) against `mirror_channel`."""
     from extforge.build import build_recipe
     from extforge.build_options import BuildOptions
 
-    # What the package holds depends on the recipe, the channel, and the build + audit + stamp code.
-    src = REPO / "src" / "extforge"
-    builder = _tree_digest(src / "audit") + (src / "build.py").read_text() + (src / "engine.py").read_text()
-    key = hashlib.sha256(
-        (_tree_digest(DEMO_RECIPE) + builder + (mirror_channel / "linux-64" / "repodata.json").read_text()).encode()
-    ).hexdigest()[:16]
-    out = _fixtures_dir() / "demo-ext" / key
+    out = _fixtures_dir() / "demo-ext" / build_key(DEMO_RECIPE, mirror_channel)
     with exclusive(_fixtures_dir() / "demo-ext.lock"):
         if not (out / ".complete").exists():
             shutil.rmtree(out, ignore_errors=True)

@@ -14,29 +14,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from extforge import paths
-from extforge.channel.index import reindex
+from extforge.channel.index import dated_after_its_packages, reindex
 from extforge.channel.receipt import receipt_path
 
 from .conftest import Sandbox
 
 
 def _linked_copy(channels: list[Path], dest: Path) -> Path:
-    """One channel holding hard links to the packages of several (indexed)."""
-    for channel in channels:
-        for sub in ("noarch", "linux-64"):
-            (dest / sub).mkdir(parents=True, exist_ok=True)
+    """One channel holding hard links to the packages of several (indexed), its repodata their
+    entries merged, dated after the links: the re-index carries them (the files are the ones
+    indexed) instead of reading a torch env's 3 GB of archives again (~30 s on 2 cores)."""
+    for sub in ("noarch", "linux-64"):
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        merged: dict = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}}
+        for channel in channels:
             for f in (channel / sub).glob("*"):
                 if f.name.endswith((".conda", ".tar.bz2")):
                     os.link(f, dest / sub / f.name)
+            indexed = json.loads((channel / sub / "repodata.json").read_text())
+            for key in ("packages", "packages.conda"):
+                merged[key] |= indexed.get(key, {})
+        (dest / sub / "repodata.json").write_text(json.dumps(merged))
+        dated_after_its_packages(dest, sub)
     reindex(dest)
     return dest
 
 
-def _prefill_caches(sandbox: Sandbox, channel: Path, extracted: Path) -> None:
+def _lend_trust(source: Path, sandbox: Sandbox, shas: list[str]) -> None:
+    """The sandbox's private trust folder as the same user's earlier installs from the cache
+    `source` left it: their key and its signed records of these packages (manifests, archive
+    checks), so the sandbox's install does not decompress a torch env's archives again (~20 s on
+    2 cores). What `source` lacks, the sandbox's install makes; a sandbox with a key keeps it."""
+    src, dst = source / f"trust-{os.getuid()}", sandbox.cache / f"trust-{os.getuid()}"
+    if not (src / "secret").is_file() or (dst / "secret").exists():
+        return
+    for folder in (dst, dst / "manifests", dst / "checked"):
+        folder.mkdir(mode=0o700, exist_ok=True)
+    shutil.copy2(src / "secret", dst / "secret")
+    for record in (src / area / f"{sha}.json" for area in ("manifests", "checked") for sha in shas):
+        if record.is_file():
+            shutil.copy2(record, dst / record.parent.name / record.name)
+
+
+def _prefill_caches(sandbox: Sandbox, channel: Path, extracted: Path, trusted: Path) -> None:
     """The sandbox's package store, and its extracted cache as hard links to the entries found
-    in `extracted` (a 5 GB environment would otherwise be copied and extracted again). Edits
-    replace files, never write into a linked one, and rattler's own lock files are copied."""
+    in `extracted` (a 5 GB environment would otherwise be copied and extracted again), and the
+    trust records of the cache `trusted`. Edits replace files, never write into a linked one, and
+    rattler's own lock files are copied."""
     repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
+    _lend_trust(trusted, sandbox, [record["sha256"] for record in repodata["packages.conda"].values()])
     for fn, record in repodata["packages.conda"].items():
         stored = sandbox.cache / "pkgs" / record["sha256"] / fn
         stored.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +81,7 @@ def lock_demo_ext(sandbox: Sandbox, demo_channel: Path, mirror_channel: Path) ->
     manifest = sandbox.manifest("demo-ext")
     manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
     sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
-    _prefill_caches(sandbox, channel, paths.rattler_pkgs_dir())
+    _prefill_caches(sandbox, channel, paths.rattler_pkgs_dir(), paths.cache_root())
     return manifest.with_name("pixi.lock")
 
 
@@ -95,9 +121,9 @@ class InstalledDemo:
         return cls(sandbox, lock, prefix, pristine)
 
     def lend_caches(self, other: Sandbox) -> Path:
-        """The env's pixi.lock, `other`'s package store and extracted cache prefilled from this
-        install's sandbox (demo-ext's extracted entry among them, as install made it)."""
-        _prefill_caches(other, self.sandbox.root / "ch", self.sandbox.cache / "rattler" / "pkgs")
+        """The env's pixi.lock, `other`'s package store, extracted cache and trust records prefilled
+        from this install's sandbox (demo-ext's extracted entry among them, as install made it)."""
+        _prefill_caches(other, self.sandbox.root / "ch", self.sandbox.cache / "rattler" / "pkgs", self.sandbox.cache)
         return self.lock
 
     def borrow(self) -> tuple[Path, Path]:

@@ -10,7 +10,6 @@ what the rows' cold parts will add (disk_need) skips them all and says how much 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.locking import exclusive
 from extforge.mirror.recipes import code_generation
+from fixture_keys import build_key
 
 from . import prepare
 
@@ -213,28 +213,11 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     return prepare.made_channel(fixtures_dir) or make_seed_channel(fixtures_dir)
 
 
-def _tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
 @dataclass
 class SeedBuilds:
     channel: Path  # one output channel with every row's package
     packages: dict[str, Path]  # cluster name -> its .conda
     seconds: dict[str, float]
-
-
-def _repodata_of(channel: Path) -> str:
-    return (channel / "linux-64" / "repodata.json").read_text()
-
-
-def _build_key(recipe: Path, channel: Path) -> str:
-    """What a build's package depends on: the recipe, the channel, the build and audit code."""
-    builder = _tree_digest(REPO / "src" / "extforge" / "audit") + (REPO / "src" / "extforge" / "build.py").read_text()
-    return hashlib.sha256((_tree_digest(recipe) + builder + _repodata_of(channel)).encode()).hexdigest()[:16]
 
 
 def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuilds:
@@ -245,7 +228,7 @@ def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuild
     from extforge.build_options import BuildOptions
     from extforge.channel.index import index_channel
 
-    out = fixtures_dir / "seed-ext" / _build_key(DEMO_RECIPE, seed_channel.path)
+    out = fixtures_dir / "seed-ext" / build_key(DEMO_RECIPE, seed_channel.path)
     packages: dict[str, Path] = {}
     seconds: dict[str, float] = {}
     with exclusive(fixtures_dir / "seed-ext.lock"):
@@ -337,7 +320,7 @@ def make_wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> Wro
 
     if WRONG_ABI_ROW not in seed_channel.rows:
         return None
-    out = fixtures_dir / "wrong-abi-ext" / _build_key(WRONG_ABI_RECIPE, seed_channel.path)
+    out = fixtures_dir / "wrong-abi-ext" / build_key(WRONG_ABI_RECIPE, seed_channel.path)
     done = out / ".complete"
     with exclusive(fixtures_dir / "wrong-abi-ext.lock"):
         if not done.exists():
