@@ -107,8 +107,8 @@ def test_a_package_linked_elsewhere_is_not_read_again_and_another_rows_changed_f
                                                                                       monkeypatch: pytest.MonkeyPatch):
     """A mirror run into a channel whose packages were linked elsewhere since (a package store,
     a test's channel: each link moves the file's ctime) keeps their entries from the build
-    records instead of reading every package again (a torch row: 35 s, now ~1 s); a file of
-    another row rewritten since is still read again."""
+    records instead of reading every package again (a torch row: 35 s, now ~1 s); another row's
+    entries stay while their files are unchanged, and a file rewritten since is read again."""
     import hashlib
     import os
     import time
@@ -123,9 +123,10 @@ def test_a_package_linked_elsewhere_is_not_read_again_and_another_rows_changed_f
 
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     channel = tmp_path / "channel"
-    one, other = build_jobs([_job("one", 10), _job("other", 10)], None, None, workers=1)
+    one, other, kept = build_jobs([_job("one", 10), _job("other", 10), _job("kept", 10)], None, None, workers=1)
     mark(other, "1" * 32)
-    place([one, other], channel)
+    mark(kept, "2" * 32)
+    place([one, other, kept], channel)
     time.sleep(0.05)  # past the filesystem clock's tick
     os.link(one.path, tmp_path / "elsewhere.conda")
     mark(one, "0" * 32)
@@ -137,3 +138,4 @@ def test_a_package_linked_elsewhere_is_not_read_again_and_another_rows_changed_f
     entries = json.loads((channel / one.subdir / "repodata.json").read_text())["packages.conda"]
     assert entries[one.path.name]["md5"] == "0" * 32
     assert entries[other.path.name]["md5"] == hashlib.md5(content).hexdigest()
+    assert entries[kept.path.name]["md5"] == "2" * 32  # another row's unchanged file: its entry carried, not read

@@ -166,7 +166,7 @@ def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
         live = channel / sub / "repodata.json"
         tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
         data = None
-        if live.exists() and carry_fresh_entries(live, tmp) is not None:
+        if live.exists() and carry_fresh_entries(live.parent, tmp) is not None:
             data = json.loads(tmp.read_text())
         if not isinstance(data, dict):
             data = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}, "repodata_version": 1}
