@@ -168,14 +168,11 @@ def check_archives(archives: dict[str, Path]) -> int:
     one raises. Each pass is recorded, signed: decompressing a torch env's ~3 GB of archives took
     ~9 s of every install. How many archives were checked."""
     rules = _rules_id()
-    todo = []
-    for sha256, path in archives.items():
-        body = read_signed(trust_dir() / "checked" / f"{sha256}.json")
-        if body is None or body != {"sha256": sha256, "rules": rules}:
-            todo.append((sha256, path))
-    todo.sort(key=lambda item: -item[1].stat().st_size)
+    todo = sorted(((sha256, path) for sha256, path in archives.items()
+                   if read_signed(trust_dir() / "checked" / f"{sha256}.json") != {"sha256": sha256, "rules": rules}),
+                  key=lambda item: -item[1].stat().st_size)
     with ThreadPoolExecutor(max_workers=default_threads()) as pool:
-        for _ in pool.map(_check_and_record, [t[0] for t in todo], [t[1] for t in todo], [rules] * len(todo)):
+        for _ in pool.map(lambda item: _check_and_record(item[0], item[1], rules), todo):
             pass
     return len(todo)
 

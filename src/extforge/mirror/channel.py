@@ -165,10 +165,10 @@ def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
     for sub in sorted({p.subdir for p in packages}):
         live = channel / sub / "repodata.json"
         tmp = live.with_name(f".extforge-tmp-seed-{os.getpid()}")
-        data = None
+        # carry_fresh_entries wrote tmp as an object of entries, or nothing where the repodata was damaged.
         if live.exists() and carry_fresh_entries(live.parent, tmp) is not None:
             data = json.loads(tmp.read_text())
-        if not isinstance(data, dict):
+        else:
             data = {"info": {"subdir": sub}, "packages": {}, "packages.conda": {}, "repodata_version": 1}
         entries = data.setdefault("packages.conda", {})
         for pkg in packages:
