@@ -341,6 +341,11 @@ def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:
     return next((f for w in work_dirs for f in (w / "work").rglob(".ninja_log")), None)
 
 
+def split_log_in(work_dirs: Sequence[Path]) -> Path | None:
+    """The build layer's log of the units it compiled as parallel parts (activate.sh)."""
+    return next((f for w in work_dirs if (f := w / "work" / ".extforge" / "split.log").is_file()), None)
+
+
 @contextlib.contextmanager
 def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile: str,
                      variants: Mapping[str, list[str]], interval: float = 10.0) -> Iterator[None]:
@@ -386,9 +391,11 @@ def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mappi
     log = ninja_log_in(work_dirs)
     if log is None:
         return None
+    split_log = split_log_in(work_dirs)
     with contextlib.suppress(ExtforgeError, OSError, ValueError):
         return plan.build_node_speed(profile, log.read_text(errors="replace"),
-                                     variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")))
+                                     variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")),
+                                     split=cost_store.split_units(split_log.read_text() if split_log else "")[0])
     return None
 
 
@@ -438,13 +445,19 @@ def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None,
                  notes: list[str] | None = None) -> list[BuiltPackage]:
     """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages
-    it made; a split build's part makes none. What a part or a link job did is added to `notes`."""
-    notes = [] if notes is None else notes
+    it made; a split build's part makes none. What a part or a link job did is added to `notes`.
+    Planned from the site's costs for the recipe, else those its folder ships."""
+    recipe_file = engine.find_recipe(options.recipe)
+    with cost_store.recipe_costs(recipe_file.parent):
+        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes)
+
+
+def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[str], None] | None,
+                  notes: list[str]) -> list[BuiltPackage]:
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
     # 25-minute compile the working directory may be gone, so it is imported before the build.
     import rattler  # noqa: F401
 
-    recipe_file = engine.find_recipe(options.recipe)
     urls = [channel_url(c) for c in options.channels]
     if not urls:
         raise ExtforgeError(
@@ -539,7 +552,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
             else:
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,
-                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env)
+                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log_in(work_dirs))
                 keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log")])
             for pkg in packages:
                 pkg.node_speed = speed

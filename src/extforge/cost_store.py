@@ -23,6 +23,7 @@ What is measured, exactly:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import json
@@ -30,7 +31,8 @@ import os
 import re
 import resource
 import socket
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,10 @@ from .errors import ExtforgeError
 from .ui import log
 
 STORE_ENV = "EXTFORGE_COST_STORE"
+# A recipe folder's own costs: a store entry (`<store>/<recipe>/<version>.json`) copied beside recipe.yaml.
+RECIPE_FILE = "build-costs.json"
+_RECIPE_DIRS: contextvars.ContextVar[Mapping[str, Path]] = contextvars.ContextVar("recipe_dirs",
+                                                                                  default=types.MappingProxyType({}))
 SCHEMA = 1
 # A job's peak is its largest process plus nvcc's driver and the host compiler's front end
 # beside it; a quarter more keeps a learned plan on the safe side of the measurement.
@@ -84,6 +90,9 @@ class Learned:
     largest_process_bytes: int | None = None
     path: Path = field(default=Path(), compare=False)
     runs: tuple[tuple[str, ...], ...] = ()  # units per ninja run, where the build ran several (unit_costs)
+    # Units the build layer was asked to compile as parallel parts: the parts each can have (its
+    # explicit instantiations; 1 when it had to be compiled whole).
+    part_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def date(self) -> str:
@@ -101,7 +110,8 @@ class Learned:
         # them was not measured (no slowdown assumed), so a machine's speed can still be read
         # against them while it builds.
         return unit_costs.UnitCosts(self.recipe, {u: s * busy for u, s in self.units.items()}, self.archs,
-                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0), runs=self.runs)
+                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0), runs=self.runs,
+                                    part_limits=self.part_limits)
 
     def seconds_per_arch(self) -> float:
         """The build's compile seconds of one nvcc thread, per arch: what a cache-hit rebuild lacks."""
@@ -111,7 +121,8 @@ class Learned:
         return {"schema": SCHEMA, "recipe": self.recipe, "version": self.version, "measured_at": self.measured_at,
                 "host": self.host, "archs": list(self.archs), "jobs": self.jobs, "nvcc_threads": self.nvcc_threads,
                 "compile_seconds": self.compile_seconds, "largest_process_bytes": self.largest_process_bytes,
-                "units": self.units} | ({"runs": [list(r) for r in self.runs]} if self.runs else {})
+                "units": self.units} | ({"runs": [list(r) for r in self.runs]} if self.runs else {}) \
+            | ({"part_limits": self.part_limits} if self.part_limits else {})
 
 
 def from_json(d: Mapping[str, object], path: Path) -> Learned:
@@ -119,12 +130,15 @@ def from_json(d: Mapping[str, object], path: Path) -> Learned:
     archs = d["archs"]
     peak = d.get("largest_process_bytes")
     runs = d.get("runs", [])
-    if not isinstance(units, dict) or not isinstance(archs, list) or not isinstance(runs, list) or d.get("schema") != SCHEMA:
+    limits = d.get("part_limits", {})
+    if not isinstance(units, dict) or not isinstance(archs, list) or not isinstance(runs, list) \
+            or not isinstance(limits, dict) or d.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a schema {SCHEMA} cost entry")
     return Learned(str(d["recipe"]), str(d["version"]), str(d["measured_at"]), str(d["host"]),
                    tuple(map(str, archs)), int(str(d["jobs"])), int(str(d["nvcc_threads"])),
                    {str(u): float(s) for u, s in units.items()}, float(str(d["compile_seconds"])),
-                   None if peak is None else int(str(peak)), path, tuple(tuple(map(str, r)) for r in runs))
+                   None if peak is None else int(str(peak)), path, tuple(tuple(map(str, r)) for r in runs),
+                   {str(u): int(str(n)) for u, n in limits.items()})
 
 
 def _read(path: Path) -> Learned | None:
@@ -136,28 +150,57 @@ def _read(path: Path) -> Learned | None:
         return None
 
 
+@contextlib.contextmanager
+def recipe_costs(recipe_dir: Path) -> Iterator[None]:
+    """While the body runs, `load` falls back, for that recipe, to the costs its folder ships
+    (RECIPE_FILE: a store entry its author's build measured), so that a site's first build of it
+    is planned from real numbers; the site's own entry, once it has one, wins."""
+    token = _RECIPE_DIRS.set({**_RECIPE_DIRS.get(), recipe_dir.name: recipe_dir})
+    try:
+        yield
+    finally:
+        _RECIPE_DIRS.reset(token)
+
+
 def load(recipe: str, version: str | None = None, store: Path | None = None) -> Learned | None:
     """The entry for `recipe` at `version`; without a version (or none stored for it), the most
-    recently measured version of the recipe (its units are the likeliest to match)."""
+    recently measured version of the recipe (its units are the likeliest to match); without any,
+    what the recipe folder ships (recipe_costs)."""
     folder = (store or root()) / recipe
-    if not _NAME.match(recipe) or not folder.is_dir():
-        return None
-    if version and _NAME.match(version) and (exact := folder / f"{version}.json").is_file():
-        return _read(exact)
-    found = [e for p in sorted(folder.glob("*.json")) if (e := _read(p))]
-    return max(found, key=lambda e: e.measured_at, default=None)
+    site = [e for p in sorted(folder.glob("*.json")) if (e := _read(p))] if _NAME.match(recipe) and folder.is_dir() else []
+    shipped_dir = _RECIPE_DIRS.get().get(recipe)
+    shipped = _read(shipped_dir / RECIPE_FILE) if shipped_dir and (shipped_dir / RECIPE_FILE).is_file() else None
+    exact = [e for e in [*site, *filter(None, [shipped])] if version and e.version == version]
+    return max(exact or site, key=lambda e: e.measured_at, default=shipped)
+
+
+def split_units(split_log: str) -> tuple[dict[str, float], dict[str, int]]:
+    """From the build layer's split log (split_unit.py: a JSON line per unit it was asked to
+    split): each unit's seconds as its parts' added up (ninja's log times only the longest part),
+    and the parts each unit can have."""
+    seconds, limits = {}, {}
+    for line in split_log.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            d = json.loads(line)
+            unit, parts = str(d["unit"]), int(d["parts"])
+            if parts > 1:
+                seconds[unit] = round(sum(float(s) for s in d["seconds"]), 1)
+            limits[unit] = 1 if "compiled_whole" in d else int(d["instantiations"])
+    return seconds, limits
 
 
 def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvcc_threads: int,
-            largest_process_bytes: int | None) -> Learned:
+            largest_process_bytes: int | None, split_log: str = "") -> Learned:
     edges = unit_costs.parse_ninja_log(ninja_log)
     if not edges:
         raise ValueError("the ninja log has no finished compile")
+    units = unit_costs.unit_seconds(edges)
+    split_seconds, limits = split_units(split_log)
     return Learned(
         recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
         tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
-        unit_costs.unit_seconds(edges), unit_costs.compile_seconds(edges), largest_process_bytes,
-        runs=unit_costs.ninja_runs(edges))
+        units | {u: s for u, s in split_seconds.items() if u in units}, unit_costs.compile_seconds(edges),
+        largest_process_bytes, runs=unit_costs.ninja_runs(edges), part_limits=limits)
 
 
 def save(entry: Learned, store: Path | None = None) -> Learned:
@@ -188,15 +231,16 @@ def largest_child_process_bytes(build_env: Mapping[str, str]) -> int | None:
 
 
 def learn_from_build(recipe: str, version: str, ninja_log: Path | None, archs: Sequence[str],
-                     build_env: Mapping[str, str]) -> Learned | None:
+                     build_env: Mapping[str, str], split_log: Path | None = None) -> Learned | None:
     """After a successful build: its ninja log becomes `recipe`'s costs at `version`. A build
     without a log (no ninja: a pure-Python or CMake package) or a store that cannot be written
     is said in the log, never a failed build: the package is already made."""
     if ninja_log is None:
         return None
     try:
+        split_text = split_log.read_text(errors="replace") if split_log and split_log.is_file() else ""
         entry = measure(recipe, version, ninja_log.read_text(errors="replace"), archs,
-                        int(build_env.get("NVCC_THREADS", "1")), largest_child_process_bytes(build_env))
+                        int(build_env.get("NVCC_THREADS", "1")), largest_child_process_bytes(build_env), split_text)
         return save(entry)
     except (ExtforgeError, OSError, ValueError) as exc:
         log.warning("build costs of %s %s not stored: %s", recipe, version, exc)

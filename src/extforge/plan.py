@@ -9,7 +9,7 @@ headroom for the final link and the OS), the fastest; ties go to the lower peak.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
@@ -58,6 +58,10 @@ class BuildPlan:
     # The translation units, longest first (empty: no per-unit data), and those split in two.
     unit_order: tuple[str, ...] = ()
     split_units: tuple[str, ...] = ()
+    # Units the build layer compiles as parallel parts, and into how many (any learned recipe),
+    # and the cores their parts keep busy beside the jobs.
+    unit_parts: tuple[tuple[str, int], ...] = ()
+    part_cores: int = 0
     # The wall time on the slowest and fastest nodes measured (None: no node speeds, or --node-speed).
     wall_range_seconds: tuple[int, int] | None = None
     # Where the numbers come from: shipped, learned on a date from N units, or the default estimate.
@@ -75,6 +79,8 @@ class BuildPlan:
             env["EXTFORGE_UNIT_ORDER"] = ";".join(self.unit_order)
         if self.split_units:
             env["EXTFORGE_SHARD_UNITS"] = ";".join(self.split_units)
+        if self.unit_parts:
+            env["EXTFORGE_SPLIT_UNITS"] = ";".join(f"{u}={k}" for u, k in self.unit_parts)
         return env
 
 
@@ -231,6 +237,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     wall_range: tuple[int, int] | None = None
     order: tuple[str, ...] = ()
     split: list[str] = []
+    parts: dict[str, int] = {}
     if costs:
         in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
                                          costs.subsets, variant or {})
@@ -241,11 +248,18 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
             + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
-        wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs) + p.link_seconds
-        order = tuple(unit_costs.longest_first(per_unit))
+        runs, slots = costs.runs, jobs
+        if costs.part_limits is not None:
+            peak_one = job_peak_bytes(p, threads, n_archs)
+            split_plan = unit_costs.split_in_parts(per_unit, jobs, machine.cores // threads, runs, costs.part_limits,
+                                                   costs.concurrency, memory_room=int(limit // peak_one) - jobs)
+            per_unit, parts, runs, slots = split_plan.costs, split_plan.parts, split_plan.runs, split_plan.slots
+            peak = split_plan.processes * peak_one
+        wall = unit_costs.runs_makespan(per_unit, slots, costs.concurrency, runs) + p.link_seconds
+        order = tuple(dict.fromkeys(u.split(unit_costs.PART_SUFFIX)[0] for u in unit_costs.longest_first(per_unit)))
         if costs.node_speeds and node_speed == 1.0:
-            spans = [unit_costs.runs_makespan({u: sec * speed for u, sec in per_unit.items()}, jobs, costs.concurrency,
-                                              costs.runs)
+            spans = [unit_costs.runs_makespan({u: sec * speed for u, sec in per_unit.items()}, slots,
+                                              costs.concurrency, runs)
                      for speed in (min(costs.node_speeds.values()), max(costs.node_speeds.values()))]
             wall_range = (int(round(spans[0] + p.link_seconds)), int(round(spans[1] + p.link_seconds)))
     reasons = [
@@ -279,29 +293,33 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")
+    if parts:
+        reasons.append("compiled as parallel parts (their explicit template instantiations dealt out), each alone "
+                       f"longer than the rest of the schedule: {', '.join(f'{u} in {k}' for u, k in parts.items())}")
     if jobs * threads < machine.cores and jobs == widest:
         reasons.append(f"the recipe's {jobs} units, not cores, limit parallelism: {jobs} x {threads} of {machine.cores} "
                        "cores busy")
     elif jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
-                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), wall_range,
-                     numbers.source)
+                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), tuple(parts.items()),
+                     (slots - jobs) * threads, wall_range, numbers.source)
 
 
 def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int,
-                     load: Sequence[tuple[float, float]] = ()) -> float | None:
+                     load: Sequence[tuple[float, float]] = (), split: Collection[str] = ()) -> float | None:
     """How fast the machine of a finished build compiled against the planner's costs for it
     (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
     log does not show, see unit_costs.at_reference); None without costs for the profile or units
-    to compare. A unit split in two is left out: its first half bears the unit's name."""
+    to compare. A unit split in two is left out (its first half bears the unit's name), and so
+    is one the build layer compiled as parallel parts (`split`: its edge times the longest)."""
     numbers = numbers_for(profile)
     costs = numbers.costs
     if not costs or not costs.concurrency:
         return None
     expected = unit_seconds(numbers.profile, costs, numbers.profile.work_archs(archs), max(1, threads))
     edges = unit_costs.parse_ninja_log(ninja_log)
-    split = {e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX)}
+    split = {*split, *(e.unit.removesuffix(unit_costs.SHARD_SUFFIX) for e in edges if e.unit.endswith(unit_costs.SHARD_SUFFIX))}
     try:
         speed, _ = unit_costs.node_speed(edges, {u: s for u, s in expected.items() if u not in split}, costs.concurrency,
                                          load)
@@ -356,7 +374,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
     ends = sorted(e.end_ms / 1000 - t0 for e in edges)
     load = [(0.0, float(min(base.max_jobs, total)))] + [(t, float(min(base.max_jobs, total - i)))
                                                          for i, t in enumerate(ends, 1)]
-    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load)
+    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load, split=dict(base.unit_parts))
     if not speed:
         return progress
     expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed, variant=variant).expected_wall_seconds
@@ -375,7 +393,7 @@ def slurm_request(plan: BuildPlan) -> SlurmRequest:
     seconds = int(plan.expected_wall_seconds * 1.5) + 600
     h, rest = divmod(seconds, 3600)
     return SlurmRequest(
-        cpus_per_task=plan.max_jobs * plan.nvcc_threads,
+        cpus_per_task=plan.max_jobs * plan.nvcc_threads + plan.part_cores,
         mem=f"{mem_gib}G",
         time=f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}",
     )

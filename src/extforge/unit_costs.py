@@ -45,6 +45,11 @@ from .errors import ExtforgeError
 _FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
 # The second translation unit of a unit split in two (recipe/flash-attn/shard_units.py).
 SHARD_SUFFIX = "_shard1"
+# A part of a unit compiled as parallel parts (split_in_parts), in the planner's schedule.
+PART_SUFFIX = "#part"
+# The share of a unit each of its parts repeats (headers, host code): causal-conv1d 1.7.0's
+# backward unit for sm_90 on 2 cores, whole PLACEHOLDER s, its two halves 285.6 s and 330.9 s at once.
+PART_REPEAT = 0.05
 # Relative compile cost by kind, masking and head dim, for units the data does not name (another
 # flash-attn version): the means of flash-attn 2.8.3's 73 units for sm_90 on a 32-core H100 node
 # (2026-11-25). The split-kv forward units are the longest (their kernels are instantiated for
@@ -128,6 +133,10 @@ class UnitCosts:
     # The units of each ninja run, where the build ran several one after another (setuptools: one
     # per extension); () when every unit can run beside every other.
     runs: tuple[tuple[str, ...], ...] = ()
+    # A learned recipe's units the build layer may compile as parallel parts (split_in_parts): the
+    # parts each can have where a build counted them. None: the profile's units are not split so
+    # (flash-attn has its own split in two, `shards`).
+    part_limits: dict[str, int] | None = None
 
     @property
     def any_measured(self) -> bool:
@@ -176,6 +185,56 @@ def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | No
         costs, span = trial, trial_span
         split.append(unit)
     return costs, split
+
+
+def part_name(unit: str, k: int) -> str:
+    return f"{unit}{PART_SUFFIX}{k}"
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A schedule with units compiled as parallel parts (split_in_parts)."""
+
+    costs: dict[str, float]  # per unit, the parts named part_name(unit, i) in place of their unit
+    parts: dict[str, int]  # the units split, and into how many parts
+    runs: tuple[tuple[str, ...], ...]  # the build's ninja runs, naming the parts
+    slots: int  # compiles at once the schedule counts on: the jobs, and the parts' on spare cores
+    processes: int  # compiles at once at most (memory): the jobs and every part beyond a unit's first
+
+
+def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: Sequence[Sequence[str]] = (),
+                   limits: Mapping[str, int] | None = None, concurrency: Concurrency | None = None,
+                   memory_room: int | None = None, min_gain: float = 0.02) -> Parts:
+    """Any recipe's units compiled as parallel parts (the build layer's split_unit.py deals a
+    unit's explicit instantiations), the longest first, each into the number of parts that
+    shortens the schedule most, while that shortens it by at least `min_gain`. A part costs its
+    share of the unit plus PART_REPEAT of it (the front end every part repeats). A unit's parts
+    run inside one of ninja's `jobs` slots, so each part beyond the first is a compile beside
+    them: the schedule gets as many more slots, up to the `cores` (a machine with no core to
+    spare still gains from two parts: its other core idles once the other units are done).
+    `limits`: the parts a unit can have (its instantiations, as an earlier build counted them;
+    1: it cannot be split); `memory_room`: the most compiles memory allows beside the jobs."""
+    costs, parts, now_runs = dict(per_unit), dict[str, int](), tuple(tuple(r) for r in runs)
+    cpu_room = max(0, cores - jobs)
+    mem_room = cores if memory_room is None else memory_room
+    slots_added = procs_added = 0
+    span = runs_makespan(costs, jobs, concurrency, now_runs)
+    for unit in longest_first(per_unit):
+        best: tuple[float, int, dict[str, float], tuple[tuple[str, ...], ...]] | None = None
+        most = min((limits or {}).get(unit, cores), 1 + mem_room - procs_added, max(2, 1 + cpu_room - slots_added))
+        for k in range(2, most + 1):
+            names = [part_name(unit, i) for i in range(1, k + 1)]
+            trial = {u: s for u, s in costs.items() if u != unit} | dict.fromkeys(names, costs[unit] * (1 / k + PART_REPEAT))
+            trial_runs = tuple(tuple(n for u in r for n in (names if u == unit else [u])) for r in now_runs)
+            trial_span = runs_makespan(trial, jobs + min(cpu_room, slots_added + k - 1), concurrency, trial_runs)
+            if best is None or trial_span < best[0]:
+                best = (trial_span, k, trial, trial_runs)
+        if best is None or best[0] > span * (1 - min_gain):
+            break
+        span, parts[unit], costs, now_runs = best
+        slots_added = min(cpu_room, slots_added + parts[unit] - 1)
+        procs_added += parts[unit] - 1
+    return Parts(costs, parts, now_runs, jobs + slots_added, jobs + procs_added)
 
 
 def joined(per_unit: Mapping[str, float], model: ShardModel | None) -> dict[str, float]:

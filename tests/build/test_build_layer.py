@@ -6,6 +6,7 @@ every seed row."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -91,6 +92,76 @@ def test_a_foreign_arch_is_refused_when_the_recipe_asks_for_refusal(tmp_path: Pa
                           env=wrapper_env(tmp_path, EXTFORGE_ARCH_FLAGS="refuse"), capture_output=True, text=True)
     assert proc.returncode == 1 and not (tmp_path / "k.o").exists()
     assert "upstream passes '-arch=sm_80' but the variant's archs are sm_90" in proc.stderr
+
+
+# causal-conv1d's shape: one kernel template, instantiated explicitly for each type pair.
+TEMPLATED = """#include "scale.h"
+template <typename T, typename W> __global__ void scale(T *x, W w) { x[threadIdx.x] *= SCALE * w; }
+template <typename T, typename W> void launch(T *x, W w) { scale<T, W><<<1, 32>>>(x, w); }
+template void launch<float, float>(float *x, float w);
+template void launch<double, float>(double *x, float w);
+template void launch<float,
+                     double>(float *x, double w);
+template void launch<double, double>(double *x, double w);
+"""
+
+
+def host_symbols(obj: Path, *flags: str) -> list[str]:
+    listed = subprocess.run(["nm", "--defined-only", *flags, str(obj)], capture_output=True, text=True, check=True).stdout
+    return sorted(line.split()[-1] for line in listed.splitlines())
+
+
+def kernels(obj: Path) -> list[str]:
+    """The kernels the object launches: the host side of each `scale<T, W>` (local to its unit)."""
+    return [s for s in host_symbols(obj) if s.startswith("_Z5scale")]
+
+
+def cubins(obj: Path) -> int:
+    with obj.open("rb") as fh:
+        return len(parse_fatbin(ELFFile(fh).get_section_by_name(".nv_fatbin").data()))
+
+
+@needs_nvcc
+def test_a_unit_the_planner_splits_compiles_as_parts_into_the_same_object(tmp_path: Path) -> None:
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "scale.h").write_text("#define SCALE 2\n")  # found beside upstream's file, as from a part
+    (src / "conv.cu").write_text(TEMPLATED)
+    compile_line = ["-c", str(src / "conv.cu"), "-o", str(tmp_path / "conv.o"), "--dependency-output",
+                    str(tmp_path / "conv.o.d"), "--generate-dependencies-with-compile"]
+    subprocess.run([str(LAYER / "extforge-nvcc"), *compile_line], env=wrapper_env(tmp_path), check=True)
+    whole = tmp_path / "whole.o"
+    (tmp_path / "conv.o").rename(whole)
+    split_log = tmp_path / "split.log"
+    subprocess.run([str(LAYER / "extforge-nvcc"), *compile_line], check=True,
+                   env=wrapper_env(tmp_path, EXTFORGE_SPLIT_UNITS="other=3;conv=3", EXTFORGE_SPLIT_LOG=str(split_log)))
+    obj = tmp_path / "conv.o"
+    # Every kernel and host instantiation the whole unit had, its code for the variant's arch,
+    # from three compiles (one per part) joined into the object ninja asked for.
+    assert len(kernels(whole)) == 4 and kernels(obj) == kernels(whole)
+    assert host_symbols(obj, "-g") == host_symbols(whole, "-g")
+    assert fatbin_archs(obj) == (["sm_90"], []) and (cubins(whole), cubins(obj)) == (1, 3)
+    record = json.loads(split_log.read_text())
+    assert record["unit"] == "conv" and record["parts"] == 3 and record["instantiations"] == 4
+    assert len(record["seconds"]) == 3 and "compiled_whole" not in record
+    # ninja's dependency file names upstream's source, not a part.
+    deps = (tmp_path / "conv.o.d").read_text()
+    assert str(src / "conv.cu") in deps and "scale.h" in deps and "extforge-part" not in deps
+    assert "split: conv in up to 3 parts" in (tmp_path / "rewrites.log").read_text()
+    assert sorted(p.name for p in tmp_path.glob("conv.o*")) == ["conv.o", "conv.o.d"]
+
+
+@needs_nvcc
+def test_a_unit_whose_parts_would_define_a_symbol_twice_is_compiled_whole(tmp_path: Path) -> None:
+    (tmp_path / "scale.h").write_text("#define SCALE 2\n")
+    (tmp_path / "conv.cu").write_text(TEMPLATED + "int conv_version() { return 1; }\n")
+    split_log = tmp_path / "split.log"
+    subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "conv.cu", "-o", "conv.o"], cwd=tmp_path, check=True,
+                   env=wrapper_env(tmp_path, EXTFORGE_SPLIT_UNITS="conv=2", EXTFORGE_SPLIT_LOG=str(split_log)))
+    record = json.loads(split_log.read_text())
+    assert record["parts"] == 1 and record["compiled_whole"].startswith("1 symbol(s) defined in every part")
+    assert "_Z12conv_versionv" in record["compiled_whole"]
+    assert len(kernels(tmp_path / "conv.o")) == 4 and host_symbols(tmp_path / "conv.o", "-g").count("_Z12conv_versionv") == 1
 
 
 def test_upstream_build_files_are_named_before_the_compile(tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import cost_store, engine
     from ..machine import detect
     from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
     from ..variants import head_dims as variant_head_dims
@@ -89,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip()) or variant_head_dims(variant)
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
     profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
-    plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
-                      version=args.version or version, units=units, variant=variant)
+    with cost_store.recipe_costs(engine.find_recipe(args.recipe).parent) if args.recipe else contextlib.nullcontext():
+        plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
+                          version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:
         emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
@@ -102,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"{plan.profile} for sm_{', sm_'.join(plan.archs)} on {plan.cores} cores:\n"
         f"  numbers: {plan.numbers_from}\n"
-        f"  MAX_JOBS={plan.max_jobs} NVCC_THREADS={plan.nvcc_threads}\n"
+        f"  {' '.join(f'{k}={v}' for k, v in plan.env().items() if k != 'EXTFORGE_UNIT_ORDER')}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
         f"  expected wall time ~{minutes(plan.expected_wall_seconds)} (compile + link)"
-        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}{spread}; "
+        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}"
+           f"{''.join(f', {u} in {k} parts' for u, k in plan.unit_parts)}{spread}; "
            f"in upstream's order ~{minutes(plan.upstream_order_wall_seconds)}\n"
            if plan.upstream_order_wall_seconds else "\n") +
         f"  sbatch {' '.join(slurm.sbatch_args())}",

@@ -75,8 +75,9 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     [[ -x "${EXTFORGE_REAL_NVCC}" ]] || _xf_fail "no nvcc in the build env; list \${{ compiler('cuda') }} in the recipe's build requirements"
     # The wrappers find their shared rules (wrappers.sh) here.
     export EXTFORGE_LAYER_SHARE="${_xf_share}"
-    export EXTFORGE_REAL_NVCC EXTFORGE_REWRITES_LOG="${_xf_state}/rewrites.log"
+    export EXTFORGE_REAL_NVCC EXTFORGE_REWRITES_LOG="${_xf_state}/rewrites.log" EXTFORGE_SPLIT_LOG="${_xf_state}/split.log"
     : > "${EXTFORGE_REWRITES_LOG}"
+    : > "${EXTFORGE_SPLIT_LOG}"
     # torch.utils.cpp_extension runs PYTORCH_NVCC; CMake's CUDA language runs CUDACXX; torch's
     # setuptools path without ninja (torch-scatter) runs $CUDA_HOME/bin/nvcc; a script, plain nvcc.
     export PYTORCH_NVCC="${BUILD_PREFIX}/bin/extforge-nvcc" CUDACXX="${BUILD_PREFIX}/bin/extforge-nvcc"

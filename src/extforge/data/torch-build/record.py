@@ -1,6 +1,7 @@
 """At the end of a successful build (in-build.sh): the build record
 $PREFIX/share/extforge/build/$PKG_NAME.json, which `extforge audit` reads for the archs the
-package promises, and ninja's log beside it (the per-unit times the planner learns from).
+package promises (and the units compiled as parallel parts), and ninja's log beside it (the
+per-unit times the planner learns from).
 Also says, once, what extforge-nvcc replaced in upstream's compile lines."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def main() -> int:
     logs = sorted(Path(env["SRC_DIR"]).rglob(".ninja_log"))
     if logs:
         shutil.copyfile(logs[0], out / f"{env['PKG_NAME']}.ninja_log")
+    split_file = Path(env.get("EXTFORGE_SPLIT_LOG", "/nonexistent"))
+    split = [json.loads(line) for line in split_file.read_text().splitlines()] if split_file.is_file() else []
     record = {
         "schema": 1,
         "name": env["PKG_NAME"],
@@ -37,6 +40,7 @@ def main() -> int:
         "network": env.get("EXTFORGE_NETWORK"),
         "upstream_flags_replaced": rewrites,
         "ninja_log": bool(logs),
+        "split_units": split,
     }
     (out / f"{env['PKG_NAME']}.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     if rewrites:
