@@ -175,17 +175,20 @@ def load(recipe: str, version: str | None = None, store: Path | None = None) -> 
 
 
 def split_units(split_log: str) -> tuple[dict[str, float], dict[str, int]]:
-    """From the build layer's split log (split_unit.py: a JSON line per unit it was asked to
-    split): each unit's seconds as its parts' added up (ninja's log times only the longest part),
-    and the parts each unit can have."""
-    seconds, limits = {}, {}
+    """From the build layer's split log (split_unit.py: a JSON line per .cu unit with its explicit
+    instantiations, and one per unit it compiled in parts): each split unit's seconds as its parts'
+    added up (ninja's log times only the longest part), and the parts each unit can have (1: a
+    unit that had to be compiled whole; the fewest where two files share a name)."""
+    seconds: dict[str, float] = {}
+    limits: dict[str, int] = {}
     for line in split_log.splitlines():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             d = json.loads(line)
-            unit, parts = str(d["unit"]), int(d["parts"])
-            if parts > 1:
+            unit = str(d["unit"])
+            if int(d.get("parts", 0)) > 1:
                 seconds[unit] = round(sum(float(s) for s in d["seconds"]), 1)
-            limits[unit] = 1 if "compiled_whole" in d else int(d["instantiations"])
+            n = 1 if "compiled_whole" in d else int(d["instantiations"])
+            limits[unit] = min(limits.get(unit, n), n)
     return seconds, limits
 
 
@@ -200,7 +203,8 @@ def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvc
         recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
         tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
         units | {u: s for u, s in split_seconds.items() if u in units}, unit_costs.compile_seconds(edges),
-        largest_process_bytes, runs=unit_costs.ninja_runs(edges), part_limits=limits)
+        largest_process_bytes, runs=unit_costs.ninja_runs(edges),
+        part_limits={u: n for u, n in limits.items() if u in units and n > 1})
 
 
 def save(entry: Learned, store: Path | None = None) -> Learned:

@@ -238,6 +238,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     order: tuple[str, ...] = ()
     split: list[str] = []
     parts: dict[str, int] = {}
+    slots = jobs
     if costs:
         in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
                                          costs.subsets, variant or {})
@@ -248,7 +249,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
             + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
-        runs, slots = costs.runs, jobs
+        runs = costs.runs
         if costs.part_limits is not None:
             peak_one = job_peak_bytes(p, threads, n_archs)
             split_plan = unit_costs.split_in_parts(per_unit, jobs, machine.cores // threads, runs, costs.part_limits,

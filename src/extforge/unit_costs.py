@@ -48,7 +48,8 @@ SHARD_SUFFIX = "_shard1"
 # A part of a unit compiled as parallel parts (split_in_parts), in the planner's schedule.
 PART_SUFFIX = "#part"
 # The share of a unit each of its parts repeats (headers, host code): causal-conv1d 1.7.0's
-# backward unit for sm_90 on 2 cores, whole PLACEHOLDER s, its two halves 285.6 s and 330.9 s at once.
+# backward unit for sm_90 on 2 cores: its two halves 285.6 s and 330.9 s at once (1.0 and 1.1 GiB),
+# whole 697.6 s (2.0 GiB; a compression ran beside it for ~2 of its ~11 minutes).
 PART_REPEAT = 0.05
 # Relative compile cost by kind, masking and head dim, for units the data does not name (another
 # flash-attn version): the means of flash-attn 2.8.3's 73 units for sm_90 on a 32-core H100 node
@@ -134,7 +135,7 @@ class UnitCosts:
     # per extension); () when every unit can run beside every other.
     runs: tuple[tuple[str, ...], ...] = ()
     # A learned recipe's units the build layer may compile as parallel parts (split_in_parts): the
-    # parts each can have where a build counted them. None: the profile's units are not split so
+    # parts each can have, as a build counted them. None: the profile's units are not split so
     # (flash-attn has its own split in two, `shards`).
     part_limits: dict[str, int] | None = None
 
@@ -212,8 +213,8 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
     run inside one of ninja's `jobs` slots, so each part beyond the first is a compile beside
     them: the schedule gets as many more slots, up to the `cores` (a machine with no core to
     spare still gains from two parts: its other core idles once the other units are done).
-    `limits`: the parts a unit can have (its instantiations, as an earlier build counted them;
-    1: it cannot be split); `memory_room`: the most compiles memory allows beside the jobs."""
+    `limits`: the parts a unit can have (its instantiations, as an earlier build counted them);
+    a unit it does not name is not split; `memory_room`: the most compiles memory allows beside the jobs."""
     costs, parts, now_runs = dict(per_unit), dict[str, int](), tuple(tuple(r) for r in runs)
     cpu_room = max(0, cores - jobs)
     mem_room = cores if memory_room is None else memory_room
@@ -221,7 +222,7 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
     span = runs_makespan(costs, jobs, concurrency, now_runs)
     for unit in longest_first(per_unit):
         best: tuple[float, int, dict[str, float], tuple[tuple[str, ...], ...]] | None = None
-        most = min((limits or {}).get(unit, cores), 1 + mem_room - procs_added, max(2, 1 + cpu_room - slots_added))
+        most = min((limits or {}).get(unit, 1), 1 + mem_room - procs_added, max(2, 1 + cpu_room - slots_added))
         for k in range(2, most + 1):
             names = [part_name(unit, i) for i in range(1, k + 1)]
             trial = {u: s for u, s in costs.items() if u != unit} | dict.fromkeys(names, costs[unit] * (1 / k + PART_REPEAT))

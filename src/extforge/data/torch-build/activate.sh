@@ -111,6 +111,8 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     # --- Upstream's own arch / thread / standard flags, named before the compile --------------
     "${PYTHON}" "${_xf_share}/scan_flags.py" "${SRC_DIR}" "${EXTFORGE_ARCH_FLAGS}" "${EXTFORGE_ARCH_NAMES}" \
         || _xf_fail "upstream's build files fix GPU archs that differ from the variant's (above); EXTFORGE_ARCH_FLAGS=refuse was asked for"
+    # Which units could compile as parallel parts, for the planner's next build of the recipe.
+    "${PYTHON}" "${_xf_share}/split_unit.py" --count "${SRC_DIR}" || true
 
     # --- No network ----------------------------------------------------------------------------
     export PYTHONPATH="${_xf_share}/python${PYTHONPATH:+:${PYTHONPATH}}"

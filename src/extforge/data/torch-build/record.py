@@ -23,7 +23,8 @@ def main() -> int:
     if logs:
         shutil.copyfile(logs[0], out / f"{env['PKG_NAME']}.ninja_log")
     split_file = Path(env.get("EXTFORGE_SPLIT_LOG", "/nonexistent"))
-    split = [json.loads(line) for line in split_file.read_text().splitlines()] if split_file.is_file() else []
+    split = [d for line in split_file.read_text().splitlines() if "parts" in (d := json.loads(line))] \
+        if split_file.is_file() else []
     record = {
         "schema": 1,
         "name": env["PKG_NAME"],

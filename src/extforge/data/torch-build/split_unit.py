@@ -1,6 +1,8 @@
 """Compiles one CUDA unit as parallel parts (extforge-nvcc, for a unit the planner names in
 EXTFORGE_SPLIT_UNITS). Usage: `split_unit.py PARTS NVCC ARGS...`, ARGS a compile of one .cu to
-one object (`-c SRC -o OBJ`).
+one object (`-c SRC -o OBJ`); `split_unit.py --count SRC_DIR` (the activation, before the
+build) writes each .cu unit's explicit instantiations to EXTFORGE_SPLIT_LOG: the planner splits
+only a unit a build has shown it can.
 
 A unit whose time goes to many explicit template instantiations (causal-conv1d's backward unit:
 18 instantiations, 355 of its build's 390 s on an H100 node) keeps one core busy while the rest
@@ -96,7 +98,21 @@ def run_parts(launcher: list[str], nvcc: str, args: list[str], texts: list[str])
     return objects, seconds, failed
 
 
+def log(record: dict[str, object]) -> None:
+    with open(os.environ.get("EXTFORGE_SPLIT_LOG", os.devnull), "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def count(src_dir: Path) -> None:
+    for path in sorted(src_dir.rglob("*.cu")):
+        if ".extforge" not in path.parts and ".extforge-part" not in path.name:
+            log({"unit": path.stem, "instantiations": len(instantiations(path.read_text(errors="replace")))})
+
+
 def main(argv: Sequence[str]) -> int:
+    if argv[0] == "--count":
+        count(Path(argv[1]))
+        return 0
     parts, nvcc, args = int(argv[0]), argv[1], list(argv[2:])
     launcher = shlex.split(os.environ.get("EXTFORGE_COMPILER_LAUNCHER", ""))
     src_i, out_i, _ = compile_args(args)
@@ -128,8 +144,7 @@ def main(argv: Sequence[str]) -> int:
         if rc:
             return rc
         record |= {"parts": 1, "seconds": [round(time.monotonic() - t0, 1)]}
-    with open(os.environ.get("EXTFORGE_SPLIT_LOG", os.devnull), "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    log(record)
     return 0
 
 
