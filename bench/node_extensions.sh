@@ -69,11 +69,13 @@ run_chain() {
         "test_$XF_ONLY"
         return
     fi
-    # torch-scatter compiles one unit at a time (upstream turns ninja off): it builds beside the
-    # others, in an output folder of its own (two rattler-builds never index one folder at once).
+    # causal-conv1d first, alone: its build time is compared across runs (its backward unit compiles
+    # as parallel parts, planned from the costs the recipe ships).
+    step build-causal-conv1d "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$out" || return
+    # torch-scatter's units are long: it builds beside the others, in an output folder of its own
+    # (two rattler-builds never index one folder at once).
     step build-torch-scatter "${xf[@]}" build recipe/torch-scatter -c "$ch" -o "$XF_WORK/out-scatter" &
     local scatter=$!
-    step build-causal-conv1d "${xf[@]}" build recipe/causal-conv1d -c "$ch" -o "$out" || return
     # The second build is planned from what the first one's ninja log taught the cost store; it
     # runs beside mamba-ssm's build (the planner is told of neither: its error includes that).
     step plan-causal-conv1d-second "${xf[@]}" plan recipe/causal-conv1d
@@ -128,6 +130,8 @@ summarize() {
         done
         grep -h "numbers:" "$XF_WORK"/logs/plan-*-second.log 2>/dev/null | sed 's/^/- plan: /'
         grep -h "node-speed" "$XF_WORK"/logs/build-*-second.log 2>/dev/null | sed 's/^/- second build: /'
+        grep -h "EXTFORGE_SPLIT_UNITS" "$XF_WORK"/logs/plan-*.log 2>/dev/null | sed 's/^/- plan: /'
+        grep -Hho "split: [A-Za-z_0-9]* in up to [0-9]* parts" "$XF_WORK"/out*/logs/*.log 2>/dev/null | sort -u | sed 's/^/- layer: /'
         grep -h "" "$XF_WORK"/logs/planner-error-*.log 2>/dev/null | sed 's/^/- /'
     } > "$XF_WORK/summary.md"
 }
