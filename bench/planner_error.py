@@ -12,11 +12,17 @@ does not, in setuptools' order), run by run where the build ran ninja once per e
 The measured span is each ninja run's first start to last end, added up; the links after them
 are in neither. Prints `planner error on second build: X%`
 ((predicted - measured) / measured).
+
+A build whose layer compiled units as parallel parts keeps its split log beside the ninja log
+(`<log>.split.log`): the first's teaches the store its units' whole cost, the second's says which
+units were split and in how many parts; those parts are predicted as the planner models them,
+each a compile beside those the log shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -44,7 +50,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as store:
         os.environ[cost_store.STORE_ENV] = store
         learned = cost_store.save(cost_store.measure(args.recipe, args.version, args.first.read_text(), archs,
-                                                     args.threads, None))
+                                                     args.threads, None, split_log(args.first)))
         numbers = numbers_for(args.recipe, args.version)
     if numbers.costs is None:
         print("the store gave the planner no costs back", file=sys.stderr)
@@ -58,17 +64,44 @@ def main() -> int:
         print(f"the second build compiled units the first did not: {', '.join(unknown)}", file=sys.stderr)
         return 1
     runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
-    seconds = {e.unit: costs[e.unit] for e in edges}
-    predicted = unit_costs.runs_makespan(seconds, jobs, runs=runs, upstream_order=True)
-    longest_first = unit_costs.runs_makespan(seconds, jobs, runs=numbers.costs.runs)
+    parts = split_parts(split_log(args.second))
+    seconds: dict[str, float] = {}
+    for e in edges:
+        k = parts.get(e.unit, 1)
+        names = [unit_costs.part_name(e.unit, i) for i in range(1, k + 1)] if k > 1 else [e.unit]
+        seconds |= dict.fromkeys(names, costs[e.unit] * (1 / k + unit_costs.PART_REPEAT) if k > 1 else costs[e.unit])
+    runs = tuple(tuple(n for u in r for n in ([u] if parts.get(u, 1) < 2 else
+                                               [unit_costs.part_name(u, i) for i in range(1, parts[u] + 1)])) for r in runs)
+    slots = jobs + sum(k - 1 for k in parts.values())
+    predicted = unit_costs.runs_makespan(seconds, slots, runs=runs, upstream_order=True)
+    longest_first = unit_costs.runs_makespan(seconds, slots, runs=runs)
     print(f"first build: {len(learned.units)} units, {learned.jobs} at once, compile span {learned.compile_seconds:.1f} s "
           f"({args.first})")
     print(f"second build: {len(edges)} units in {len(runs)} ninja run(s), {jobs} at once, compile span {measured:.1f} s "
           f"({args.second})")
     print(f"predicted from the first, in the second's start order: {predicted:.1f} s "
           f"(longest first: {longest_first:.1f} s)")
+    if parts:
+        print(f"second build's units in parallel parts: {', '.join(f'{u} in {k}' for u, k in parts.items())} "
+              f"({slots} compiles at once)")
     print(f"planner error on second build: {100 * (predicted - measured) / measured:+.1f}%")
     return 0
+
+
+def split_log(ninja_log: Path) -> str:
+    """The build layer's split log kept beside a build's ninja log (`extforge build`), or ''."""
+    beside = ninja_log.with_name(ninja_log.name.removesuffix(".ninja_log") + ".split.log")
+    return beside.read_text() if beside.is_file() else ""
+
+
+def split_parts(text: str) -> dict[str, int]:
+    """The units a split log says were compiled in parts, and into how many."""
+    out = {}
+    for line in text.splitlines():
+        d = json.loads(line)
+        if d.get("parts", 1) > 1:
+            out[d["unit"]] = int(d["parts"])
+    return out
 
 
 if __name__ == "__main__":

@@ -553,7 +553,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,
                                             variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log_in(work_dirs))
-                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log")])
+                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log_in(work_dirs), ".split.log")])
             for pkg in packages:
                 pkg.node_speed = speed
             try:

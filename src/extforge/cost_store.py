@@ -176,8 +176,9 @@ def load(recipe: str, version: str | None = None, store: Path | None = None) -> 
 
 def split_units(split_log: str) -> tuple[dict[str, float], dict[str, int]]:
     """From the build layer's split log (split_unit.py: a JSON line per .cu unit with its explicit
-    instantiations, and one per unit it compiled in parts): each split unit's seconds as its parts'
-    added up (ninja's log times only the longest part), and the parts each unit can have (1: a
+    instantiations, and one per unit it compiled in parts): each split unit's seconds from its
+    parts' (ninja's log times only the longest part): the unit whose parts, as the planner models
+    them, would have taken those seconds, and the parts each unit can have (1: a
     unit that had to be compiled whole; the fewest where two files share a name)."""
     seconds: dict[str, float] = {}
     limits: dict[str, int] = {}
@@ -185,8 +186,9 @@ def split_units(split_log: str) -> tuple[dict[str, float], dict[str, int]]:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             d = json.loads(line)
             unit = str(d["unit"])
-            if int(d.get("parts", 0)) > 1:
-                seconds[unit] = round(sum(float(s) for s in d["seconds"]), 1)
+            if (parts := int(d.get("parts", 0))) > 1:
+                # The unit whole, as the planner's model of its parts (unit_costs.split_in_parts) has it.
+                seconds[unit] = round(sum(float(s) for s in d["seconds"]) / (1 + parts * unit_costs.PART_REPEAT), 1)
             n = 1 if "compiled_whole" in d else int(d["instantiations"])
             limits[unit] = min(limits.get(unit, n), n)
     return seconds, limits

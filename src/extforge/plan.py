@@ -254,8 +254,8 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
             peak_one = job_peak_bytes(p, threads, n_archs)
             split_plan = unit_costs.split_in_parts(per_unit, jobs, machine.cores // threads, runs, costs.part_limits,
                                                    costs.concurrency, memory_room=int(limit // peak_one) - jobs)
-            per_unit, parts, runs, slots = split_plan.costs, split_plan.parts, split_plan.runs, split_plan.slots
-            peak = split_plan.processes * peak_one
+            per_unit, parts, runs, slots = split_plan.costs, split_plan.parts, split_plan.runs, split_plan.processes
+            peak = slots * peak_one
         wall = unit_costs.runs_makespan(per_unit, slots, costs.concurrency, runs) + p.link_seconds
         order = tuple(dict.fromkeys(u.split(unit_costs.PART_SUFFIX)[0] for u in unit_costs.longest_first(per_unit)))
         if costs.node_speeds and node_speed == 1.0:
@@ -304,7 +304,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
                      None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), tuple(parts.items()),
-                     (slots - jobs) * threads, wall_range, numbers.source)
+                     max(0, min(slots, machine.cores // threads) - jobs) * threads, wall_range, numbers.source)
 
 
 def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int,

@@ -199,8 +199,7 @@ class Parts:
     costs: dict[str, float]  # per unit, the parts named part_name(unit, i) in place of their unit
     parts: dict[str, int]  # the units split, and into how many parts
     runs: tuple[tuple[str, ...], ...]  # the build's ninja runs, naming the parts
-    slots: int  # compiles at once the schedule counts on: the jobs, and the parts' on spare cores
-    processes: int  # compiles at once at most (memory): the jobs and every part beyond a unit's first
+    processes: int  # compiles at once at most: the jobs and every part beyond a unit's first
 
 
 def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: Sequence[Sequence[str]] = (),
@@ -211,31 +210,31 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
     shortens the schedule most, while that shortens it by at least `min_gain`. A part costs its
     share of the unit plus PART_REPEAT of it (the front end every part repeats). A unit's parts
     run inside one of ninja's `jobs` slots, so each part beyond the first is a compile beside
-    them: the schedule gets as many more slots, up to the `cores` (a machine with no core to
-    spare still gains from two parts: its other core idles once the other units are done).
+    them, and the schedule gets as many more slots: on spare cores, up to the `cores`; on a
+    machine with none to spare, two parts, whose compiles share the cores with the others (as
+    the learned seconds of such a build were measured: 2 cores, causal-conv1d, within 5%).
     `limits`: the parts a unit can have (its instantiations, as an earlier build counted them);
     a unit it does not name is not split; `memory_room`: the most compiles memory allows beside the jobs."""
     costs, parts, now_runs = dict(per_unit), dict[str, int](), tuple(tuple(r) for r in runs)
     cpu_room = max(0, cores - jobs)
     mem_room = cores if memory_room is None else memory_room
-    slots_added = procs_added = 0
+    added = 0
     span = runs_makespan(costs, jobs, concurrency, now_runs)
     for unit in longest_first(per_unit):
         best: tuple[float, int, dict[str, float], tuple[tuple[str, ...], ...]] | None = None
-        most = min((limits or {}).get(unit, 1), 1 + mem_room - procs_added, max(2, 1 + cpu_room - slots_added))
+        most = min((limits or {}).get(unit, 1), 1 + mem_room - added, max(2, 1 + cpu_room - added))
         for k in range(2, most + 1):
             names = [part_name(unit, i) for i in range(1, k + 1)]
             trial = {u: s for u, s in costs.items() if u != unit} | dict.fromkeys(names, costs[unit] * (1 / k + PART_REPEAT))
             trial_runs = tuple(tuple(n for u in r for n in (names if u == unit else [u])) for r in now_runs)
-            trial_span = runs_makespan(trial, jobs + min(cpu_room, slots_added + k - 1), concurrency, trial_runs)
+            trial_span = runs_makespan(trial, jobs + added + k - 1, concurrency, trial_runs)
             if best is None or trial_span < best[0]:
                 best = (trial_span, k, trial, trial_runs)
         if best is None or best[0] > span * (1 - min_gain):
             break
         span, parts[unit], costs, now_runs = best
-        slots_added = min(cpu_room, slots_added + parts[unit] - 1)
-        procs_added += parts[unit] - 1
-    return Parts(costs, parts, now_runs, jobs + slots_added, jobs + procs_added)
+        added += parts[unit] - 1
+    return Parts(costs, parts, now_runs, jobs + added)
 
 
 def joined(per_unit: Mapping[str, float], model: ShardModel | None) -> dict[str, float]:

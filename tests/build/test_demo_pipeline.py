@@ -22,6 +22,7 @@ from extforge import paths
 from extforge.build import build_recipe
 from extforge.build_options import BuildOptions
 from extforge.errors import ExtforgeError
+from package_files import package_member
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,17 +36,6 @@ def _index_json(conda: Path) -> dict:
                 if entry.name == "info/index.json":
                     return json.load(tf.extractfile(entry))
     raise AssertionError(f"no info/index.json in {conda}")
-
-
-def _package_member(conda: Path, name: str) -> bytes:
-    with zipfile.ZipFile(conda) as zf:
-        member = next(n for n in zf.namelist() if n.startswith("pkg-") and n.endswith(".tar.zst"))
-        raw = zstandard.ZstdDecompressor().stream_reader(zf.open(member))
-        with tarfile.open(fileobj=raw, mode="r|") as tf:
-            for entry in tf:
-                if entry.name == name:
-                    return tf.extractfile(entry).read()
-    raise AssertionError(f"no {name} in {conda}")
 
 
 def _channel_record(channel: Path, name: str) -> dict:
@@ -67,7 +57,7 @@ def test_demo_package_pins_the_exact_pytorch_it_was_built_against(demo_package: 
 
 @pytest.mark.slow
 def test_demo_package_was_audited_against_its_build_env(demo_package: Path, demo_channel: Path):
-    stamp = json.loads(_package_member(demo_package, "share/extforge/audit/demo-ext.json"))
+    stamp = json.loads(package_member(demo_package, "share/extforge/audit/demo-ext.json"))
     assert stamp["audited_against"] == "build", stamp
     assert stamp["verdict"] == "pass" and stamp["sass_archs"] and stamp["torch"].startswith("2.14.1")
     # The work folder (sources, objects, host env) lived only until the audit.
@@ -76,7 +66,7 @@ def test_demo_package_was_audited_against_its_build_env(demo_package: Path, demo
 
 @pytest.mark.slow
 def test_demo_package_records_what_the_build_layer_enforced(demo_package: Path):
-    build = json.loads(_package_member(demo_package, "share/extforge/build/demo-ext.json"))
+    build = json.loads(package_member(demo_package, "share/extforge/build/demo-ext.json"))
     # torch 2.14.1's ATen/ATen.h refuses anything older than C++20.
     assert build["cxx_std"] == "c++20" and build["cxx11_abi"] is True and build["torch"].startswith("2.14.1")
     assert build["layer"] == "extforge-torch-build" and build["network"] in ("namespace", "proxy")
@@ -84,9 +74,9 @@ def test_demo_package_records_what_the_build_layer_enforced(demo_package: Path):
     # and the package carries exactly that (the audit fails any other arch).
     assert build["cuda_archs"] == ["sm_90"]
     assert "arch: -gencode arch=compute_75,code=sm_75" in build["upstream_flags_replaced"]
-    stamp = json.loads(_package_member(demo_package, "share/extforge/audit/demo-ext.json"))
+    stamp = json.loads(package_member(demo_package, "share/extforge/audit/demo-ext.json"))
     assert stamp["sass_archs"] == ["sm_90"] and not stamp.get("ptx_archs"), stamp
-    assert _package_member(demo_package, "share/extforge/build/demo-ext.ninja_log").startswith(b"# ninja log")
+    assert package_member(demo_package, "share/extforge/build/demo-ext.ninja_log").startswith(b"# ninja log")
 
 
 @pytest.mark.slow
