@@ -78,7 +78,9 @@ def run_parts(launcher: list[str], nvcc: str, args: list[str], texts: list[str])
     objects = [out.with_name(f"{out.name}.part{k}") for k in range(1, len(texts) + 1)]
     procs, started = [], []
     for text, part_src, obj in zip(texts, sources, objects, strict=True):
-        part_src.write_text(f'#line 1 "{args[src_i]}"\n{text}')
+        # Upstream's file by its path from the build folder: __FILE__ names it, and the text is the same
+        # in every build folder (the compile cache hits across builds).
+        part_src.write_text(f'#line 1 "{os.path.relpath(args[src_i])}"\n{text}')
         part_args = list(args)
         part_args[src_i], part_args[out_i] = str(part_src), str(obj)
         if dep_i is not None:
