@@ -152,16 +152,25 @@ def test_a_unit_the_planner_splits_compiles_as_parts_into_the_same_object(tmp_pa
 
 
 @needs_nvcc
-def test_a_unit_whose_parts_would_define_a_symbol_twice_is_compiled_whole(tmp_path: Path) -> None:
+def test_a_unit_whose_parts_would_define_a_symbol_twice_or_cannot_be_joined_is_compiled_whole(tmp_path: Path) -> None:
     (tmp_path / "scale.h").write_text("#define SCALE 2\n")
     (tmp_path / "conv.cu").write_text(TEMPLATED + "int conv_version() { return 1; }\n")
     split_log = tmp_path / "split.log"
     subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "conv.cu", "-o", "conv.o"], cwd=tmp_path, check=True,
                    env=wrapper_env(tmp_path, EXTFORGE_SPLIT_UNITS="conv=2", EXTFORGE_SPLIT_LOG=str(split_log)))
     record = json.loads(split_log.read_text())
-    assert record["parts"] == 1 and record["compiled_whole"].startswith("1 symbol(s) defined in every part")
+    assert record["parts"] == 1 and record["compiled_whole"].startswith("1 symbol(s) defined in more than one part")
     assert "_Z12conv_versionv" in record["compiled_whole"]
     assert len(kernels(tmp_path / "conv.o")) == 4 and host_symbols(tmp_path / "conv.o", "-g").count("_Z12conv_versionv") == 1
+    # Parts that cannot be joined (no linker here) are not a failed build either.
+    (tmp_path / "conv.cu").write_text(TEMPLATED)
+    split_log.unlink()
+    subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "conv.cu", "-o", "conv.o"], cwd=tmp_path, check=True,
+                   env=wrapper_env(tmp_path, EXTFORGE_SPLIT_UNITS="conv=2", EXTFORGE_SPLIT_LOG=str(split_log),
+                                   LD=str(tmp_path / "no-such-ld")))
+    record = json.loads(split_log.read_text())
+    assert record["parts"] == 1 and record["compiled_whole"].startswith("the parts could not be joined: ")
+    assert len(kernels(tmp_path / "conv.o")) == 4
 
 
 def test_upstream_build_files_are_named_before_the_compile(tmp_path: Path) -> None:

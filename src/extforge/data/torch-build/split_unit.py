@@ -25,6 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,6 +101,21 @@ def run_parts(launcher: list[str], nvcc: str, args: list[str], texts: list[str])
     return objects, seconds, failed
 
 
+def join(objects: Sequence[Path], out: Path) -> str | None:
+    """The parts' objects joined into `out`; else why they cannot be (the unit is compiled whole)."""
+    try:
+        seen = Counter(sym for obj in objects for sym in strong_symbols(os.environ.get("NM") or "nm", obj))
+        twice = sorted(s for s, n in seen.items() if n > 1)
+        if twice:
+            return f"{len(twice)} symbol(s) defined in more than one part, e.g. {twice[0]}"
+        subprocess.run([os.environ.get("LD") or "ld", "-r", "-o", str(out), *map(str, objects)], check=True,
+                       capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
+        return f"the parts could not be joined: {detail}"
+    return None
+
+
 def log(record: dict[str, object]) -> None:
     with open(os.environ.get("EXTFORGE_SPLIT_LOG", os.devnull), "a") as fh:
         fh.write(json.dumps(record) + "\n")
@@ -126,17 +142,11 @@ def main(argv: Sequence[str]) -> int:
         objects, seconds, failed = run_parts(launcher, nvcc, args, texts)
         if failed:
             return failed
-        nm = os.environ.get("NM") or "nm"
-        seen: dict[str, int] = {}
-        for obj in objects:
-            for sym in strong_symbols(nm, obj):
-                seen[sym] = seen.get(sym, 0) + 1
-        twice = sorted(s for s, n in seen.items() if n > 1)
-        if twice:
-            record |= {"compiled_whole": f"{len(twice)} symbol(s) defined in every part, e.g. {twice[0]}"}
+        reason = join(objects, out)
+        if reason:
+            record |= {"compiled_whole": reason}
             whole = True
         else:
-            subprocess.run([os.environ.get("LD") or "ld", "-r", "-o", str(out), *map(str, objects)], check=True)
             record["seconds"] = seconds
         for leftover in [*objects, *(Path(f"{obj}.d") for obj in objects)]:
             leftover.unlink(missing_ok=True)
