@@ -36,7 +36,7 @@ ALLOWED: dict[str, str] = {
     "channel/trust.py::write_signed": "inside the private trust folder trust_dir checked (0700, the user's own)",
     "stamp.py::_stamp_conda": "writes members of a zip stream, not files",
     "stamp.py::stamp_package": "writes tar members into the stream safe_files.atomic_writer opened",
-    "build.py::build_recipe": OTHERS + "the build's own output and work folders (build.py is changed by another branch)",
+    "build.py::_build_recipe": OTHERS + "the build's own output and work folders (build.py is changed by another branch)",
     "sources.py::_from_folders": OTHERS + "sources.py is changed by another branch",
     "sources.py::_url_download": SCRATCH,
     "sources.py::fetch": OTHERS + "sources.py is changed by another branch",
