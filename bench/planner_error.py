@@ -22,7 +22,6 @@ each a compile beside those the log shows.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -64,14 +63,10 @@ def main() -> int:
         print(f"the second build compiled units the first did not: {', '.join(unknown)}", file=sys.stderr)
         return 1
     runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
-    parts = split_parts(split_log(args.second))
-    seconds: dict[str, float] = {}
-    for e in edges:
-        k = parts.get(e.unit, 1)
-        names = [unit_costs.part_name(e.unit, i) for i in range(1, k + 1)] if k > 1 else [e.unit]
-        seconds |= dict.fromkeys(names, costs[e.unit] * (1 / k + unit_costs.PART_REPEAT) if k > 1 else costs[e.unit])
-    runs = tuple(tuple(n for u in r for n in ([u] if parts.get(u, 1) < 2 else
-                                               [unit_costs.part_name(u, i) for i in range(1, parts[u] + 1)])) for r in runs)
+    parts = cost_store.read_split_log(split_log(args.second)).parts
+    seconds = {e.unit: costs[e.unit] for e in edges}
+    for unit, k in parts.items():
+        seconds, runs = unit_costs.with_parts(seconds, runs, unit, k)
     slots = jobs + sum(k - 1 for k in parts.values())
     predicted = unit_costs.runs_makespan(seconds, slots, runs=runs, upstream_order=True)
     longest_first = unit_costs.runs_makespan(seconds, slots, runs=runs)
@@ -92,16 +87,6 @@ def split_log(ninja_log: Path) -> str:
     """The build layer's split log kept beside a build's ninja log (`extforge build`), or ''."""
     beside = ninja_log.with_name(ninja_log.name.removesuffix(".ninja_log") + ".split.log")
     return beside.read_text() if beside.is_file() else ""
-
-
-def split_parts(text: str) -> dict[str, int]:
-    """The units a split log says were compiled in parts, and into how many."""
-    out = {}
-    for line in text.splitlines():
-        d = json.loads(line)
-        if d.get("parts", 1) > 1:
-            out[d["unit"]] = int(d["parts"])
-    return out
 
 
 if __name__ == "__main__":

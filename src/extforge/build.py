@@ -385,17 +385,16 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
 
 
 def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mapping[str, list[str]],
-                        env: Mapping[str, str]) -> float | None:
+                        env: Mapping[str, str], split_log: Path | None) -> float | None:
     """This machine's compile speed in the build just done, read from ninja's log in its work
     folder before the folder is removed (`extforge plan --node-speed` for the next build here)."""
     log = ninja_log_in(work_dirs)
     if log is None:
         return None
-    split_log = split_log_in(work_dirs)
     with contextlib.suppress(ExtforgeError, OSError, ValueError):
         return plan.build_node_speed(profile, log.read_text(errors="replace"),
                                      variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")),
-                                     split=cost_store.split_units(split_log.read_text() if split_log else "")[0])
+                                     split=cost_store.read_split_log(split_log.read_text() if split_log else "").parts)
     return None
 
 
@@ -545,15 +544,16 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             if split and not split.is_link:
                 finish_part(split, split_state, work_dirs, packages, fh, notes)
                 continue
-            speed = measured_node_speed(profile, work_dirs, merged, env)
+            split_log = split_log_in(work_dirs)
+            speed = measured_node_speed(profile, work_dirs, merged, env, split_log)
             if split:
                 # A link job's log times cache hits, not compiles: it teaches the cost store nothing.
                 report_link(split, split_state, fh, notes)
             else:
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,
-                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log_in(work_dirs))
-                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log_in(work_dirs), ".split.log")])
+                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log)
+                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log, ".split.log")])
             for pkg in packages:
                 pkg.node_speed = speed
             try:

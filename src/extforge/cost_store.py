@@ -90,8 +90,8 @@ class Learned:
     largest_process_bytes: int | None = None
     path: Path = field(default=Path(), compare=False)
     runs: tuple[tuple[str, ...], ...] = ()  # units per ninja run, where the build ran several (unit_costs)
-    # Units the build layer was asked to compile as parallel parts: the parts each can have (its
-    # explicit instantiations; 1 when it had to be compiled whole).
+    # The units the build layer could compile as parallel parts: the parts each can have (its
+    # explicit instantiations, where more than one and not found to need compiling whole).
     part_limits: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -174,24 +174,33 @@ def load(recipe: str, version: str | None = None, store: Path | None = None) -> 
     return max(exact or site, key=lambda e: e.measured_at, default=shipped)
 
 
-def split_units(split_log: str) -> tuple[dict[str, float], dict[str, int]]:
-    """From the build layer's split log (split_unit.py: a JSON line per .cu unit with its explicit
-    instantiations, and one per unit it compiled in parts): each split unit's seconds from its
-    parts' (ninja's log times only the longest part): the unit whose parts, as the planner models
-    them, would have taken those seconds, and the parts each unit can have (1: a
-    unit that had to be compiled whole; the fewest where two files share a name)."""
-    seconds: dict[str, float] = {}
-    limits: dict[str, int] = {}
+@dataclass(frozen=True)
+class SplitLog:
+    """What the build layer's split log says (split_unit.py: a JSON line per .cu unit with its
+    explicit instantiations, and one per unit it was asked to compile in parts)."""
+
+    parts: dict[str, int]  # the units compiled in parts, and into how many
+    # Each of those units' seconds from its parts' (ninja's log times only the longest part): the
+    # unit whose parts, as the planner models them (unit_costs.with_parts), took those seconds.
+    seconds: dict[str, float]
+    # The parts each unit can have: its instantiations; 1 where it had to be compiled whole; the
+    # fewest where two files share a name.
+    limits: dict[str, int]
+
+
+def read_split_log(split_log: str) -> SplitLog:
+    """The split log's text read; a line that is not a record is skipped."""
+    out = SplitLog({}, {}, {})
     for line in split_log.splitlines():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             d = json.loads(line)
             unit = str(d["unit"])
             if (parts := int(d.get("parts", 0))) > 1:
-                # The unit whole, as the planner's model of its parts (unit_costs.split_in_parts) has it.
-                seconds[unit] = round(sum(float(s) for s in d["seconds"]) / (1 + parts * unit_costs.PART_REPEAT), 1)
+                out.parts[unit] = parts
+                out.seconds[unit] = round(sum(float(s) for s in d["seconds"]) / (1 + parts * unit_costs.PART_REPEAT), 1)
             n = 1 if "compiled_whole" in d else int(d["instantiations"])
-            limits[unit] = min(limits.get(unit, n), n)
-    return seconds, limits
+            out.limits[unit] = min(out.limits.get(unit, n), n)
+    return out
 
 
 def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvcc_threads: int,
@@ -200,13 +209,13 @@ def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvc
     if not edges:
         raise ValueError("the ninja log has no finished compile")
     units = unit_costs.unit_seconds(edges)
-    split_seconds, limits = split_units(split_log)
+    split = read_split_log(split_log)
     return Learned(
         recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
         tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
-        units | {u: s for u, s in split_seconds.items() if u in units}, unit_costs.compile_seconds(edges),
+        units | {u: s for u, s in split.seconds.items() if u in units}, unit_costs.compile_seconds(edges),
         largest_process_bytes, runs=unit_costs.ninja_runs(edges),
-        part_limits={u: n for u, n in limits.items() if u in units and n > 1})
+        part_limits={u: n for u, n in split.limits.items() if u in units and n > 1})
 
 
 def save(entry: Learned, store: Path | None = None) -> Learned:

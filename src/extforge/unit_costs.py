@@ -192,6 +192,15 @@ def part_name(unit: str, k: int) -> str:
     return f"{unit}{PART_SUFFIX}{k}"
 
 
+def with_parts(costs: Mapping[str, float], runs: Sequence[Sequence[str]], unit: str,
+               k: int) -> tuple[dict[str, float], tuple[tuple[str, ...], ...]]:
+    """`costs` and `runs` with `unit` as `k` parts compiled at once, each its share of the unit
+    plus PART_REPEAT of it (the front end every part repeats)."""
+    names = [part_name(unit, i) for i in range(1, k + 1)]
+    return ({u: s for u, s in costs.items() if u != unit} | dict.fromkeys(names, costs[unit] * (1 / k + PART_REPEAT)),
+            tuple(tuple(n for u in r for n in (names if u == unit else [u])) for r in runs))
+
+
 @dataclass(frozen=True)
 class Parts:
     """A schedule with units compiled as parallel parts (split_in_parts)."""
@@ -207,8 +216,8 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
                    memory_room: int | None = None, min_gain: float = 0.02) -> Parts:
     """Any recipe's units compiled as parallel parts (the build layer's split_unit.py deals a
     unit's explicit instantiations), the longest first, each into the number of parts that
-    shortens the schedule most, while that shortens it by at least `min_gain`. A part costs its
-    share of the unit plus PART_REPEAT of it (the front end every part repeats). A unit's parts
+    shortens the schedule most, while that shortens it by at least `min_gain` (parts as
+    with_parts models them). A unit's parts
     run inside one of ninja's `jobs` slots, so each part beyond the first is a compile beside
     them, and the schedule gets as many more slots: on spare cores, up to the `cores`; on a
     machine with none to spare, two parts, whose compiles share the cores with the others (as
@@ -224,9 +233,7 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
         best: tuple[float, int, dict[str, float], tuple[tuple[str, ...], ...]] | None = None
         most = min((limits or {}).get(unit, 1), 1 + mem_room - added, max(2, 1 + cpu_room - added))
         for k in range(2, most + 1):
-            names = [part_name(unit, i) for i in range(1, k + 1)]
-            trial = {u: s for u, s in costs.items() if u != unit} | dict.fromkeys(names, costs[unit] * (1 / k + PART_REPEAT))
-            trial_runs = tuple(tuple(n for u in r for n in (names if u == unit else [u])) for r in now_runs)
+            trial, trial_runs = with_parts(costs, now_runs, unit, k)
             trial_span = runs_makespan(trial, jobs + added + k - 1, concurrency, trial_runs)
             if best is None or trial_span < best[0]:
                 best = (trial_span, k, trial, trial_runs)

@@ -40,10 +40,10 @@ def instantiations(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in INSTANTIATION.finditer(text)]
 
 
-def part_texts(text: str, parts: int) -> list[str]:
-    """`text` as at most `parts` files, instantiations dealt in turn (neighbours are often the same
-    kernel for another type: dealing spreads the heavy kinds); each file keeps the rest whole."""
-    spans = instantiations(text)
+def part_texts(text: str, spans: Sequence[tuple[int, int]], parts: int) -> list[str]:
+    """`text` as at most `parts` files, its instantiations (`spans`) dealt in turn (neighbours are
+    often the same kernel for another type: dealing spreads the heavy kinds); each file keeps the
+    rest whole."""
     parts = min(parts, len(spans))
     out = []
     for k in range(parts):
@@ -72,7 +72,8 @@ def strong_symbols(nm: str, obj: Path) -> set[str]:
 
 
 def run_parts(launcher: list[str], nvcc: str, args: list[str], texts: list[str]) -> tuple[list[Path], list[float], int]:
-    """Compiles the parts at once; returns their objects, seconds and the first failure's code."""
+    """Compiles the parts at once, each `args` with a part for the source and an object of its
+    own; returns their objects, seconds and the first failure's code."""
     src_i, out_i, dep_i = compile_args(args)
     src, out = Path(args[src_i]), Path(args[out_i])
     sources = [src.with_name(f"{src.stem}.extforge-part{k}of{len(texts)}{src.suffix}") for k in range(1, len(texts) + 1)]
@@ -135,8 +136,10 @@ def main(argv: Sequence[str]) -> int:
     launcher = shlex.split(os.environ.get("EXTFORGE_COMPILER_LAUNCHER", ""))
     src_i, out_i, _ = compile_args(args)
     src, out = Path(args[src_i]), Path(args[out_i])
-    texts = part_texts(src.read_text(), parts)
-    record = {"unit": src.stem, "parts": len(texts), "instantiations": len(instantiations(src.read_text()))}
+    text = src.read_text()
+    spans = instantiations(text)
+    texts = part_texts(text, spans, parts)
+    record = {"unit": src.stem, "parts": len(texts), "instantiations": len(spans)}
     whole = len(texts) < 2
     if not whole:
         objects, seconds, failed = run_parts(launcher, nvcc, args, texts)
