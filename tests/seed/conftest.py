@@ -121,11 +121,13 @@ def _warm_packages(record: Path) -> list[Path]:
         return []
 
 
-def disk_need(record: Path, extracted: Path) -> DiskNeed:
+def disk_need(record: Path, extracted: Path, channel_made: bool = False) -> DiskNeed:
     """The parts still cold: the rows' mirror packages (all on disk: warm), and their pytorch
-    packages extracted for builds and envs (rattler's folder per package: warm)."""
+    packages extracted for builds and envs (rattler's folder per package: warm).
+    `channel_made`: this session's background made the seed channel, so the mirror's work is
+    done whatever the cache lost since (a package room-making removed is still in the channel)."""
     packages = _warm_packages(record)
-    mirrored = bool(packages) and all(f.is_file() for f in packages)
+    mirrored = channel_made or (bool(packages) and all(f.is_file() for f in packages))
     torches = [f for f in packages if f.name.startswith("pytorch-")]
     unpacked = mirrored and bool(torches) and all((extracted / f.name.removesuffix(".conda")).is_dir() for f in torches)
     parts = {"mirror": 0.0 if mirrored else MIRROR_GIB, "extracted packages, builds and envs": 0.0 if unpacked else INSTALL_GIB}
@@ -191,12 +193,12 @@ def _mark_warm_parts_used(record: Path, extracted: Path) -> None:
             paths.mark_used(used)
 
 
-def seed_shortfall(fixtures_dir: Path, besides: float = 0.0) -> str | None:
+def seed_shortfall(fixtures_dir: Path, besides: float = 0.0, channel_made: bool = False) -> str | None:
     """disk_shortfall of this cache, after it made room for the rows' cold parts (the least
     recently used entries of other checkouts and generations go first); `besides`: GiB the disk
     must keep for other work as well."""
     fixtures_dir.mkdir(parents=True, exist_ok=True)
-    need = disk_need(_warm_record(), paths.rattler_pkgs_dir())
+    need = disk_need(_warm_record(), paths.rattler_pkgs_dir(), channel_made)
     _mark_warm_parts_used(_warm_record(), paths.rattler_pkgs_dir())
     cache.make_room(paths.cache_root(), "the seed rows", need=int((need.total + besides) * 2**30))
     return disk_shortfall(shutil.disk_usage(fixtures_dir).free - int(besides * 2**30), need)
@@ -207,10 +209,11 @@ def seed_channel(fixtures_dir: Path) -> SeedChannel:
     # The session's start began this work in the background (prepare.py); what it finished is
     # warm here, what it did not (it failed or was stopped) is done again, its errors raised here.
     prepare.wait()
-    shortfall = seed_shortfall(fixtures_dir)
+    made = prepare.made_channel(fixtures_dir)
+    shortfall = seed_shortfall(fixtures_dir, channel_made=made is not None)
     if shortfall:
         pytest.skip(shortfall)
-    return prepare.made_channel(fixtures_dir) or make_seed_channel(fixtures_dir)
+    return made or make_seed_channel(fixtures_dir)
 
 
 @dataclass

@@ -53,6 +53,19 @@ def test_a_package_gone_from_the_cache_makes_the_mirror_cold_again(tmp_path: Pat
     assert set(disk_need(record, tmp_path / "pkgs").parts) == {"mirror", "extracted packages, builds and envs", "scratch"}
 
 
+def test_a_channel_the_background_made_is_warm_though_the_cache_lost_a_package(tmp_path: Path):
+    # A cold run on a short disk: room-making removed two of row A's mirror packages (still in
+    # the seed channel, linked) after the background had made the channel, built and installed
+    # every row; the guard then reserved 49.8 GiB for work that was done and skipped the rows.
+    pkg, record = _mirrored(tmp_path)
+    (tmp_path / "pkgs" / TORCH).mkdir(parents=True)
+    pkg.unlink()
+    assert disk_need(record, tmp_path / "pkgs", channel_made=True).parts == {"scratch": SCRATCH_GIB}
+    (tmp_path / "pkgs" / TORCH).rmdir()
+    assert disk_need(record, tmp_path / "pkgs", channel_made=True).parts == {
+        "extracted packages, builds and envs": INSTALL_GIB, "scratch": SCRATCH_GIB}
+
+
 def test_an_unreadable_record_counts_as_cold(tmp_path: Path):
     record = tmp_path / "record.json"
     record.write_text("{not json")
