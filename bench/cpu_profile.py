@@ -9,8 +9,8 @@ tests and of the seed rows' background (tests/seed/prepare.py, at the lowest pri
 figures alone cannot say which work to cut. `run` samples every process's own CPU seconds from
 /proc twice a second and keeps, per process, its program, the test process it belongs to
 (the background or the foreground) and its CPU over time in 5-second bins; the machine's busy
-and idle seconds come from /proc/stat. A process that lives under half a second is seen only
-by the machine's total ("unseen" in the report). `report` places each bin in the test that ran
+and idle seconds come from /proc/stat, in total and per bin (where the cores sat idle). A process
+that lives under half a second is seen only by the machine's total ("unseen" in the report). `report` places each bin in the test that ran
 then (pytest's junit file: the tests run one after another, each with its set-up and
 teardown), and prints the top test files by CPU and the programs that used it.
 """
@@ -88,8 +88,13 @@ def record(out: Path, command: list[str]) -> int:
     procs: dict[str, Proc] = {}
     parents: dict[str, str] = {}
     groups: dict[str, str] = {str(root.pid): "foreground"}
+    machine_bins: dict[int, float] = defaultdict(float)
+    last_busy = busy0
     while root.poll() is None:
         now_bin = int((time.monotonic() - t0) // BIN_S)
+        busy, _ = _machine_busy()
+        machine_bins[now_bin] += busy - last_busy
+        last_busy = busy
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
             stat = _stat(pid)
             if stat is None:
@@ -108,7 +113,7 @@ def record(out: Path, command: list[str]) -> int:
     busy1, idle1 = _machine_busy()
     out.write_text(json.dumps({
         "wall_s": time.monotonic() - t0, "machine_busy_s": busy1 - busy0, "machine_idle_s": idle1 - idle0,
-        "bin_s": BIN_S, "command": command,
+        "bin_s": BIN_S, "command": command, "machine_bins": machine_bins,
         "procs": [{"program": p.program, "group": p.group, "cpu_s": p.cpu, "bins": p.bins} for p in procs.values()],
     }))
     return root.returncode
@@ -185,6 +190,13 @@ def report(profile: Path, junit: Path, top: int) -> None:
     for module, groups in ranked[:top]:
         print(f"| {module} | {wall_per_file.get(module, 0.0):.0f} | {groups.get('foreground', 0.0):.0f} | "
               f"{groups.get('background', 0.0):.0f} |")
+    if "machine_bins" in data:
+        minutes: dict[int, float] = defaultdict(float)
+        for b, busy in data["machine_bins"].items():
+            minutes[int(b) * bin_s // 60] += busy
+        cores = os.cpu_count() or 1
+        print("\nthe machine's cores busy, minute by minute: " + " ".join(
+            f"{m}:{minutes[m] / 60:.1f}" for m in sorted(minutes)) + f" (of {cores})")
     print(f"\ntop {top} programs by CPU:")
     print("| group | program | CPU-s |\n|---|---|---:|")
     for (group, program), cpu in sorted(per_program.items(), key=lambda kv: -kv[1])[:top]:
