@@ -55,7 +55,7 @@ def test_a_package_gone_from_the_cache_makes_the_mirror_cold_again(tmp_path: Pat
 
 def test_a_channel_the_background_made_is_warm_though_the_cache_lost_a_package(tmp_path: Path):
     # A cold run on a short disk: room-making removed two of row A's mirror packages (still in
-    # the seed channel, linked) after the background had made the channel, built and installed
+    # the seed channel) after the background had made the channel, built and installed
     # every row; the guard then reserved 49.8 GiB for work that was done and skipped the rows.
     pkg, record = _mirrored(tmp_path)
     (tmp_path / "pkgs" / TORCH).mkdir(parents=True)
