@@ -190,6 +190,23 @@ def test_eviction_keeps_an_entry_linked_from_elsewhere_and_stops_when_enough_is_
     assert [e.path for e in plan] == [t["old_pkg"]]
 
 
+def test_an_entry_whose_package_a_channel_links_stays_though_its_small_record_is_its_own(tmp_path: Path):
+    # A mirror entry is its .conda and a package.json; a channel links the .conda. Removing the
+    # entry would give back the record's few KiB and make the next mirror build the package
+    # again (a cold suite on a short disk lost row A's two largest packages so).
+    root = tmp_path / "cache"
+    linked, alone = (_entry(root / "mirror" / "packages", key, MIB, 30) for key in ("aaaa", "bbbb"))
+    for entry in (linked, alone):
+        (entry / "package.json").write_text("{}" * 2048)
+        os.utime(entry, (time.time() - 30 * DAY,) * 2)
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    os.link(linked / "blob", channel / "pkg.conda")
+    by_path = {e.path: e for e in cache.scan(root)}
+    plan, freed = cache.eviction_plan([by_path[linked], by_path[alone]], 4 * MIB)
+    assert [e.path for e in plan] == [alone] and MIB <= freed < 2 * MIB
+
+
 def test_make_room_removes_the_unused_least_recently_used_entries_and_says_so(tmp_path: Path, monkeypatch, caplog):
     t = _tree(tmp_path)
     in_use = _entry(t["root"] / "audit-targets", "ffff", MIB, 10 / (24 * 60))  # used 10 minutes ago

@@ -152,24 +152,38 @@ def freeable(entries: Iterable[Entry]) -> Freeable:
 
 def eviction_plan(candidates: Sequence[Entry], shortfall: int) -> tuple[list[Entry], int]:
     """The entries to remove, least recently used first, to give back `shortfall` bytes, and
-    what they give back: the shortest run of `candidates` (in their order) that frees that
-    much, less the entries in it whose every file is still linked from elsewhere (removing
-    them would only make the cache colder). A package linked from a channel and the package
-    store goes only together with both; all that can be freed if the candidates cannot free
+    what they give back: from the shortest run of `candidates` (in their order) that frees that
+    much, the entries whose removal gives back most of their bytes. A file also linked from
+    elsewhere stays on disk, so an entry whose large files are linked from elsewhere stays too
+    (a mirror package linked into a channel would go for its 1 KiB package.json, freeing nothing
+    of the package and making the cache colder); a package linked from a channel and the package
+    store goes only together with both. All that can be freed if the candidates cannot free
     `shortfall`."""
     per_entry = _inodes(candidates)
+    sizes = [sum(n.blocks for n in {id(n): n for n in names}.values()) for names in per_entry]
+    gives = [0] * len(candidates)  # what removing the entry gives back, given the run so far
     seen: dict[int, int] = {}
-    freeing: set[int] = set()
+    plan: set[int] = set()
     freed = 0
-    for names in per_entry:
+    for i, names in enumerate(per_entry):
         if freed >= shortfall:
             break
+        grown = {i}
         for inode in names:
             seen[id(inode)] = seen.get(id(inode), 0) + 1
-            if seen[id(inode)] == inode.nlink:
-                freed += inode.blocks
-                freeing.update(inode.holders)
-    return [candidates[i] for i in sorted(freeing)], freed
+            if seen[id(inode)] == inode.nlink:  # every name of it is in the run: it can go
+                for holder in set(inode.holders):
+                    gives[holder] += inode.blocks
+                grown.update(inode.holders)
+        for entry in sorted(grown - plan):
+            if 2 * gives[entry] < sizes[entry]:
+                continue
+            plan.add(entry)
+            # An inode's blocks come back when the last of its holders joins the plan.
+            for inode in {id(n): n for n in per_entry[entry]}.values():
+                if seen.get(id(inode), 0) == inode.nlink and all(h in plan for h in inode.holders):
+                    freed += inode.blocks
+    return [candidates[i] for i in sorted(plan)], freed
 
 
 def _children(root: Path, area: Area) -> list[Path]:
