@@ -10,9 +10,10 @@ figures alone cannot say which work to cut. `run` samples every process's own CP
 /proc twice a second and keeps, per process, its program, the test process it belongs to
 (the background or the foreground) and its CPU over time in 5-second bins; the machine's busy
 and idle seconds come from /proc/stat, in total and per bin (where the cores sat idle). A process
-that lives under half a second is seen only by the machine's total ("unseen" in the report). `report` places each bin in the test that ran
-then (pytest's junit file: the tests run one after another, each with its set-up and
-teardown), and prints the top test files by CPU and the programs that used it.
+that lives under half a second is seen only by the machine's total ("unseen" in the report).
+`report` places each bin in the test that ran then (pytest's junit file: the tests run one after
+another, each with its set-up and teardown), and prints the top test files by CPU and the
+programs that used it.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def record(out: Path, command: list[str]) -> int:
     busy1, idle1 = _machine_busy()
     out.write_text(json.dumps({
         "wall_s": time.monotonic() - t0, "machine_busy_s": busy1 - busy0, "machine_idle_s": idle1 - idle0,
-        "bin_s": BIN_S, "command": command, "machine_bins": machine_bins,
+        "bin_s": BIN_S, "command": command, "cores": os.cpu_count(), "machine_bins": machine_bins,
         "procs": [{"program": p.program, "group": p.group, "cpu_s": p.cpu, "bins": p.bins} for p in procs.values()],
     }))
     return root.returncode
@@ -183,7 +184,7 @@ def report(profile: Path, junit: Path, top: int) -> None:
             per_file[test_at((int(b) + 0.5) * bin_s)][proc["group"]] += cpu
     print(f"wall {data['wall_s']:.0f} s; machine busy {data['machine_busy_s']:.0f} CPU-s, idle "
           f"{data['machine_idle_s']:.0f} CPU-s; seen in processes {seen:.0f} CPU-s "
-          f"(unseen: {data['machine_busy_s'] - seen:.0f}, short-lived processes and others')")
+          f"(unseen: {data['machine_busy_s'] - seen:.0f}, short-lived processes and other users' work)")
     print(f"\ntop {top} test files by foreground CPU (background CPU while they ran beside):")
     print("| test file | wall s | foreground CPU-s | background CPU-s |\n|---|---:|---:|---:|")
     ranked = sorted(per_file.items(), key=lambda kv: -kv[1].get("foreground", 0.0))
@@ -194,9 +195,9 @@ def report(profile: Path, junit: Path, top: int) -> None:
         minutes: dict[int, float] = defaultdict(float)
         for b, busy in data["machine_bins"].items():
             minutes[int(b) * bin_s // 60] += busy
-        cores = os.cpu_count() or 1
+        # The machine that ran the command, not the one reading its profile.
         print("\nthe machine's cores busy, minute by minute: " + " ".join(
-            f"{m}:{minutes[m] / 60:.1f}" for m in sorted(minutes)) + f" (of {cores})")
+            f"{m}:{minutes[m] / 60:.1f}" for m in sorted(minutes)) + f" (of {data['cores']})")
     print(f"\ntop {top} programs by CPU:")
     print("| group | program | CPU-s |\n|---|---|---:|")
     for (group, program), cpu in sorted(per_program.items(), key=lambda kv: -kv[1])[:top]:

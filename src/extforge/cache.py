@@ -160,7 +160,8 @@ def eviction_plan(candidates: Sequence[Entry], shortfall: int) -> tuple[list[Ent
     store goes only together with both. All that can be freed if the candidates cannot free
     `shortfall`."""
     per_entry = _inodes(candidates)
-    sizes = [sum(n.blocks for n in {id(n): n for n in names}.values()) for names in per_entry]
+    own = [list({id(n): n for n in names}.values()) for names in per_entry]  # each inode once
+    sizes = [sum(n.blocks for n in inodes) for inodes in own]
     gives = [0] * len(candidates)  # what removing the entry gives back, given the run so far
     seen: dict[int, int] = {}
     plan: set[int] = set()
@@ -180,7 +181,7 @@ def eviction_plan(candidates: Sequence[Entry], shortfall: int) -> tuple[list[Ent
                 continue
             plan.add(entry)
             # An inode's blocks come back when the last of its holders joins the plan.
-            for inode in {id(n): n for n in per_entry[entry]}.values():
+            for inode in own[entry]:
                 if seen.get(id(inode), 0) == inode.nlink and all(h in plan for h in inode.holders):
                     freed += inode.blocks
     return [candidates[i] for i in sorted(plan)], freed
