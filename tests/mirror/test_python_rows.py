@@ -12,18 +12,7 @@ from pathlib import Path
 import pytest
 
 from extforge.mirror.rows import ROWS_FILE
-
-
-def pyenv_python(short: str) -> str:
-    """The pyenv CPython of a minor, or skip the test saying which one is missing."""
-    try:
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"no pyenv here to provide CPython {short}")
-    found = sorted(Path(root, "versions").glob(f"{short}.*/bin/python{short}"))
-    if not found:
-        pytest.skip(f"pyenv has no CPython {short} (pyenv install {short})")
-    return str(found[-1])
+from pythons import python_or_skip
 
 
 def stand_in_torch(folder: Path, version: str, abi: int) -> None:
@@ -46,7 +35,7 @@ def mirror(channel: Path, wheels: Path, python: str) -> dict:
 
 @pytest.mark.slow
 def test_two_pythons_two_torch_builds_one_channel(tmp_path: Path):
-    py312, py313 = pyenv_python("3.12"), pyenv_python("3.13")
+    py312, py313 = python_or_skip("3.12"), python_or_skip("3.13")
     channel = tmp_path / "channel"
     stand_in_torch(tmp_path / "old", "2.6.0", abi=0)
     stand_in_torch(tmp_path / "new", "2.9.1", abi=1)

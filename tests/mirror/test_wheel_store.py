@@ -1,14 +1,22 @@
-"""The mirror's wheel downloads: one copy per wheel on disk, whatever request fetched it, and a
-pip failure that says why (a full disk by name)."""
+"""The mirror's wheel downloads: one copy per wheel on disk, whatever request fetched it, one
+download of a wheel every Python shares, and a pip failure that says why (a full disk by name)."""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import os
+import threading
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from extforge.mirror.inputs import pip_failure, share_wheels
+from extforge.mirror.inputs import from_pip, pip_failure, share_wheels
+from pythons import python_or_skip
 
 
 def _wheel(folder: Path, name: str, body: bytes) -> Path:
@@ -55,3 +63,93 @@ def test_a_full_disk_is_named(tmp_path: Path) -> None:
     assert "No space left on device" in err.why
     other = pip_failure("ERROR: No matching distribution found for torch==9.9\n", tmp_path)
     assert other.what == "pip could not download the wheels to mirror" and "torch==9.9" in other.why
+
+
+def _dist(index: Path, project: str, version: str, tag: str = "py3-none-any", requires: tuple[str, ...] = ()) -> str:
+    stem = f"{project.replace('-', '_')}-{version}"
+    with zipfile.ZipFile(index / f"{stem}-{tag}.whl", "w") as zf:
+        zf.writestr(f"{stem}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n"
+                    + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        zf.writestr(f"{stem}.dist-info/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {tag}\n")
+        zf.writestr(f"{stem}.dist-info/RECORD", "")
+    return f"{stem}-{tag}.whl"
+
+
+class _Index(http.server.SimpleHTTPRequestHandler):
+    """A links page with each wheel's sha256, as a package index gives it; counts the wheels sent."""
+
+    sent: Counter[str] = Counter()
+
+    def do_GET(self) -> None:
+        if self.path.endswith(".whl"):
+            self.sent[self.path.rsplit("/", 1)[-1]] += 1
+        super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, list[str]]]:
+    folder = tmp_path / "index"
+    folder.mkdir()
+    # torch's shape: an any-python dependency pinned exactly, one whose newer releases need a newer
+    # Python, and one built per CPython.
+    _dist(folder, "xf-root", "1.0", requires=("xf-shared==1.0", "xf-dep", "xf-native"))
+    _dist(folder, "xf-shared", "1.0")
+    _dist(folder, "xf-dep", "1.0")
+    _dist(folder, "xf-dep", "2.0")
+    for cp in ("cp310", "cp312"):
+        _dist(folder, "xf-native", "1.0", tag=f"{cp}-none-any")
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # this machine's pip settings (other indexes) stay out
+    for name in [n for n in os.environ if n.startswith("PIP_") and n != "PIP_CONFIG_FILE"]:
+        monkeypatch.delenv(name)
+    _Index.sent = Counter()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Index, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield folder, ["xf-root==1.0", "--no-index", "--find-links", f"http://127.0.0.1:{server.server_port}/links.html"]
+    finally:
+        server.shutdown()
+
+
+def _publish(folder: Path, requires_python: dict[str, str]) -> None:
+    links = []
+    for wheel in sorted(folder.glob("*.whl")):
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        rp = requires_python.get(wheel.name, "")
+        links.append(f'<a href="{wheel.name}#sha256={sha}"{f" data-requires-python={rp!r}" if rp else ""}>{wheel.name}</a>')
+    (folder / "links.html").write_text("<html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+
+
+def test_a_wheel_every_python_shares_is_downloaded_once(index: tuple[Path, list[str]]) -> None:
+    folder, request = index
+    dep2 = "xf_dep-2.0-py3-none-any.whl"
+    _publish(folder, {dep2: "&gt;=3.11"})
+    py312, py310 = python_or_skip("3.12"), python_or_skip("3.10")
+    newer = from_pip(request, py312)
+    assert set(newer.artifacts) == {"xf-root", "xf-shared", "xf-dep", "xf-native"}
+    assert newer.artifacts["xf-dep"].version == "2.0"
+    older = from_pip(request, py310)
+    # The any-python wheels came from the 3.12 download; the one for cp310, and the release of
+    # xf-dep that 3.10 can install, from the index.
+    assert _Index.sent == Counter({"xf_root-1.0-py3-none-any.whl": 1, "xf_shared-1.0-py3-none-any.whl": 1,
+                                   dep2: 1, "xf_dep-1.0-py3-none-any.whl": 1,
+                                   "xf_native-1.0-cp312-none-any.whl": 1, "xf_native-1.0-cp310-none-any.whl": 1})
+    assert {a.name: a.version for a in older.artifacts.values()} == {
+        "xf-root": "1.0", "xf-shared": "1.0", "xf-dep": "1.0", "xf-native": "1.0"}
+    downloaded = sorted(p.name for p in older.artifacts["xf-root"].wheel.parent.glob("*.whl"))
+    assert dep2 not in downloaded and "xf_native-1.0-cp310-none-any.whl" in downloaded
+
+
+def test_a_lent_wheel_the_index_does_not_vouch_for_is_downloaded_again(index: tuple[Path, list[str]]) -> None:
+    folder, request = index
+    _publish(folder, {})
+    first = from_pip(request, python_or_skip("3.12"))
+    kept = first.artifacts["xf-shared"].wheel
+    kept.unlink()  # the copy a later request would borrow, altered: the store's link is left alone
+    kept.write_bytes(b"not the index's wheel")
+    second = from_pip(request, python_or_skip("3.10"))
+    assert _Index.sent["xf_shared-1.0-py3-none-any.whl"] == 2
+    assert second.artifacts["xf-shared"].wheel.read_bytes() == (folder / "xf_shared-1.0-py3-none-any.whl").read_bytes()

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from extforge import cache, paths
 from extforge.locking import exclusive
 from extforge.mirror.recipes import code_generation
 from fixture_keys import build_key
+from pythons import find_python
 
 from . import prepare
 
@@ -49,18 +49,6 @@ CLUSTERS = [
     Cluster("C", "3.12", "2.6.0", "12.4", False, "8.9"),
     Cluster("CI", "3.11", "2.14.1", "13.0", True, "9.0"),
 ]
-
-
-def find_python(short: str) -> str | None:
-    """A CPython of that minor: ours, else pyenv's."""
-    if f"{sys.version_info[0]}.{sys.version_info[1]}" == short:
-        return sys.executable
-    try:
-        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    found = sorted(Path(root, "versions").glob(f"{short}.*/bin/python{short}"))
-    return str(found[-1]) if found else None
 
 
 @dataclass

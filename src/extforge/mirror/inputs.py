@@ -195,6 +195,70 @@ def share_wheels(wheel_dir: Path, store: Path) -> int:
     return freed
 
 
+# What a download folder was filled for: the key of pip_wheel_dir, readable.
+REQUEST_FILE = "request.json"
+
+
+def _request(requirements: list[str], py_short: str) -> dict[str, Any]:
+    return {"python": py_short, "requirements": sorted(requirements)}
+
+
+def any_python(filename: str) -> bool:
+    """Whether a wheel is the same file for every CPython 3 (`py3-none-*`: torch's nvidia-*
+    wheels), as opposed to one built for a cpXY ABI."""
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    return all(t.abi == "none" and t.interpreter in ("py3", "py2.py3") for t in tags)
+
+
+def lend_shared_wheels(wheel_dir: Path, requirements: list[str], py_short: str) -> list[Path]:
+    """Link into `wheel_dir`, before pip runs, the any-python wheels that the complete download
+    of the same request for another Python holds: pip finds them already downloaded (checked
+    against the index's sha256 where the index gives one) and fetches only the rest. Rows A and
+    B (torch 2.9.1 for Python 3.10 and 3.12) share 3.0 of their 4.1 GB. Returns the links made."""
+    wanted = _request(requirements, py_short)
+    lent: list[Path] = []
+    # One version a project at most: drop_unchosen tells pip's choice by a second wheel.
+    projects = {_project(w.name) for w in wheel_dir.glob("*.whl")}
+    for record in sorted(wheel_dir.parent.glob(f"*/{REQUEST_FILE}")):
+        other = record.parent
+        try:
+            request = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if (other == wheel_dir or not (other / ".complete").exists() or request.get("python") == py_short
+                or request.get("requirements") != wanted["requirements"]):
+            continue
+        for wheel in sorted(other.glob("*.whl")):
+            if any_python(wheel.name) and _project(wheel.name) not in projects:
+                projects.add(_project(wheel.name))
+                os.link(wheel, wheel_dir / wheel.name)
+                lent.append(wheel_dir / wheel.name)
+    return lent
+
+
+def drop_unchosen(wheel_dir: Path, lent: list[Path]) -> None:
+    """Remove the lent wheels pip did not take: where this Python's resolution chose another
+    version of a project (a dependency newer releases of which need a newer Python), the
+    folder holds both, and from_wheels would take the newer."""
+    projects: dict[str, int] = {}
+    for wheel in wheel_dir.glob("*.whl"):
+        name = _project(wheel.name)
+        projects[name] = projects.get(name, 0) + 1
+    for wheel in lent:
+        if projects.get(_project(wheel.name), 0) > 1:
+            wheel.unlink()
+
+
+def _project(filename: str) -> str:
+    try:
+        return canonicalize_name(parse_wheel_filename(filename)[0])
+    except InvalidWheelFilename:
+        return filename
+
+
 def pip_failure(stderr: str, where: Path) -> ExtforgeError:
     """pip's own reason (its last error line, not a traceback's last frame), a full disk named as such."""
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()] or ["no output"]
@@ -230,11 +294,17 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
     with exclusive(wheel_dir.with_name(f"{wheel_dir.name}.lock")):
         # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
         # seconds, and a warm mirror should not. Deleting the folder asks pip again.
-        proc = subprocess.run(cmd, capture_output=True, text=True) if not complete.exists() else None
-        if proc is not None and proc.returncode != 0:
-            raise pip_failure(proc.stderr, wheel_dir)
+        if not complete.exists():
+            lent = lend_shared_wheels(wheel_dir, requirements, interp.short)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                for wheel in lent:  # a later attempt lends again, knowing what it lent
+                    wheel.unlink(missing_ok=True)
+                raise pip_failure(proc.stderr, wheel_dir)
+            drop_unchosen(wheel_dir, lent)
         # Also a folder downloaded before the store existed: its copies become links.
         share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
+        (wheel_dir / REQUEST_FILE).write_text(json.dumps(_request(requirements, interp.short)))
         complete.touch()
     inputs = from_wheels(wheel_dir, python)
     inputs.description = f"pip ({' '.join(requirements)})"
