@@ -20,6 +20,7 @@ from packaging.version import Version
 from .. import paths
 from ..errors import ExtforgeError
 from ..locking import exclusive
+from ..ui import log
 from .deps import DistInfo
 from .hashing import sha256_file
 
@@ -302,6 +303,9 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
                     wheel.unlink(missing_ok=True)
                 raise pip_failure(proc.stderr, wheel_dir)
             drop_unchosen(wheel_dir, lent)
+            if taken := [w for w in lent if w.exists()]:
+                log.info("%d any-python wheels (%.1f GB) taken from another Python's download of this request, "
+                         "not downloaded again", len(taken), sum(w.stat().st_size for w in taken) / 1e9)
         # Also a folder downloaded before the store existed: its copies become links.
         share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
         (wheel_dir / REQUEST_FILE).write_text(json.dumps(_request(requirements, interp.short)))
