@@ -188,11 +188,11 @@ def test_a_finished_build_reports_its_machines_speed(tmp_path: Path, archs: list
     (work / ".ninja_log").write_text(ninja_log_text(per_unit, 8, 0.8))
     variants = {"flash_attn_cuda_archs": [";".join(archs)]}
     speed = measured_node_speed("flash-attn", [tmp_path / "rattler-build_flash-attn_1"], variants,
-                                {"NVCC_THREADS": str(threads)})
+                                {"NVCC_THREADS": str(threads)}, None)
     assert speed == pytest.approx(0.8, abs=0.01)
     # A recipe without unit costs, or a build that left no log, reports nothing.
-    assert measured_node_speed("demo-ext", [tmp_path / "rattler-build_flash-attn_1"], variants, {}) is None
-    assert measured_node_speed("flash-attn", [tmp_path / "elsewhere"], variants, {}) is None
+    assert measured_node_speed("demo-ext", [tmp_path / "rattler-build_flash-attn_1"], variants, {}, None) is None
+    assert measured_node_speed("flash-attn", [tmp_path / "elsewhere"], variants, {}, None) is None
 
 
 def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
