@@ -105,7 +105,8 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
     assignment_file = state_dir / split_build.ASSIGNMENT_FILE
     safe_files.write_atomic(assignment_file, split_build.assignment_text(assigned).encode(), mode=0o644)
     return {"NVCC_THREADS": "1",
-            "EXTFORGE_COMPILER_LAUNCHER": split_build.launcher(split, cache, state_dir, assignment_file)}
+            "EXTFORGE_COMPILER_LAUNCHER": split_build.launcher(split, compile_cache.cache_tool(cache), state_dir,
+                                                               assignment_file)}
 
 
 @contextlib.contextmanager

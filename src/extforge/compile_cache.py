@@ -8,13 +8,17 @@ rattler-build compiles in a fresh, timestamped work directory every time, and th
 (where torch's headers live) moves with it. The cache key must not contain those paths:
 ccache's base_dir rewrites every absolute path below it to one relative to the compiler's
 working directory, which is the same from one build to the next; sccache's basedirs strips
-them from the preprocessed source.
+them from the preprocessed source. Builds in other output folders differ in two more ways, which
+the launcher every compile goes through (data/compile-launcher.sh) takes out: the host prefix's
+padded name, and how deep the folder lies (it narrows base_dir to the build's own folder).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from . import paths
@@ -51,6 +55,22 @@ def find_launcher(tool: str | None = None) -> Launcher:
     )
 
 
+def launcher_command(tool: Path) -> str:
+    """EXTFORGE_COMPILER_LAUNCHER for `tool`: through compile-launcher.sh. Recipes split the
+    variable on spaces, so where a path holds one the tool goes alone (sharing the cache only
+    between output folders of one path length)."""
+    script = str(resources.files("extforge").joinpath("data/compile-launcher.sh"))
+    if re.search(r"\s", script + str(tool)):
+        return str(tool)
+    return f"bash {script} {tool}"
+
+
+def cache_tool(launcher: str) -> str:
+    """The compile cache's executable in a launcher_command."""
+    words = launcher.split()
+    return words[-1] if len(words) == 3 and words[0] == "bash" else launcher
+
+
 def env(
     tool: str | None = None,
     cache_dir: Path | None = None,
@@ -66,7 +86,7 @@ def env(
     cache_dir = Path(cache_dir) if cache_dir else default_dir() / launcher.tool
     make_dirs(cache_dir)
     out = {
-        "EXTFORGE_COMPILER_LAUNCHER": str(launcher.path),
+        "EXTFORGE_COMPILER_LAUNCHER": launcher_command(launcher.path),
         # torch's ninja rule makes nvcc write a depfile; up to torch ~2.12 on Linux with
         # `--generate-dependencies-with-compile --dependency-output F`, which ccache 4.7 takes for
         # a second source file and sccache cannot cache either: every .cu compile would bypass the

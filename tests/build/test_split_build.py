@@ -1,7 +1,7 @@
 """A split build (`extforge build --part I/N`, then `--link-parts N`): real rattler-build builds
 whose script compiles four C units with gcc through extforge's launcher and a real ccache, as
 torch's ninja build does with nvcc; the parts share the compile cache, the link job makes the
-package from it."""
+package from it. And whole builds share it from any output folder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge import split_build
+from extforge import compile_cache, split_build
 from extforge.build import build_recipe
 from extforge.build_options import BuildOptions
 from extforge.errors import ExtforgeError
@@ -83,6 +83,25 @@ def test_two_parts_then_the_link_job_make_the_package_from_the_cache(site: tuple
     assert [p.name for p in built] == ["split-demo"]
     assert re.fullmatch(r"the link job of 2 parts: 4 units \(4 from the compile cache, 0 compiled here; longest \d+ s\)", *notes)
     assert _symbols(built[0].path, tmp_path) == {f"f_{u}" for u in UNITS}
+
+
+def _cache_hits() -> int:
+    stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, check=True,
+                           env={**os.environ, "CCACHE_DIR": str(compile_cache.default_dir() / "ccache")}).stdout
+    counters = dict(line.split("\t") for line in stats.splitlines() if "\t" in line)
+    return int(counters.get("direct_cache_hit", 0)) + int(counters.get("preprocessed_cache_hit", 0))
+
+
+def test_builds_in_output_folders_of_any_depth_and_length_share_the_compile_cache(site: tuple[Path, Path],
+                                                                                 tmp_path: Path) -> None:
+    """Another admin's output folder, or another job's: the host prefix's padded name and the
+    system headers' path relative to the build (by the folder's depth) must not reach the key."""
+    recipe, channel = site
+    _build(recipe, channel, tmp_path / "out", None)
+    hits = _cache_hits()
+    (built,), _ = _build(recipe, channel, tmp_path / "a" / "deeper" / "and-a-longer-name" / "out", None)
+    assert _cache_hits() - hits == len(UNITS)
+    assert _symbols(built.path, tmp_path) == {f"f_{u}" for u in UNITS}
 
 
 def test_a_link_job_without_its_parts_compiles_what_the_cache_lacks(site: tuple[Path, Path], tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def test_recipe_passes_every_cache_variable(recipe_dir: Path, tools_on_path: Pat
                                             monkeypatch, tool: str, recipe: str) -> None:
     recipe_dir = recipe_dir.parent / recipe
     env = compile_cache.env(tool, cache_dir=tmp_path / "cache")
-    assert env["EXTFORGE_COMPILER_LAUNCHER"] == str(tools_on_path / tool)
+    assert env["EXTFORGE_COMPILER_LAUNCHER"].endswith("/compile-launcher.sh " + str(tools_on_path / tool))
+    assert compile_cache.cache_tool(env["EXTFORGE_COMPILER_LAUNCHER"]) == str(tools_on_path / tool)
     assert (tmp_path / "cache").is_dir()
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -65,3 +66,10 @@ def test_missing_tool_is_an_actionable_error(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(ExtforgeError) as exc:
         compile_cache.env()
     assert "apt-get install ccache" in exc.value.fix
+
+
+def test_a_tool_whose_path_holds_a_space_goes_alone(tmp_path: Path) -> None:
+    # Recipes split the launcher on spaces: the tool alone still caches, within one path length.
+    spaced = tmp_path / "my tools" / "ccache"
+    assert compile_cache.launcher_command(spaced) == str(spaced)
+    assert compile_cache.cache_tool(str(spaced)) == str(spaced)

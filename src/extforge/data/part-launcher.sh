@@ -37,16 +37,6 @@ if ((!compiles)) || [[ -z "$out" ]]; then
     exec "$@"
 fi
 
-# rattler-build pads the host prefix's folder name to a fixed length of its whole path, so builds in
-# output folders of different lengths (the parts', the link job's) name the same headers by
-# different paths, and the compile cache (keyed by the preprocessed text) never matches across
-# them. Through a link of one name inside the work folder, every build passes the same paths
-# (compiles only: a link's rpath must name the prefix).
-if [[ -n "${PREFIX:-}" && -n "${SRC_DIR:-}" && -d "${PREFIX}" ]]; then
-    host="${SRC_DIR}/.extforge-host"
-    [[ -L "${host}" ]] || ln -sn "${PREFIX}" "${host}" 2>/dev/null || true
-    set -- "${@//"${PREFIX}"/"${host}"}"
-fi
 # The unit's name as extforge.unit_costs.unit_name gives it: the object's name without .o/.obj,
 # then without its source suffix.
 unit=${out##*/}
@@ -62,8 +52,9 @@ if ((part > 0)); then
     fi
 fi
 start=$SECONDS
-# shellcheck disable=SC2086 # CACHE is one executable, or empty for none
-${cache} "$@"
+# Through the launcher every build uses (the paths that make the cache's key the same in every
+# output folder).
+bash "$(dirname "${BASH_SOURCE[0]}")/compile-launcher.sh" "${cache}" "$@"
 rc=$?
 echo "compiled $unit $rc $((SECONDS - start))" >> "${state}/units"
 exit "$rc"
