@@ -466,6 +466,13 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             "pass --channel DIR_OR_URL, e.g. the folder `extforge mirror` wrote",
         )
     output_dir = options.output_dir.resolve()
+    if re.search(r"\s", str(output_dir)):
+        raise ExtforgeError(
+            f"cannot build into {output_dir}: its path holds a space",
+            "the build's environments live under the output folder, and build scripts split their paths "
+            "on spaces (a recipe's `${{ PYTHON }} -m pip install .` ran '/first/word' and failed with 127)",
+            "pass an --output-dir whose path has no spaces",
+        )
     output_dir.mkdir(parents=True, exist_ok=True)
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)

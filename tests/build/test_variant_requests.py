@@ -296,3 +296,11 @@ def test_build_exits_1_when_a_package_fails_its_audit(tmp_path, monkeypatch, cap
     monkeypatch.setattr(extforge.build, "build_recipe", lambda options, on_step=None, notes=None: built)
     assert main(["build", str(DEMO), "-c", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == code
     assert capsys.readouterr().err.count("\nbuilt ") == len(verdicts)
+
+
+def test_an_output_folder_whose_path_holds_a_space_is_refused_before_anything_is_built(tmp_path, one_python, capsys):
+    out = tmp_path / "team builds" / "out"
+    code, err = build(capsys, out, "-c", str(one_python))
+    assert code == 2 and not out.exists()
+    assert f"cannot build into {out}: its path holds a space" in err
+    assert "pass an --output-dir whose path has no spaces" in err and "Traceback" not in err
