@@ -14,18 +14,14 @@ section to docs/benchmarks-history.md unless --no-record.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _record import append_section
+from _record import record_table, show
 
 from extforge.channel.install import install_env
 from extforge.channel.mirrors import parse_channel_map
@@ -52,22 +48,12 @@ def main() -> int:
             result = install_env(args.lock, args.env, prefix, mirrors=mirrors)
             phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(result.timings.items()))
             row = (f"| {i + 1} | {result.seconds:.1f} s | {phases} | {result.archives_checked} of {result.packages} |")
-            print(row, flush=True)
-            rows.append(row)
+            show(rows, row)
             shutil.rmtree(prefix)
     if not args.no_record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-        append_section([
-            f"## `extforge install` into fresh prefixes ({dt.date.today()}, `bench/install_bench.py`)",
-            "",
-            f"{platform.node()}, {os.cpu_count()} CPUs, commit {commit}; lock {args.lock.name}, env {args.env} "
-            f"({len(records)} packages); run 1 with this user's archive checks forgotten.",
-            "",
-            "| run | install | phases | archives checked |",
-            "|---|---|---|---|",
-            *rows,
-        ])
+        record_table("`extforge install` into fresh prefixes", "install_bench.py",
+                     f"lock {args.lock.name}, env {args.env} ({len(records)} packages); run 1 with this user's archive "
+                     "checks forgotten.", ["run", "install", "phases", "archives checked"], rows)
     return 0
 
 

@@ -12,9 +12,7 @@ user's. Appends a dated section to docs/benchmarks-history.md unless --no-record
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from _record import append_section
+from _record import record_table, show
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,21 +53,12 @@ def main() -> int:
             hits = sum(after.get(k, 0) - before.get(k, 0) for k in ("direct_cache_hit", "preprocessed_cache_hit"))
             misses = after.get("cache_miss", 0) - before.get("cache_miss", 0)
             row = f"| {out.relative_to(tmp)} | {len(str(out))} chars, depth {len(out.parts)} | {seconds:.1f} s | {hits} | {misses} |"
-            print(row, flush=True)
-            rows.append(row)
+            show(rows, row)
     if not args.no_record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=REPO).stdout.strip()
-        append_section([
-            f"## A rebuild in another output folder ({dt.date.today()}, `bench/rebuild_elsewhere_bench.py`)",
-            "",
-            f"{platform.node()}, {os.cpu_count()} CPUs, commit {commit}; `extforge build {args.recipe.name}` twice "
-            "through one empty compile cache (ccache), the second time in a deeper folder with a longer path.",
-            "",
-            "| output folder | path | build | cache hits | misses |",
-            "|---|---|---|---|---|",
-            *rows,
-        ])
+        record_table("A rebuild in another output folder", "rebuild_elsewhere_bench.py",
+                     f"`extforge build {args.recipe.name}` twice through one empty compile cache (ccache), the second "
+                     "time in a deeper folder with a longer path.",
+                     ["output folder", "path", "build", "cache hits", "misses"], rows)
     return 0
 
 

@@ -12,10 +12,7 @@ to docs/benchmarks-history.md unless --no-record.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from _record import append_section
+from _record import record_table, show
 
 from extforge import mirror
 from extforge.mirror.inputs import pip_wheel_dir
@@ -58,22 +55,13 @@ def main() -> int:
             row = (f"| {short} | {seconds:.1f} s | {got / 1e9:.2f} GB | {len(wheels)} wheels, "
                    f"{sum(w.stat().st_size for w in wheels) / 1e9:.2f} GB | {len(lent)} wheels, "
                    f"{sum(w.stat().st_size for w in lent) / 1e9:.2f} GB | {len(inputs.artifacts)} |")
-            print(row, flush=True)
-            rows.append(row)
+            show(rows, row)
             folders.append(folder)
     if not args.no_record:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-        append_section([
-            f"## One torch downloaded for several Pythons ({dt.date.today()}, `bench/shared_download_bench.py`)",
-            "",
-            f"{platform.node()}, {os.cpu_count()} CPUs, commit {commit}; `{args.torch}`, truly cold (empty "
-            "extforge and pip caches); \"received\": every byte the machine's network took meanwhile.",
-            "",
-            "| python | request | received | its wheels | lent from an earlier python | artifacts |",
-            "|---|---|---|---|---|---|",
-            *rows,
-        ])
+        record_table("One torch downloaded for several Pythons", "shared_download_bench.py",
+                     f"`{args.torch}`, truly cold (empty extforge and pip caches); \"received\": every byte the "
+                     "machine's network took meanwhile.",
+                     ["python", "request", "received", "its wheels", "lent from an earlier python", "artifacts"], rows)
     return 0
 
 
