@@ -80,7 +80,8 @@ def env(
     """Environment that routes a recipe's compiles through a compile cache in `cache_dir`.
 
     base_dir "/" makes every path relative to the compiler's working directory, which is what
-    lets two rattler-build work directories share entries.
+    lets two rattler-build work directories share entries; in a recipe build the launcher
+    narrows it to the build's own folder (paths outside it stay absolute, whatever the depth).
     """
     launcher = find_launcher(tool)
     cache_dir = Path(cache_dir) if cache_dir else default_dir() / launcher.tool
