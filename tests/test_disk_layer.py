@@ -58,6 +58,8 @@ ALLOWED: dict[str, str] = {
     "mirror/cuda_sources.py::add_wheel_headers.build": MIRROR,
     "mirror/hashing.py::sha256_file": MIRROR,
     "mirror/inputs.py::share_wheels": MIRROR,
+    "mirror/inputs.py::lend_shared_wheels": MIRROR,
+    "mirror/inputs.py::drop_unchosen": MIRROR,
     "mirror/inputs.py::from_pip": MIRROR,
 }
 

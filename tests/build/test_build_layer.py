@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from build_logs import build_log
 from extforge import build_layer
 from extforge.build import build_recipe
 from extforge.build_options import BuildOptions
@@ -255,7 +256,7 @@ def test_a_build_that_tries_to_download_fails_in_the_build(tmp_path: Path, mirro
         build_recipe(BuildOptions.make(recipe, [str(mirror_channel)], tmp_path / "out", test=False, audit=False))
     text = err.value.render()
     assert "network" in text and "github.com" in text, text
-    log = next((tmp_path / "out" / "logs").glob("net-probe-*.log")).read_text()
+    log = build_log(tmp_path / "out", "net-probe").read_text()
     assert "network access during a build is refused: github.com from setup.py:5" in log
     assert "Building from source" not in log
 
@@ -275,7 +276,7 @@ def test_torchs_build_without_ninja_gets_the_variants_archs_too(tmp_path: Path, 
     (built,) = build_recipe(BuildOptions.make(recipe, [str(mirror_channel)], tmp_path / "out", test=False))
     # The audit holds the package to its build record's exact list: an sm_75 cubin would fail it.
     assert built.audit_verdict == "pass", built
-    log = next((tmp_path / "out" / "logs").glob("plain-ext-*.log")).read_text()
+    log = build_log(tmp_path / "out", "plain-ext").read_text()
     assert "replaced in upstream's compile lines: arch: -gencode arch=compute_75,code=sm_75; threads: --threads 4" in log
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from build_logs import build_log
 from extforge.cli import main
 from extforge.explain import explain_text
 from extforge.mirror import rows
@@ -213,7 +214,7 @@ def test_a_solve_without_the_channel_variants_names_the_spec_and_the_fix(tmp_pat
     assert "the channels have no package matching python 3.12.*" in err
     assert re.search(r"the channels have python 3\.11\.\d+; pytorch 2\.14\.1", err)
     assert f"extforge mirror --channel {plain}` (python: --python /path/to/pythonX.Y)" in err
-    (log,) = (tmp_path / "out" / "logs").glob("demo-ext-*.log")
+    log = build_log(tmp_path / "out", "demo-ext")
     assert log.read_text().rstrip().endswith(err.rstrip().splitlines()[-1].strip())
     found = explain_text(log.read_text()).diagnoses
     assert found and found[0].id == "variant-not-in-channel" and "--python /path/to/pythonX.Y" in found[0].fix
