@@ -234,8 +234,11 @@ def lend_shared_wheels(wheel_dir: Path, requirements: list[str], py_short: str) 
             continue
         for wheel in sorted(other.glob("*.whl")):
             if any_python(wheel.name) and _project(wheel.name) not in projects:
+                try:
+                    os.link(wheel, wheel_dir / wheel.name)
+                except OSError:
+                    continue  # another admin's file (protected_hardlinks): pip downloads it
                 projects.add(_project(wheel.name))
-                os.link(wheel, wheel_dir / wheel.name)
                 lent.append(wheel_dir / wheel.name)
     return lent
 
