@@ -1,5 +1,6 @@
 """`extforge lock`: solve every environment of pixi.toml with rattler and write pixi.lock,
-plus per environment an @EXPLICIT list, an environment.yml and a conda-lock.yml under envs/.
+plus per environment an @EXPLICIT list, an environment.yml and a conda-lock.yml under envs/;
+an environment with [pypi-dependencies] also gets pylock.<env>.toml beside pixi.lock (pylock.py).
 
 The lock names the manifest's channels, as pixi's does: repodata and packages are fetched
 through the site's mirrors (mirrors.py), and every URL is written back under the channel it
@@ -21,6 +22,7 @@ never written through.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import tempfile
 import time
@@ -36,6 +38,7 @@ from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex
 from .hashing import sha256_file
 from .manifest import EnvSpec, Manifest, Platform
 from .mirrors import Mirrors, canonical_channel
+from .pylock import pylock_name, pylock_text, python_of, resolve
 
 if TYPE_CHECKING:
     from rattler import LockFile
@@ -48,6 +51,7 @@ INPUTS_NAME = "lock-inputs.json"
 class LockResult:
     lock_path: Path
     environments: dict[str, int] = field(default_factory=dict)  # name → package count
+    pypi: dict[str, int] = field(default_factory=dict)  # name → wheels in its pylock.toml(s)
     files: list[Path] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -55,6 +59,7 @@ class LockResult:
         return {
             "lock": str(self.lock_path),
             "environments": self.environments,
+            "pypi": self.pypi,
             "files": [str(f) for f in self.files],
             "seconds": round(self.seconds, 3),
         }
@@ -193,6 +198,7 @@ def _lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors, envs: list[str]
     result = LockResult(lock_path=lock_path)
     out_dir = envs_dir_for(lock_path)
     exports: dict[Path, str] = {}
+    pylocks: dict[str, dict[str, str]] = {}  # environment → {pylock file name: its sha256}
     base = manifest.path.parent
     for name, old_env in kept:
         lock_file.set_channels(name, old_env.channels())
@@ -220,6 +226,14 @@ def _lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors, envs: list[str]
             exports[out_dir / f"{env.name}{suffix}.explicit.txt"] = explicit_text(records, platform.subdir)
             named = [canonical_channel(c, base) if c.startswith((".", "/", "~")) else c for c in env.channels]
             exports[out_dir / f"{env.name}{suffix}.environment.yml"] = environment_yml(env.name, named, records)
+            if env.pypi:
+                python = python_of(records, env.name)
+                wheels = resolve(env, python, platform, base)
+                text = pylock_text(env.name, python, platform, wheels, manifest.path.name)
+                file_name = pylock_name(env.name, platform, len(env.platforms) > 1)
+                exports[lock_path.parent / file_name] = text
+                pylocks.setdefault(env.name, {})[file_name] = hashlib.sha256(text.encode()).hexdigest()
+                result.pypi[env.name] = result.pypi.get(env.name, 0) + len(wheels)
         document = conda_lock_document(channels, per_platform, env.specs, manifest.path.name)
         exports[out_dir / f"{env.name}.conda-lock.yml"] = conda_lock_text(document)
         result.environments[env.name] = count
@@ -228,15 +242,19 @@ def _lock(manifest: Manifest, lock_path: Path, mirrors: Mirrors, envs: list[str]
     for path, text in exports.items():
         _write(path, text)
     try:
-        recorded = json.loads((out_dir / INPUTS_NAME).read_text()).get("environments", {}) if kept else {}
-    except (OSError, ValueError, AttributeError):
-        recorded = {}
+        previous = json.loads((out_dir / INPUTS_NAME).read_text()) if kept else {}
+        recorded, recorded_pylocks = dict(previous.get("environments", {})), dict(previous.get("pylocks", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        recorded, recorded_pylocks = {}, {}
     inputs = {
         "lock_sha256": sha256_file(lock_path),
         # A kept environment keeps the inputs it was locked from: if pixi.toml changed it since,
         # it stays stale, as it was.
         "environments": {name: recorded[name] for name, _ in kept if name in recorded} | {e.name: e.input_hash() for e in specs},
     }
+    pylocks = {name: recorded_pylocks[name] for name, _ in kept if name in recorded_pylocks} | pylocks
+    if pylocks:
+        inputs["pylocks"] = pylocks
     _write(out_dir / INPUTS_NAME, json.dumps(inputs, indent=2, sort_keys=True) + "\n")
     result.files = [lock_path, *exports, out_dir / INPUTS_NAME]
     result.seconds = time.monotonic() - start
@@ -255,6 +273,13 @@ def stale_reasons(manifest: Manifest, lock_path: Path, envs: list[str] | None = 
     reasons = []
     if inputs.get("lock_sha256") != sha256_file(lock_path):
         reasons.append(f"{lock_path.name} was changed after extforge lock wrote it")
+    for files in inputs.get("pylocks", {}).values():
+        for name, sha in files.items():
+            path = lock_path.parent / name
+            if not path.is_file():
+                reasons.append(f"{name} does not exist")
+            elif sha256_file(path) != sha:
+                reasons.append(f"{name} was changed after extforge lock wrote it")
     recorded = inputs.get("environments", {})
     for name in envs or manifest.env_names():
         if name not in recorded:

@@ -57,11 +57,33 @@ class Platform:
 
 
 @dataclass(frozen=True)
+class PypiOptions:
+    """pixi's [pypi-options]: where the PyPI dependencies come from."""
+
+    index_url: str | None = None  # None: PyPI
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()  # folders or URLs of flat wheel listings
+
+    def merged(self, other: PypiOptions, where: str) -> PypiOptions:
+        """A feature's options over the workspace's, as pixi merges them: one index-url, the extra
+        indexes and find-links of both."""
+        if self.index_url and other.index_url and self.index_url != other.index_url:
+            raise ExtforgeError(f"two index-url values meet in {where}: {self.index_url} and {other.index_url}",
+                                "pixi allows one primary index per environment",
+                                "set index-url in one [pypi-options] table and list the others as extra-index-urls")
+        return PypiOptions(self.index_url or other.index_url,
+                           tuple(dict.fromkeys(self.extra_index_urls + other.extra_index_urls)),
+                           tuple(dict.fromkeys(self.find_links + other.find_links)))
+
+
+@dataclass(frozen=True)
 class Feature:
     dependencies: dict[str, str | dict] = field(default_factory=dict)
     channels: list[str] | None = None
     platforms: list[str] | None = None  # platform names
     system_requirements: dict[str, str] = field(default_factory=dict)  # as virtual packages
+    pypi_dependencies: dict[str, str] = field(default_factory=dict)  # name -> PEP 508 requirement
+    pypi_options: PypiOptions = PypiOptions()
 
 
 @dataclass(frozen=True)
@@ -72,11 +94,16 @@ class EnvSpec:
     specs: list[str]
     channels: list[str]
     platforms: list[Platform]
+    # [pypi-dependencies] as PEP 508 requirements: locked into pylock.<name>.toml (pylock.py)
+    pypi: list[str] = field(default_factory=list)
+    pypi_options: PypiOptions = PypiOptions()
 
     def input_hash(self) -> str:
         """What the lock of this environment depends on; a change makes the lock stale."""
-        data = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(data).hexdigest()
+        data = asdict(self)
+        if not self.pypi:  # a conda-only environment hashes as before PyPI dependencies were read
+            del data["pypi"], data["pypi_options"]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,7 @@ class Manifest:
     environments: dict[str, tuple[list[str], bool]]  # name → (features, include default)
     tool: dict
     deprecations: list[str] = field(default_factory=list)
+    pypi_options: PypiOptions = PypiOptions()  # the workspace's [pypi-options]
 
     def env_names(self) -> list[str]:
         """Every environment pixi writes into pixi.lock: `default` always (pixi adds it, the default
@@ -115,11 +143,15 @@ class Manifest:
             raise ExtforgeError(f"environment {name!r} uses undefined features {missing}", "", f"define [feature.{missing[0]}] in {self.path}")
         features = [self.features[f] for f in feature_names]
         deps: dict[str, str | dict] = {}
+        pypi: dict[str, str] = {}
+        options = PypiOptions()
         channels: list[str] = []
         sysreq: dict[str, str] = {}
         platform_names = list(self.platforms)
         for f in features:
             deps.update(f.dependencies)
+            pypi.update(f.pypi_dependencies)
+            options = options.merged(f.pypi_options, f"environment {name!r}")
             sysreq.update(f.system_requirements)
             channels += [c for c in f.channels or [] if c not in channels]
             platform_names = f.platforms or platform_names
@@ -133,7 +165,8 @@ class Manifest:
                 "add them to [workspace] platforms, e.g. { name = \"linux-64-cuda\", platform = \"linux-64\", cuda = \"13.0\" }",
             )
         platforms = [self.platforms[p].with_defaults(sysreq) for p in platform_names]
-        return EnvSpec(name, [spec_string(n, v) for n, v in deps.items()], channels, platforms)
+        options = self.pypi_options.merged(options, f"environment {name!r}") if pypi else PypiOptions()
+        return EnvSpec(name, [spec_string(n, v) for n, v in deps.items()], channels, platforms, list(pypi.values()), options)
 
 
 def spec_string(name: str, value: str | dict) -> str:
@@ -198,12 +231,62 @@ def _platform(entry: str | dict, path: Path) -> Platform:
     return Platform(str(entry.get("name", entry["platform"])), str(entry["platform"]), virtual)
 
 
-def _feature(table: dict, where: str) -> Feature:
+def pypi_requirement(name: str, value: object, where: str) -> str:
+    """A [pypi-dependencies] entry as a PEP 508 requirement: a version specifier string, or
+    pixi's table with `version` and `extras`. Sources that are no index (path, url, git) give
+    no wheel a lock can pin by hash and are refused."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"version", "extras"})
+        if unknown:
+            raise ExtforgeError(
+                f"[{where}] {name} = {{ {unknown[0]} = ... }} is not locked by extforge",
+                "extforge locks wheels from the workspace's indexes ([pypi-options] index-url, extra-index-urls, "
+                "find-links), each pinned by its sha256; a path, url, git or per-package index source is none of those",
+                "publish the wheel to the site's wheel index and depend on it by version",
+            )
+        extras = value.get("extras", [])
+        version = str(value.get("version", "*"))
+        text = f"{name}[{','.join(map(str, extras))}]" if extras else name
+    else:
+        text, version = name, str(value)
+    version = version.strip()
+    text += "" if version in ("", "*") else version
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        raise ExtforgeError(f"[{where}] {name} = {value!r} is not a PyPI requirement", str(exc),
+                            'write a version specifier such as "==2.8.3" or ">=1.0,<2", or "*"') from exc
+    return text
+
+
+def _pypi_options(table: dict, where: str) -> PypiOptions:
+    known = {"index-url", "extra-index-urls", "find-links", "no-build", "index-strategy"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ExtforgeError(f"unknown key {unknown[0]!r} in [{where}]", f"extforge reads {', '.join(sorted(known))}",
+                            "remove it")
+    links = []
+    for entry in table.get("find-links", []):
+        link = entry.get("path") or entry.get("url") if isinstance(entry, dict) else None
+        if not isinstance(link, str):
+            raise ExtforgeError(f"a find-links entry of [{where}] is not {{ path = ... }} or {{ url = ... }}", str(entry),
+                                'write find-links = [{ path = "/nfs/wheels" }]')
+        links.append(link)
+    return PypiOptions(table.get("index-url"), tuple(table.get("extra-index-urls", [])), tuple(links))
+
+
+def _feature(table: dict, prefix: str) -> Feature:
+    """A feature's tables; prefix: "" for the workspace's own, "feature.NAME." for a feature."""
     return Feature(
         dependencies=dict(table.get("dependencies", {})),
+        pypi_dependencies={n: pypi_requirement(n, v, f"{prefix}pypi-dependencies")
+                           for n, v in table.get("pypi-dependencies", {}).items()},
+        pypi_options=_pypi_options(table.get("pypi-options", {}), f"{prefix}pypi-options"),
         channels=[c if isinstance(c, str) else c["channel"] for c in table["channels"]] if "channels" in table else None,
         platforms=[p if isinstance(p, str) else p.get("name", p.get("platform")) for p in table["platforms"]] if "platforms" in table else None,
-        system_requirements=_virtual_from_sysreq(table.get("system-requirements", {}), where),
+        system_requirements=_virtual_from_sysreq(table.get("system-requirements", {}), f"[{prefix}system-requirements]"),
     )
 
 
@@ -218,21 +301,12 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     ws = data.get("workspace") or data.get("project")
     if not ws:
         raise ExtforgeError(f"{path} has no [workspace] table", "pixi manifests declare channels and platforms there", "add [workspace] with channels and platforms")
-    pypi = [t for t, table in [("", data), *((f"feature.{n}.", f) for n, f in data.get("feature", {}).items())]
-             if "pypi-dependencies" in table]
-    if pypi:
-        raise ExtforgeError(
-            f"{path} has [{pypi[0]}pypi-dependencies]: extforge locks conda packages only",
-            "PyPI packages would be left out of pixi.lock without a word, and `extforge install` would not install them",
-            "package them for the site channel (a conda recipe) and list them under [dependencies], "
-            "or lock this workspace with pixi itself",
-        )
-    features = {DEFAULT_FEATURE: _feature(data, "[system-requirements]")}
+    features = {DEFAULT_FEATURE: _feature(data, "")}
     deprecations = []
     if "system-requirements" in data:
         deprecations.append("[system-requirements]")
     for name, table in data.get("feature", {}).items():
-        features[name] = _feature(table, f"[feature.{name}.system-requirements]")
+        features[name] = _feature(table, f"feature.{name}.")
         if "system-requirements" in table:
             deprecations.append(f"[feature.{name}.system-requirements]")
     envs: dict[str, tuple[list[str], bool]] = {}
@@ -254,6 +328,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         features=features,
         environments=envs,
         tool=data.get("tool", {}).get("extforge", {}),
+        pypi_options=_pypi_options(data.get("pypi-options", {}), "pypi-options"),
         deprecations=[
             f"{path.name}: {table} is deprecated in pixi (since 0.71); declare the virtual packages on the "
             'platform instead: [workspace] platforms = [{ platform = "linux-64", cuda = "13.0", glibc = "2.28" }]'

@@ -8,8 +8,8 @@ from pathlib import Path
 from ..channel.mirrors import add_channel_map_option
 from ..errors import EXIT_FINDINGS, EXIT_OK
 
-HELP = ("lock pixi.toml's environments into pixi.lock (and envs/*.explicit.txt, *.environment.yml, *.conda-lock.yml); "
-        "--check for staleness")
+HELP = ("lock pixi.toml's environments into pixi.lock (and envs/*.explicit.txt, *.environment.yml, *.conda-lock.yml), "
+        "their [pypi-dependencies] into pylock.<env>.toml; --check for staleness")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
         emit_json(result.to_json() | {"mirrors": mirrors.table, "mirror_sources": list(mirrors.sources), "warnings": manifest.deprecations})
     else:
         for name, count in result.environments.items():
-            console.print(f"  {name}: {count} packages")
+            wheels = f", {result.pypi[name]} PyPI wheels in pylock.toml" if name in result.pypi else ""
+            console.print(f"  {name}: {count} packages{wheels}")
     return EXIT_OK

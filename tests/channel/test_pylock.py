@@ -1,0 +1,60 @@
+"""`extforge lock` on a manifest whose environment has [pypi-dependencies]: a PEP 751
+pylock.toml that the real pip and uv install as it is, with every wheel's sha256 required."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import tomllib
+
+from channel.pip_envs import EXT_VERSION, PipSite, pip_site  # noqa: F401  (the fixture)
+from cli_run import run_extforge
+
+SHORT = ".".join(platform.python_version().split(".")[:2])
+
+
+def _lock(site: PipSite, *args: str):
+    res = run_extforge("lock", "--manifest", str(site.manifest), *args)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_lock_writes_a_pylock_that_pip_and_uv_install_with_hashes(pip_site: PipSite, tmp_path):
+    """The old code refused the manifest ("extforge locks conda packages only"); now the PyPI part
+    is locked into pylock.node.toml: the extension wheel from the index and its PyPI dependency,
+    each with URL, size and sha256, for this Python on linux-64 only; pip (`-r`) and uv (`pip
+    install -r`, `pip sync`) install it into fresh venvs, where the compiled module runs."""
+    res = _lock(pip_site, "--json")
+    assert json.loads(res.stdout)["pypi"] == {"node": 2}
+    lock = tomllib.loads(pip_site.pylock.read_text())
+    assert lock["lock-version"] == "1.0" and lock["created-by"] == "extforge"
+    assert lock["requires-python"] == f"=={SHORT}.*"
+    assert lock["environments"] == [f"sys_platform == 'linux' and platform_machine == 'x86_64' and "
+                                    f"implementation_name == 'cpython' and python_version == '{SHORT}'"]
+    by_name = {p["name"]: p for p in lock["packages"]}
+    assert sorted(by_name) == ["pip-ext", "pip-pure"]
+    assert by_name["pip-ext"]["version"] == EXT_VERSION
+    for package in lock["packages"]:
+        (wheel,) = package["wheels"]
+        built = next(w for w in pip_site.wheels if w.name == wheel["name"])
+        assert wheel["hashes"] == {"sha256": hashlib.sha256(built.read_bytes()).hexdigest()}
+        assert wheel["size"] == built.stat().st_size
+        assert wheel["url"].startswith(pip_site.index.removesuffix("simple")), wheel["url"]
+
+    check = "import pip_ext, pip_pure; assert pip_ext.greet('node') == 'hello node' and pip_pure.VALUE == 42"
+    by_pip = pip_site.venv(tmp_path / "by-pip")
+    res = pip_site.pip_install(by_pip, "-r", str(pip_site.pylock))
+    assert res.returncode == 0, res.stderr
+    by_uv = pip_site.venv(tmp_path / "by-uv")
+    res = pip_site.uv_pip("install", by_uv, "--require-hashes", "-r", str(pip_site.pylock))
+    assert res.returncode == 0, res.stderr
+    by_sync = pip_site.venv(tmp_path / "by-uv-sync")
+    res = pip_site.uv_pip("sync", by_sync, "--require-hashes", str(pip_site.pylock))
+    assert res.returncode == 0, res.stderr
+    for venv in (by_pip, by_uv, by_sync):
+        run = __import__("subprocess").run([str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True)
+        assert run.returncode == 0, (venv, run.stderr)
+
+    res = run_extforge("lock", "--manifest", str(pip_site.manifest), "--check")
+    assert res.returncode == 0, res.stdout + res.stderr
