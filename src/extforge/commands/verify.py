@@ -10,14 +10,16 @@ from pathlib import Path
 from ..options import option_type, positive_int
 
 HELP = ("verify an installed environment: packages vs lock, every entry of the prefix accounted for (sha256, kind, "
-        "link target, mode), node admission (driver, GPU archs, glibc)")
+        "link target, mode), node admission (driver, GPU archs, glibc); a pip/uv venv against its pylock.toml")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prefix", type=Path, metavar="PREFIX")
+    parser.add_argument("prefix", type=Path, metavar="PREFIX", help="a prefix extforge installed, or a venv (pyvenv.cfg) "
+                        "pip or uv installed from a pylock.toml (pass it as --lock)")
     parser.add_argument("--env", metavar="NAME", help="environment name in the lock (needed with --lock)")
     parser.add_argument("--lock", type=Path, help="compare installed packages with this pixi.lock (default: the lock of the "
-                        "install record beside PREFIX, believed only when nobody but its owner and root can write it)")
+                        "install record beside PREFIX, believed only when nobody but its owner and root can write it); "
+                        "for a venv, the pylock.toml it was installed from")
     parser.add_argument("--threads", type=option_type(positive_int), help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
@@ -44,15 +46,19 @@ def run(args: argparse.Namespace) -> int:
 
         return verify_slurm(args)
     from ..channel.mirrors import site_mirrors
+    from ..channel.venv import is_venv, verify_venv
     from ..channel.verify import verify_prefix
     from ..ui import console, emit_json
 
     # From the process start to here: the interpreter and every import verify needs.
     started = process_seconds()
-    # Packages installed through this site's mirror came from the lock's channels all the same.
-    mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
-    report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash,
-                           mirrors=mirrors)
+    if is_venv(args.prefix):
+        report = verify_venv(args.prefix, args.lock, threads=args.threads)
+    else:
+        # Packages installed through this site's mirror came from the lock's channels all the same.
+        mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
+        report = verify_prefix(args.prefix, lock_path=args.lock, env=args.env, threads=args.threads, rehash=args.rehash,
+                               mirrors=mirrors)
     if started is not None:
         report.phases = {"python start-up and imports": started} | report.phases
     if args.json:

@@ -1,0 +1,110 @@
+"""`extforge verify VENV --lock pylock.toml`: a venv that pip or uv installed from the lock
+passes; a changed byte, a RECORD edited to match it, a planted .pth or a .pyc that is not its
+source's make it fail, each named. The old code refused any venv ("is not a conda environment",
+exit 2): pip users had no check at all."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from channel.pip_envs import PipSite, pip_site  # noqa: F401  (the fixture)
+from cli_run import run_extforge
+
+
+@pytest.fixture(scope="module")
+def locked(pip_site: PipSite) -> PipSite:
+    res = run_extforge("lock", "--manifest", str(pip_site.manifest))
+    assert res.returncode == 0, res.stderr
+    return pip_site
+
+
+def _verify(venv, lock, expect: int) -> dict:
+    res = run_extforge("verify", str(venv), "--lock", str(lock), "--json")
+    assert res.returncode == expect, res.stdout + res.stderr
+    return {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+
+
+def _site(venv):
+    (site,) = venv.glob("lib/python3*/site-packages")
+    return site
+
+
+def _installed_by(site: PipSite, client: str, venv):
+    if client == "pip":
+        res = site.pip_install(venv, "-r", str(site.pylock))
+    else:
+        res = site.uv_pip("sync", venv, "--require-hashes", str(site.pylock))
+    assert res.returncode == 0, res.stderr
+    return venv
+
+
+@pytest.mark.parametrize("client", ["pip", "uv"])
+def test_a_venv_installed_from_the_lock_passes_and_a_changed_byte_fails(locked: PipSite, client, tmp_path):
+    venv = _installed_by(locked, client, locked.venv(tmp_path / client))
+    # Python writes byte code after the install (uv compiles none): checked against its source, no finding.
+    subprocess.run([str(venv / "bin" / "python"), "-c", "import pip_ext, pip_pure"], check=True)
+    checks = _verify(venv, locked.pylock, 0)
+    assert checks["packages"]["summary"].startswith("2 installed vs 2 locked")
+    assert "0 problem(s)" in checks["files"]["summary"]
+
+    (so,) = _site(venv).glob("pip_ext/_core*.so")
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    rel = so.relative_to(venv)
+    checks = _verify(venv, locked.pylock, 1)
+    assert any(f.startswith(f"modified: {rel} (pip-ext)") for f in checks["files"]["findings"]), checks["files"]
+
+
+def test_a_record_edited_to_match_a_changed_file_is_still_found(locked: PipSite, tmp_path):
+    """The venv's RECORD is no evidence: whoever changes a file rewrites its line as well."""
+    venv = _installed_by(locked, "pip", locked.venv(tmp_path / "v"))
+    init = _site(venv) / "pip_pure" / "__init__.py"
+    init.write_text("import os; VALUE = 42\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(init.read_bytes()).digest()).rstrip(b"=").decode()
+    (record,) = _site(venv).glob("pip_pure-*.dist-info/RECORD")
+    lines = [f"pip_pure/__init__.py,sha256={digest},{init.stat().st_size}" if line.startswith("pip_pure/__init__.py,")
+             else line for line in record.read_text().splitlines()]
+    record.write_text("\n".join(lines) + "\n")
+    checks = _verify(venv, locked.pylock, 1)
+    rel = init.relative_to(venv)
+    assert any(f.startswith(f"modified: {rel} (pip-pure)") for f in checks["files"]["findings"]), checks["files"]
+
+
+def test_a_planted_pth_and_a_foreign_pyc_are_named(locked: PipSite, tmp_path):
+    venv = _installed_by(locked, "pip", locked.venv(tmp_path / "v"))
+    site = _site(venv)
+    (site / "zz-startup.pth").write_text("import os; os.system('true')\n")
+    # pip compiled pip_pure/__init__.py at install; the .pyc now holds other code with its header.
+    (pyc,) = (site / "pip_pure" / "__pycache__").glob("__init__.*.pyc")
+    other = tmp_path / "other.py"
+    other.write_text("VALUE = 43\n")
+    import py_compile
+
+    py_compile.compile(str(other), cfile=str(tmp_path / "other.pyc"), doraise=True)
+    pyc.write_bytes(pyc.read_bytes()[:16] + (tmp_path / "other.pyc").read_bytes()[16:])
+    checks = _verify(venv, locked.pylock, 1)
+    pth = (site / "zz-startup.pth").relative_to(venv)
+    assert f"unowned: {pth} (a .pth file: runs at every python start)" in checks["unowned"]["findings"]
+    assert f"byte code: {pyc.relative_to(venv)}: its code is not its source's" in checks["files"]["findings"]
+
+
+def test_pip_seeded_by_the_venv_passes_and_a_package_off_the_lock_fails(locked: PipSite, tmp_path):
+    venv = tmp_path / "with-pip"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    _installed_by(locked, "pip", venv)
+    checks = _verify(venv, locked.pylock, 0)
+    assert "seeded by the venv" in checks["packages"]["summary"]
+    res = locked.pip_install(venv, "--no-index", "--find-links", str(locked.wheels[0].parent), "--force-reinstall",
+                             "--no-deps", "pip-pure==1.0")
+    assert res.returncode == 0, res.stderr
+    # The same wheel again: still the lock's. Without --lock, the venv cannot vouch for itself.
+    _verify(venv, locked.pylock, 0)
+    res = run_extforge("verify", str(venv))
+    assert res.returncode == 1 and "--lock pylock.ENV.toml" in res.stderr, res.stderr
