@@ -101,3 +101,4 @@ def copy_packages(pkgs: list[Path], dest: Path) -> list[Path]:
 
 
 from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)
+from channel.pip_envs import pip_site  # noqa: E402, F401  (pip users: a wheel index, pip and uv)

@@ -8,7 +8,7 @@ import json
 import platform
 import tomllib
 
-from channel.pip_envs import EXT_VERSION, PipSite, pip_site  # noqa: F401  (the fixture)
+from channel.pip_envs import EXT_VERSION, PipSite
 from cli_run import run_extforge
 
 SHORT = ".".join(platform.python_version().split(".")[:2])

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from channel.pip_envs import PipSite, pip_site  # noqa: F401  (the fixture)
+from channel.pip_envs import PipSite
 from cli_run import run_extforge
 
 
