@@ -100,5 +100,5 @@ def copy_packages(pkgs: list[Path], dest: Path) -> list[Path]:
     return [Path(shutil.copy2(p, dest / p.name)) for p in pkgs]
 
 
-from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)
 from channel.pip_envs import pip_site  # noqa: E402, F401  (pip users: a wheel index, pip and uv)
+from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)
