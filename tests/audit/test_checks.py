@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from extforge.audit import audit_target
 from extforge.audit.elf import open_elf
+from extforge.errors import ExtforgeError
 from extforge.fatbin import arch_sets, parse_fatbin
 
 
@@ -50,9 +53,17 @@ def test_symbol_missing_from_the_target_library_is_demangled_and_grouped(elfs):
 
 
 def test_library_not_in_target_is_an_error(elfs, tmp_path):
+    (tmp_path / "pyvenv.cfg").write_text("home = /nonexistent\n")  # a venv without the library
     report = audit_target(elfs["good"], against=tmp_path)
     (finding,) = _errors(report, "libraries")
     assert finding.library == "libtarget.so"
+
+
+def test_a_folder_that_is_no_environment_is_named_as_such(elfs, tmp_path):
+    """The old code audited against an empty folder (every library "not found in the target
+    environment"): a typo in --against read as a broken extension."""
+    with pytest.raises(ExtforgeError, match="is neither a venv \\(no pyvenv.cfg\\) nor a conda prefix \\(no conda-meta\\)"):
+        audit_target(elfs["good"], against=tmp_path)
 
 
 def test_glibcxx_newer_than_the_floor_is_an_error(elfs):
@@ -117,7 +128,8 @@ def test_libpython_of_a_venv_target_is_found_in_its_base_python(tmp_path):
     report = audit_target(so, against=venv)
     assert report.ok, report.render()
     assert report.modules[0].unresolved == 0
-    assert not audit_target(so, against=tmp_path / "venv" / "bin").ok  # no base python: not found
+    with pytest.raises(ExtforgeError, match="is neither a venv"):  # its bin/ folder is no environment
+        audit_target(so, against=tmp_path / "venv" / "bin")
 
 
 def test_a_static_libstdcxx_exported_by_the_module_is_an_error(elfs):

@@ -27,6 +27,7 @@ from .policy import parse_archs, parse_glibc
 from .report import AuditReport, Finding, ModuleFacts
 from .resolve import Resolver, TargetEnv, target_env
 from .search_paths import placement
+from .wheel_target import tag_glibc, wheel_findings
 
 __all__ = ["AuditReport", "Finding", "ModuleFacts", "TorchVerdict", "audit_every_torch", "audit_package", "audit_target"]
 
@@ -91,19 +92,20 @@ def _audit_payload(
             against, source = pinned_torch_prefix(payload.depends, channel), "channel"
     env = target_env(Path(against) if against else None)
     report = AuditReport(
-        target=str(target), against=str(against) if against else None, against_source=source,
+        target=str(target), against=str(against) if against else None, against_source=source, against_kind=env.kind,
         name=payload.name, version=payload.version, build=payload.build, torch=env.torch,
         cuda_version=env.cuda_version,
     )
     report.extend(pin_findings)
     report.extend(packaging_findings(payload))
-    floor = glibc or pinned_glibc(payload.depends)
+    # A wheel's manylinux tag is its promise of the oldest glibc (and that glibc's libstdc++) it runs on.
+    floor = glibc or pinned_glibc(payload.depends) or tag_glibc(payload.wheel_tags)
     resolver = Resolver(env, payload.root)
     subdir = report.platform = _target_subdir(payload, env, resolver)
     report.extend(_platform_findings(payload, subdir))
     recorded = recorded_archs(payload.root) if archs is None and payload.kind == "conda" else None
     ctx = Context(env=env, resolver=resolver, archs=archs or recorded, glibc=floor, subdir=subdir,
-                  exact_archs=recorded is not None)
+                  exact_archs=recorded is not None, wheel=payload.kind == "wheel")
     try:
         for path in payload.elf_files:
             rel = payload.relative(path)
@@ -115,6 +117,9 @@ def _audit_payload(
                 report.target_cxx11_abi = result.target_cxx11_abi
     finally:
         resolver.close()
+    if payload.kind == "wheel":
+        report.extend(wheel_findings(payload.name, payload.version, payload.wheel_tags, payload.requires_dist, env,
+                                     report.target_cxx11_abi))
     if archs and report.modules and not any(m.sass_archs or m.ptx_archs for m in report.modules):
         report.add(Finding("error", "gpu", f"promised {', '.join(archs)} but no module contains GPU code",
                            cause="the extension was compiled without CUDA (no .nv_fatbin section)",

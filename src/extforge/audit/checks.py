@@ -36,6 +36,7 @@ class Context:
     # The archs are the build's exact code list (the build record of extforge's build layer):
     # code for any other arch is a finding too (upstream's own -gencode got through).
     exact_archs: bool = False
+    wheel: bool = False  # the modules come from a wheel: its fixes are pip's, not a recipe's
 
 
 @dataclass
@@ -144,6 +145,7 @@ def symbol_findings(ctx: Context, rel: str, resolution: Resolution, module_abi: 
                     target_abi: bool | None) -> list[Finding]:
     names = demangle_all(s.name for s in resolution.unresolved)
     texts = policy()
+    fixes = texts["fixes"] | (texts["wheel_fixes"] if ctx.wheel else {})
     absent = {name for name, _by in resolution.missing}
     findings = []
     for sym in resolution.unresolved:
@@ -151,12 +153,13 @@ def symbol_findings(ctx: Context, rel: str, resolution: Resolution, module_abi: 
         library = _expected_library(sym, demangled)
         kind = classify(sym, demangled, library, module_abi, target_abi, absent)
         values = {"module_abi": _abi_int(module_abi), "target_abi": _abi_int(target_abi),
-                  "target_abi_int": _abi_int(target_abi), "library": library or "its library",
+                  "target_abi_int": _abi_int(target_abi), "target_abi_bool": str(target_abi).upper(),
+                  "library": library or "its library",
                   "torch": ctx.env.torch or "unknown", "version": sym.version or ""}
         shown = f"{demangled}@{sym.version}" if sym.version else demangled
         findings.append(Finding(
             "error", "symbols", f"{rel}: unresolved {shown}", module=rel, symbol=shown, library=library,
-            cause=texts["causes"][kind].format(**values), fix=texts["fixes"][kind].format(**values),
+            cause=texts["causes"][kind].format(**values), fix=fixes[kind].format(**values),
         ))
     if resolution.assumed_interpreter:
         findings.append(Finding("info", "symbols",

@@ -26,6 +26,7 @@ from .report import Finding
 
 EXT_MODULE = re.compile(r"\.(cpython-\d+[^.]*|abi3|pypy[^.]*)\.so$")
 _SHARED = re.compile(r"\.so(\.\d+)*$")
+METADATA_LIMIT = 16 * 1024 * 1024
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Payload:
     build: str | None = None
     depends: list[str] = field(default_factory=list)
     wheel_tags: list[str] = field(default_factory=list)
+    requires_dist: list[str] = field(default_factory=list)  # a wheel's Requires-Dist lines
     subdir: str | None = None  # the platform a conda package installs on (info/index.json)
     # file -> the build prefix written into it, which conda clients replace with the install prefix
     placeholders: dict[str, str] = field(default_factory=dict)
@@ -201,6 +203,11 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
                 elif _SHARED.search(member):
                     zf.extract(member, root)
                     payload.elf_files.append(root / member)
+                elif member.count("/") == 1 and member.endswith(".dist-info/METADATA"):
+                    with zf.open(member) as fh:
+                        text = fh.read(METADATA_LIMIT).decode("utf-8", "replace")
+                    payload.requires_dist = [line.split(":", 1)[1].strip() for line in text.splitlines()
+                                             if line.startswith("Requires-Dist:")]
                 elif PurePosixPath(member).name == "WHEEL" and member.count("/") == 1:
                     tags = [line.split(":", 1)[1].strip() for line in zf.read(member).decode().splitlines()
                             if line.startswith("Tag:")]

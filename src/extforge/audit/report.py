@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ..errors import ExtforgeError
 from ..stamp import AuditStamp
 from .glibc import version_key
+from .resolve import TARGET_KINDS
 
 Severity = Literal["error", "warning", "info"]
 AGAINST_SOURCES = {
@@ -55,6 +56,7 @@ class AuditReport:
     target: str
     against: str | None = None
     against_source: str | None = None  # a key of AGAINST_SOURCES; None: the system libraries alone
+    against_kind: str | None = None  # a key of resolve.TARGET_KINDS (venv, conda, ...)
     name: str | None = None
     version: str | None = None
     build: str | None = None
@@ -131,6 +133,7 @@ class AuditReport:
             "target": self.target,
             "against": self.against,
             "against_source": self.against_source,
+            "against_kind": self.against_kind,
             "name": self.name,
             "version": self.version,
             "build": self.build,
@@ -154,7 +157,8 @@ class AuditReport:
         """Rich markup for people: a header, then the findings grouped by check."""
         lines = [f"[bold]audit of {self.target}[/bold]" + (f" against {self.against}" if self.against else "")]
         if self.against_source:
-            lines.append(f"  target: {AGAINST_SOURCES[self.against_source]}")
+            kind = f" ({TARGET_KINDS[self.against_kind]})" if self.against_kind else ""
+            lines.append(f"  target: {AGAINST_SOURCES[self.against_source]}{kind}")
         if self.platform:
             lines.append(f"  platform: {self.platform}")
         if self.torch:

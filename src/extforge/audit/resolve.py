@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ExtforgeError
 from .elf import ElfObject, Symbol, open_elf
 from .policy import is_interpreter_symbol, policy
 
@@ -37,11 +38,18 @@ class TargetEnv:
     """The environment a module must load in: a prefix, a site-packages, or a bare lib dir."""
 
     root: Path | None
+    kind: str | None = None  # a key of TARGET_KINDS; None: the system libraries alone
     lib_dirs: list[Path] = field(default_factory=list)
     interpreter: Path | None = None
     torch_lib: Path | None = None
     torch: str | None = None  # "2.14.1+cu130" or "2.14.1 cuda130_py311_h..._0"
     cuda_version: str | None = None
+    python: str | None = None  # "3.12", from its lib/python3.X folder
+
+    @property
+    def torch_version(self) -> str | None:
+        """The torch release alone: "2.14.1+cu130" (pip) or "2.14.1" (conda's version and build)."""
+        return self.torch.split()[0] if self.torch else None
 
     def is_system(self, path: Path) -> bool:
         return any(path.is_relative_to(d) for d in SYSTEM_DIRS) and not (
@@ -49,13 +57,46 @@ class TargetEnv:
         )
 
 
+TARGET_KINDS = {
+    "venv": "a virtual environment (pyvenv.cfg): pip's torch and the nvidia-* wheels it loads",
+    "conda": "a conda prefix (conda-meta)",
+    "torch-lib": "a torch/lib folder",
+    "site-packages": "a site-packages folder or a prefix holding one",
+    "libraries": "a folder of libraries",
+}
+
+
+def target_kind(root: Path) -> str | None:
+    """Which kind of environment a folder is (a key of TARGET_KINDS); None: none of them."""
+    if (root / "pyvenv.cfg").is_file():
+        return "venv"
+    if (root / "conda-meta").is_dir():
+        return "conda"
+    if (root / "libc10.so").is_file():
+        return "torch-lib"
+    if root.name.endswith("-packages") or (root / "torch").is_dir() or next(root.glob("lib/python3*/site-packages"), None):
+        return "site-packages"
+    if next(root.glob("*.so*"), None) is not None:
+        return "libraries"
+    return None
+
+
 def target_env(root: Path | None) -> TargetEnv:
     """Find the lib dirs, interpreter and torch of `root` (None: the system alone)."""
     if root is None:
         return TargetEnv(None)
     root = root.resolve()
-    env = TargetEnv(root)
-    if (root / "libc10.so").is_file():  # a torch/lib folder given directly
+    kind = target_kind(root)
+    if kind is None:
+        raise ExtforgeError(
+            f"{root} is neither a venv (no pyvenv.cfg) nor a conda prefix (no conda-meta)",
+            "nor a site-packages folder, a torch/lib folder or a folder of libraries: there is no environment to "
+            "resolve the modules' libraries and symbols in",
+            "pass the environment the modules must run in: a venv made by `python -m venv`, a conda prefix, "
+            "its site-packages folder or its torch/lib folder",
+        )
+    env = TargetEnv(root, kind)
+    if kind == "torch-lib":
         env.lib_dirs.append(root)
         env.torch_lib = root
         _read_torch_version(env, root.parent)
@@ -65,6 +106,7 @@ def target_env(root: Path | None) -> TargetEnv:
         env.lib_dirs.append(root)
     env.lib_dirs.extend(d for d in (root / "lib", root / "lib64") if d.is_dir())
     site_dirs = [root, *sorted(root.glob("lib/python3*/site-packages"))]
+    env.python = next((d.parent.name.removeprefix("python") for d in site_dirs[1:]), None)
     for site in site_dirs:
         if env.torch_lib is None and (site / "torch" / "lib").is_dir():
             env.torch_lib = site / "torch" / "lib"

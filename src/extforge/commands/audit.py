@@ -28,7 +28,8 @@ def _policy(validator: str) -> Callable[[str], Any]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", type=Path, metavar="TARGET", help=".conda/.tar.bz2 package, wheel, prefix or .so")
     parser.add_argument("--against", type=Path, metavar="PREFIX",
-                        help="the environment it must run in (a prefix, a site-packages dir or a torch/lib dir)")
+                        help="the environment it must run in: a venv (pip's torch and its nvidia-* wheels), a conda prefix, "
+                        "a site-packages dir or a torch/lib dir")
     parser.add_argument("--channel", metavar="URL", action="append",
                         help="without --against: install the package's pinned pytorch from this channel "
                         "(repeatable, in priority order)")
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.against is not None and not args.against.exists():
         raise ExtforgeError(f"--against {args.against} does not exist", "",
-                            "pass the environment's prefix, its site-packages folder or its torch/lib folder")
+                            "pass the environment's venv or prefix, its site-packages folder or its torch/lib folder")
     if args.channel and not args.target.name.endswith((".conda", ".tar.bz2")):
         raise ExtforgeError(
             f"--channel does not apply to {args.target.name}",
