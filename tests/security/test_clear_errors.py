@@ -189,10 +189,12 @@ def test_manifest_platforms_and_pypi_dependencies_are_checked(sandbox):
     (ws / "pixi.toml").write_text(head + 'platforms = ["linux-64", "beos-99"]\n[dependencies]\npython = "*"\n')
     res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--json", expect=2)
     assert _json_error(res)["error"] == f"platform 'beos-99' in {ws / 'pixi.toml'} is not a conda subdir"
+    # PyPI dependencies are locked into pylock.toml, from indexes only: a path source pins no wheel by hash.
     for table in ("pypi-dependencies", "feature.gpu.pypi-dependencies"):
-        (ws / "pixi.toml").write_text(head + f'platforms = ["linux-64"]\n[dependencies]\npython = "*"\n[{table}]\nrequests = "*"\n')
+        (ws / "pixi.toml").write_text(head + f'platforms = ["linux-64"]\n[dependencies]\npython = "*"\n[{table}]\n'
+                                      'requests = { path = "./requests" }\n')
         res = sandbox.run("lock", "--manifest", str(ws / "pixi.toml"), "--json", expect=2)
-        assert _json_error(res)["error"] == f"{ws / 'pixi.toml'} has [{table}]: extforge locks conda packages only"
+        assert _json_error(res)["error"] == f"[{table}] requests = {{ path = ... }} is not locked by extforge"
     assert not (ws / "pixi.lock").exists()
 
 
