@@ -58,3 +58,26 @@ def test_lock_writes_a_pylock_that_pip_and_uv_install_with_hashes(pip_site: PipS
 
     res = run_extforge("lock", "--manifest", str(pip_site.manifest), "--check")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_torch_row_is_locked_from_the_mirrors_wheels(pip_site: PipSite, tmp_path):
+    """pip's torch 2.14.1+cu130 wheels, which the mirror fixture downloads (a folder of find-links
+    beside the wheel index): torch, its nvidia-* wheels and its PyPI dependencies are locked, each
+    the very file with its sha256, for this Python's manylinux_2_28 platform."""
+    from extforge import mirror
+
+    wheels = mirror.from_pip(mirror.pip_requirements("torch==2.14.1", [])).artifacts["torch"].wheel.parent
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    text = pip_site.manifest.read_text().replace('pip-ext = "==1.0+cpu"', 'pip-ext = "==1.0+cpu"\ntorch = "==2.14.1"')
+    (ws / "pixi.toml").write_text(text.replace("[environments]", f'find-links = [{{ path = "{wheels}" }}]\n\n[environments]'))
+    res = run_extforge("lock", "--manifest", str(ws / "pixi.toml"), "--json")
+    assert res.returncode == 0, res.stderr
+    lock = tomllib.loads((ws / "pylock.node.toml").read_text())
+    by_name = {p["name"]: p for p in lock["packages"]}
+    assert by_name["torch"]["version"] == "2.14.1"
+    (torch,) = by_name["torch"]["wheels"]
+    local = wheels / torch["name"]
+    assert torch["url"] == local.as_uri() and torch["size"] == local.stat().st_size
+    assert torch["hashes"]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert {"nvidia-cuda-runtime", "nvidia-cublas", "sympy", "pip-ext", "pip-pure"} <= set(by_name)
