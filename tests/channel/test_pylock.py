@@ -81,3 +81,13 @@ def test_the_torch_row_is_locked_from_the_mirrors_wheels(pip_site: PipSite, tmp_
     assert torch["url"] == local.as_uri() and torch["size"] == local.stat().st_size
     assert torch["hashes"]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
     assert {"nvidia-cuda-runtime", "nvidia-cublas", "sympy", "pip-ext", "pip-pure"} <= set(by_name)
+
+
+def test_install_of_the_conda_part_names_the_pylock(pip_site: PipSite, tmp_path):
+    """pixi.lock holds the environment's conda packages only: install says where the PyPI part is
+    (the old code refused to lock such a manifest at all)."""
+    _lock(pip_site)
+    prefix = tmp_path / "env"
+    res = run_extforge("install", "node", "--prefix", str(prefix), "--lock", str(pip_site.workspace / "pixi.lock"))
+    assert res.returncode == 0, res.stderr
+    assert f"its PyPI packages: {prefix}/bin/python -m pip install -r {pip_site.pylock}" in res.stderr

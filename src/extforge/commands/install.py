@@ -40,10 +40,15 @@ def run(args: argparse.Namespace) -> int:
     mirrors = site_mirrors(lock_path.parent, manifest.tool.get("channel-map", {}) if manifest else None, args.channel_map)
     with step(f"install {args.env} into {args.prefix}", quiet=args.json):
         result = install_env(lock_path, args.env, args.prefix, mirrors=mirrors)
+    # The environment's [pypi-dependencies] are locked beside pixi.lock, for pip or uv to install.
+    pylocks = sorted(lock_path.parent.glob(f"pylock.{args.env}*.toml")) if manifest and manifest.env(args.env).pypi else []
     if args.json:
-        emit_json(result.to_json())
+        emit_json(result.to_json() | {"pylocks": [str(p) for p in pylocks]})
     else:
         for f in result.cache_mismatches:
             console.print(f"  repaired {f}: the cache held other bytes than the package the lock names", markup=False, style="yellow")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
+        for pylock in pylocks:
+            console.print(f"  its PyPI packages: {result.prefix}/bin/python -m pip install -r {pylock} "
+                          f"(or uv pip sync --python {result.prefix}/bin/python {pylock})", markup=False)
     return EXIT_OK
