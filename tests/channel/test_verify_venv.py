@@ -108,3 +108,43 @@ def test_pip_seeded_by_the_venv_passes_and_a_package_off_the_lock_fails(locked: 
     _verify(venv, locked.pylock, 0)
     res = run_extforge("verify", str(venv))
     assert res.returncode == 1 and "--lock pylock.ENV.toml" in res.stderr, res.stderr
+
+
+def test_a_shared_venv_is_verified_by_another_user_and_a_co_tenants_pth_is_named(pip_site: PipSite, peer_site):
+    """A venv on shared storage that a group may write: a site user verifies it with their own
+    trust folder and store (the wheels fetched and checked as that user), and a .pth another group
+    member planted is named. Run as the real users extforge-peer and extforge-peer2."""
+    import os
+
+    from channel.pip_envs import MANIFEST, client_env, python_channel, write_index
+
+    root = peer_site.root / "pip-users"
+    index = write_index(root / "wheels", pip_site.wheels)
+    channel = python_channel(root / "conda")
+    ws = root / "ws"
+    ws.mkdir()
+    short = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (ws / "pixi.toml").write_text(MANIFEST.format(channel=channel.as_uri(), python=short, ext_version="1.0+cpu", index=index))
+    assert run_extforge("lock", "--manifest", str(ws / "pixi.toml")).returncode == 0
+    venv = root / "venv"
+    subprocess.run([peer_site.python, "-m", "venv", "--without-pip", str(venv)], check=True, env=client_env())
+    res = pip_site.pip_install(venv, "-r", str(ws / "pylock.node.toml"))
+    assert res.returncode == 0, res.stderr
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                os.chown(path, 0, peer_site.gid)
+                os.chmod(path, os.stat(path).st_mode | 0o064 | (0o011 if name in dirs or os.access(path, os.X_OK) else 0))
+    peer, other = peer_site.peers
+    res = peer_site.run(peer, "verify", str(venv), "--lock", str(ws / "pylock.node.toml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    (site,) = venv.glob("lib/python3*/site-packages")
+    planted = site / "zz-co-tenant.pth"
+    planted.write_text("import os\n")
+    os.chown(planted, other.uid, peer_site.gid)
+    res = peer_site.run(peer, "verify", str(venv), "--lock", str(ws / "pylock.node.toml"), "--json")
+    assert res.returncode == 1, res.stdout + res.stderr
+    checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+    assert f"unowned: {planted.relative_to(venv)} (a .pth file: runs at every python start)" in checks["unowned"]["findings"]
