@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import subprocess
 import tomllib
 
 from channel.pip_envs import EXT_VERSION, PipSite
@@ -53,7 +54,7 @@ def test_lock_writes_a_pylock_that_pip_and_uv_install_with_hashes(pip_site: PipS
     res = pip_site.uv_pip("sync", by_sync, "--require-hashes", str(pip_site.pylock))
     assert res.returncode == 0, res.stderr
     for venv in (by_pip, by_uv, by_sync):
-        run = __import__("subprocess").run([str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True)
+        run = subprocess.run([str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True)
         assert run.returncode == 0, (venv, run.stderr)
 
     res = run_extforge("lock", "--manifest", str(pip_site.manifest), "--check")
