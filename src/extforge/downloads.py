@@ -173,19 +173,15 @@ def _watched(kind: type[_WatchedHTTP], deadline: _Deadline) -> Callable[..., htt
     return connection
 
 
-class _HTTPHandler(urllib.request.HTTPHandler):
+class _Handler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """urllib's http and https handlers (it uses this one for both) with watched connections."""
+
     def __init__(self, deadline: _Deadline) -> None:
         super().__init__()
         self._deadline = deadline
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(_watched(_WatchedHTTP, self._deadline), req)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
-        super().__init__()
-        self._deadline = deadline
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(_watched(_WatchedHTTPS, self._deadline), req)
@@ -259,7 +255,7 @@ def _pump(read: Callable[[int], bytes], out: BinaryIO | None, url: str, limit: i
 
 def _http(url: str, out: BinaryIO | None, limit: int, limits: Limits) -> str:
     deadline = _Deadline(limits.headers)
-    opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
+    opener = urllib.request.build_opener(_Handler(deadline))
     try:
         with deadline.running():
             resp = opener.open(url, timeout=limits.stall)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
-from servers import serving
 
 from extforge import engine, scaffold, sources
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
 from extforge.errors import ExtforgeError
+from servers import serving
 
 # Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.
 SETUP_PY = '''\

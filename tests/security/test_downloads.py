@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from servers import serving
 
 from .pyish import pyish_package

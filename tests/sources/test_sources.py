@@ -9,10 +9,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from servers import serving
 
 from extforge import sources
 from extforge.cli import main
+from servers import serving
 
 SETUP_PY = "from setuptools import setup\nsetup(name='tinypkg', version='1.0', py_modules=[])\n"
 
