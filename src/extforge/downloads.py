@@ -92,10 +92,6 @@ class Limits:
 class TooBig(Exception):
     """The source gave more bytes than the size the caller named (the lock's, the index's)."""
 
-    def __init__(self, url: str, size: int) -> None:
-        super().__init__(url, size)
-        self.url, self.size = url, size
-
 
 class Mismatch(Exception):
     """The bytes' sha256 is not the one the caller named; nothing was written."""
@@ -113,12 +109,20 @@ class _TooSlow(Exception):
     pass
 
 
+class _Unwritten(Exception):
+    """Writing the bytes failed (a full disk): the OSError is the writer's to report, not the source's."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class _Deadline:
-    """Shuts the socket of the connection it watches once `seconds` have passed since start():
-    a recv blocked on a server that trickles its headers then returns, and fetch says why."""
+    """Shuts the socket of the connection it watches once `seconds` have passed in running(): a
+    recv blocked on a server that trickles its headers then returns, and fetch says why."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds, self.hit = seconds, False
+        self.hit = False
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._expire)
@@ -242,7 +246,10 @@ def _pump(read: Callable[[int], bytes], out: BinaryIO | None, url: str, limit: i
             raise TooBig(url, limit)
         h.update(chunk)
         if out is not None:
-            out.write(chunk)
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                raise _Unwritten(exc) from None
         now = time.monotonic()
         if total - mark_bytes >= STALL_BYTES:
             mark_time, mark_bytes = now, total
@@ -293,6 +300,8 @@ def fetch(url: str, out: BinaryIO | None, *, size: int | None = None, limits: Li
             with open_regular(local, url) as src:
                 return _pump(src.read, out, url, limit, limits)
         return _http(url, out, limit, limits)
+    except _Unwritten as exc:
+        raise exc.error from None
     except TooBig:
         if size is not None:
             raise

@@ -133,11 +133,8 @@ def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) ->
                             "an index serving PyPI's JSON API names each file's filename, url and digests.sha256",
                             "pass --sdist FILE (and --url URL) instead") from exc
     size = entry.get("size")
-    if size is not None and not (type(size) is int and 0 < size):
-        why: str | None = f"its size {size!r} is not a number of bytes"
-    else:
-        sdist = Sdist(filename, url, sha256, size)
-        why = sdist_problem(sdist)
+    sdist = Sdist(filename, url, sha256.lower(), size if type(size) is int and size > 0 else None)
+    why = f"its size {size!r} is not a number of bytes" if size is not None and sdist.size is None else sdist_problem(sdist)
     if why is not None:
         raise ExtforgeError(f"the index's answer for {name} {version} names an sdist recipe new cannot use", why,
                             "check --index names the index meant, or pass --sdist FILE (and --url URL)")
@@ -184,7 +181,7 @@ def _json(url: str) -> dict[str, object]:
                             "few kB to a few MB", "pass the API's root with --index, or --sdist FILE") from None
     except ExtforgeError as exc:
         raise ExtforgeError(f"could not read {url}", f"{exc.what}: {exc.why}",
-                            "check the name and version, or work offline: --sdist FILE (and --url URL)") from None
+                            f"{exc.fix}; check the name and version, or work offline: --sdist FILE (and --url URL)") from None
     except (ValueError, RecursionError) as exc:  # not JSON, or nested past the parser's depth
         raise ExtforgeError(f"could not read {url}", f"it is not JSON ({type(exc).__name__})",
                             "check --index names PyPI's JSON API (or a proxy's), or work offline: --sdist FILE") from None
