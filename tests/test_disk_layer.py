@@ -38,7 +38,6 @@ ALLOWED: dict[str, str] = {
     "stamp.py::stamp_package": "writes tar members into the stream safe_files.atomic_writer opened",
     "build.py::_build_recipe": OTHERS + "the build's own output and work folders (build.py is changed by another branch)",
     "sources.py::_from_folders": OTHERS + "sources.py is changed by another branch",
-    "sources.py::_url_download": SCRATCH,
     "sources.py::fetch": OTHERS + "sources.py is changed by another branch",
     "mirror/__init__.py::build_mirror": MIRROR,
     "mirror/_stage.py::_write": MIRROR,

@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import ast
 import email.parser
+import io
 import json
+import lzma
 import re
-import shutil
 import tarfile
 import tomllib
-import urllib.request
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import build_layer, safe_files
-from .channel.hashing import sha256_file
+from . import build_layer, downloads
 from .errors import ExtforgeError
 
 PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
@@ -51,6 +52,18 @@ COMPILED = {".cu", ".cpp", ".cc", ".cxx", ".c"}
 # An environment variable setup.py reads: os.getenv("X"), os.environ.get("X"), os.environ["X"].
 ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
+# What the index and the sdist say goes into a recipe only in these shapes: a name or URL with a
+# newline, a quote or `${{` would write YAML or Jinja of its own into the recipe.
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+URL = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#@!&()*+,;=%-]+")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+CONDA_SPEC = re.compile(r"[a-z0-9][a-z0-9._-]*(?: [A-Za-z0-9.*+!<>=~,_-]+)?")
+JINJA = ("${{", "{%", "{#", "#{{")
+# Reading the sdist: an index page, and each metadata file of the archive, is read into memory
+# whole (a 1.5 GiB PKG-INFO in a 7 MB sdist took 3.2 GB), and tarfile keeps every member's header.
+MAX_INDEX_PAGE = 64 * 2**20
+MAX_MEMBER = 8 * 2**20
+MAX_MEMBERS = 200_000
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class Sdist:
     filename: str
     url: str
     sha256: str
+    size: int | None = None  # bytes, where the index says
 
 
 @dataclass(frozen=True)
@@ -112,11 +126,32 @@ def sdist_from_pypi_json(data: Mapping[str, object], name: str, version: str) ->
         raise ExtforgeError(f"{name} {version} has no sdist on PyPI", "only wheels were uploaded for this release",
                             "pick a version with a source archive, or pass --sdist FILE with one you have")
     try:
-        return Sdist(str(found[0]["filename"]), str(found[0]["url"]), str(found[0]["digests"]["sha256"]))
+        entry = found[0]
+        filename, url, sha256 = str(entry["filename"]), str(entry["url"]), str(entry["digests"]["sha256"])
     except (KeyError, TypeError) as exc:
         raise ExtforgeError(f"the index's answer for {name} {version} lacks the sdist's {exc}",
                             "an index serving PyPI's JSON API names each file's filename, url and digests.sha256",
                             "pass --sdist FILE (and --url URL) instead") from exc
+    size = entry.get("size")
+    sdist = Sdist(filename, url, sha256.lower(), size if type(size) is int and size > 0 else None)
+    why = f"its size {size!r} is not a number of bytes" if size is not None and sdist.size is None else sdist_problem(sdist)
+    if why is not None:
+        raise ExtforgeError(f"the index's answer for {name} {version} names an sdist recipe new cannot use", why,
+                            "check --index names the index meant, or pass --sdist FILE (and --url URL)")
+    return sdist
+
+
+def sdist_problem(sdist: Sdist) -> str | None:
+    """Why the sdist's file name, URL or sha256 cannot go into a recipe (or a path), or None."""
+    if (why := downloads.file_name_reason(sdist.filename)) is not None:
+        return f"its file name: {why}"
+    if not URL.fullmatch(sdist.url):
+        return f"its URL {sdist.url!r} is not an http(s) or file URL of plain characters"
+    if (why := downloads.file_name_reason(urlparse(sdist.url).path.rsplit("/", 1)[-1])) is not None:
+        return f"its URL ends in no file name: {why}"
+    if not SHA256.fullmatch(sdist.sha256):
+        return f"its sha256 {sdist.sha256!r} is not 64 hex digits"
+    return None
 
 
 def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
@@ -137,12 +172,19 @@ def pypi_sdist(name: str, version: str, index: str = PYPI) -> Sdist:
 
 
 def _json(url: str) -> dict[str, object]:
+    page = io.BytesIO()
     try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            data = json.load(response)
-    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors; a page that is not JSON, a ValueError
-        raise ExtforgeError(f"could not read {url}", str(exc),
-                            "check the name and version, or work offline: --sdist FILE (and --url URL)") from exc
+        downloads.fetch(url, page, size=MAX_INDEX_PAGE)
+        data = json.loads(page.getvalue())
+    except downloads.TooBig:
+        raise ExtforgeError(f"{url} is larger than {MAX_INDEX_PAGE >> 20} MiB", "an index's JSON page for a release is a "
+                            "few kB to a few MB", "pass the API's root with --index, or --sdist FILE") from None
+    except ExtforgeError as exc:
+        raise ExtforgeError(f"could not read {url}", f"{exc.what}: {exc.why}",
+                            f"{exc.fix}; check the name and version, or work offline: --sdist FILE (and --url URL)") from None
+    except (ValueError, RecursionError) as exc:  # not JSON, or nested past the parser's depth
+        raise ExtforgeError(f"could not read {url}", f"it is not JSON ({type(exc).__name__})",
+                            "check --index names PyPI's JSON API (or a proxy's), or work offline: --sdist FILE") from None
     if not isinstance(data, dict):
         raise ExtforgeError(f"{url} is not the index's JSON API", "its answer is not a JSON object",
                             "pass the API's root with --index, or --sdist FILE")
@@ -150,38 +192,74 @@ def _json(url: str) -> dict[str, object]:
 
 
 def download(sdist: Sdist, into: Path) -> Path:
-    """The sdist at `into/<filename>`, checked against the index's sha256."""
+    """The sdist at `into/<filename>` (no link followed below `into`), at most the size the index
+    lists and checked against its sha256."""
     target = into / sdist.filename
     try:
-        with urllib.request.urlopen(sdist.url, timeout=300) as response, safe_files.atomic_writer(target) as out:
-            shutil.copyfileobj(response, out)
-    except OSError as exc:
-        raise ExtforgeError(f"could not download {sdist.url}", str(exc), "retry, or pass --sdist FILE") from exc
-    if (got := sha256_file(target)) != sdist.sha256:
-        raise ExtforgeError(f"{sdist.filename} does not match the sha256 PyPI lists", f"got {got}",
-                            "retry; a proxy between here and the index may have altered it")
+        downloads.download(sdist.url, target, size=sdist.size, sha256=sdist.sha256, beneath=into,
+                           elsewhere="pass --sdist FILE")
+    except downloads.TooBig:
+        raise ExtforgeError(f"{sdist.url} gave more than the {sdist.size} bytes the index lists for {sdist.filename}",
+                            "the download stopped there; nothing was kept",
+                            "retry; a proxy between here and the index may have altered it") from None
+    except downloads.Mismatch as exc:
+        raise ExtforgeError(f"{sdist.filename} does not match the sha256 PyPI lists", f"got {exc.got}",
+                            "retry; a proxy between here and the index may have altered it") from None
     return target
 
 
+# What a damaged archive raises: a truncated stream (EOFError), a corrupt one (zlib's, lzma's
+# errors), a zip member of a method or encryption zipfile does not read.
+_UNREADABLE = (OSError, EOFError, zlib.error, lzma.LZMAError, tarfile.TarError, zipfile.BadZipFile, NotImplementedError,
+               RuntimeError)
+
+
+def _too_big(path: Path, why: str) -> ExtforgeError:
+    return ExtforgeError(f"cannot read the sdist {path}", why, "pass the project's own source distribution")
+
+
+def _member(path: Path, name: str, size: int, read: Callable[[int], bytes]) -> bytes:
+    """A member's bytes, refused past MAX_MEMBER whatever its header says (read stops there)."""
+    data = read(MAX_MEMBER + 1) if size <= MAX_MEMBER else b""
+    if len(data) > MAX_MEMBER or size > MAX_MEMBER:
+        raise _too_big(path, f"its {name} is larger than the {MAX_MEMBER >> 20} MiB recipe new reads of a metadata file")
+    return data
+
+
+def _count(path: Path, count: int) -> None:
+    if count > MAX_MEMBERS:
+        raise _too_big(path, f"it holds more than {MAX_MEMBERS:,} files")
+
+
 def archive_files(path: Path) -> dict[str, bytes]:
-    """The sdist's small text files we read (PKG-INFO, setup.py, pyproject.toml, __init__.py at
-    depth two, setuptools' egg-info requires.txt and top_level.txt) by path below its top
-    folder; nothing is extracted to disk."""
+    """The sdist's small text files we read (PKG-INFO, setup.py, pyproject.toml, setuptools'
+    egg-info requires.txt and top_level.txt) by path below its top folder, each at most
+    MAX_MEMBER, and the names of its __init__.py at depth two (their text is not read); nothing
+    is extracted to disk."""
     wanted = re.compile(r"^[^/]+/(PKG-INFO|setup\.py|pyproject\.toml|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
     out: dict[str, bytes] = {}
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
-                for name in z.namelist():
-                    if wanted.match(name):
-                        out[name.split("/", 1)[1]] = z.read(name)
+                _count(path, len(z.infolist()))
+                for info in z.infolist():
+                    if not wanted.match(name := info.filename):
+                        continue
+                    if name.endswith("/__init__.py"):
+                        out[name.split("/", 1)[1]] = b""
+                        continue
+                    with z.open(info) as stream:
+                        out[name.split("/", 1)[1]] = _member(path, name, info.file_size, stream.read)
         else:
             with tarfile.open(path) as tar:
-                for member in tar:
-                    if member.isfile() and wanted.match(member.name) and (f := tar.extractfile(member)):
-                        out[member.name.split("/", 1)[1]] = f.read()
-    except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
-        raise ExtforgeError(f"cannot read the sdist {path}", str(exc), "pass a .tar.gz or .zip source distribution") from exc
+                for count, member in enumerate(tar, 1):
+                    _count(path, count)
+                    if member.isfile() and wanted.match(name := member.name) and (f := tar.extractfile(member)):
+                        out[name.split("/", 1)[1]] = (b"" if name.endswith("/__init__.py")
+                                                      else _member(path, name, member.size, f.read))
+    except _UNREADABLE as exc:
+        raise ExtforgeError(f"cannot read the sdist {path}", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                            "pass a whole .tar.gz or .zip source distribution (a download cut short is truncated)") from None
     return out
 
 
@@ -209,6 +287,14 @@ def _strings(value: object) -> list[str] | None:
 
 
 def read_setup_py(text: str) -> SetupFacts:
+    try:
+        return _read_setup_py(text)
+    except (RecursionError, MemoryError):  # nested past what ast builds or walks (a hostile sdist)
+        return SetupFacts(undecided=["setup.py is nested too deeply to read: extension modules, install_requires "
+                                     "and packages not read"])
+
+
+def _read_setup_py(text: str) -> SetupFacts:
     facts = SetupFacts()
     try:
         tree = ast.parse(text)
@@ -269,6 +355,8 @@ def read_sdist(path: Path) -> SdistFacts:
         unread = []
     except tomllib.TOMLDecodeError as exc:
         project, unread = {}, [f"pyproject.toml does not parse ({exc}): its build requirements not read"]
+    except RecursionError:
+        project, unread = {}, ["pyproject.toml is nested too deeply to read: its build requirements not read"]
     urls = dict(u.split(",", 1) for u in meta.get_all("Project-URL") or [] if "," in u)
     homepage = meta.get("Home-page") or next((v.strip() for k, v in urls.items()
                                               if k.strip().lower() in ("homepage", "home", "source", "repository")), None)
@@ -276,7 +364,7 @@ def read_sdist(path: Path) -> SdistFacts:
     facts = SdistFacts(
         name=str(meta["Name"]), version=str(meta["Version"]), summary=meta.get("Summary"), homepage=homepage,
         license=license_text if license_text and "\n" not in license_text.strip() and len(license_text) < 80 else None,
-        build_requires=list(project.get("build-system", {}).get("requires", [])),
+        build_requires=_pyproject_list(project, "build-system", "requires"),
         package_dirs=sorted(p.split("/")[0] for p in files if p.endswith("/__init__.py")),
         top_level=next((t.decode(errors="replace").split() for p, t in files.items() if p.endswith(".egg-info/top_level.txt")),
                        None),
@@ -287,11 +375,17 @@ def read_sdist(path: Path) -> SdistFacts:
     for where, found in (("PKG-INFO", meta.get_all("Requires-Dist")),
                          ("egg-info/requires.txt", requires_txt(egg_requires)),
                          ("setup.py", facts.setup.install_requires if facts.setup else None),
-                         ("pyproject.toml", project.get("project", {}).get("dependencies"))):
+                         ("pyproject.toml", _pyproject_list(project, "project", "dependencies"))):
         if found:
             facts.requires, facts.requires_from = [str(r) for r in found], where
             break
     return facts
+
+
+def _pyproject_list(project: Mapping[str, object], table: str, key: str) -> list[str]:
+    """project[table][key] where it is a list of strings, else nothing."""
+    section = project.get(table)
+    return (_strings(section.get(key)) or []) if isinstance(section, dict) else []
 
 
 def requires_txt(text: str) -> list[str]:
@@ -345,6 +439,9 @@ def import_names(facts: SdistFacts) -> tuple[list[str], list[str]]:
     exts = [e.name for e in setup.extensions] if setup else []
     # An upstream whose tests folder installs as a package: importing it proves nothing about the product.
     tops = [t for t in tops if t not in NOT_PACKAGES and t not in exts]
+    for name in [n for n in [*tops, *exts] if not MODULE_NAME.fullmatch(n)]:
+        undecided.append(f"left out of tests.python.imports: {name!r} is not a Python module name")
+    tops, exts = [t for t in tops if MODULE_NAME.fullmatch(t)], [e for e in exts if MODULE_NAME.fullmatch(e)]
     if not tops:
         undecided.append("no top-level Python package found: tests.python.imports lists the extension modules only")
     if setup and not exts:
@@ -392,7 +489,7 @@ class Scaffold:
             "  url:",
             "    - file://${{ env.get(\"EXTFORGE_SOURCES\", default=\"/nonexistent\") }}/sha256/"
             f"{self.sdist.sha256}/{self.sdist.filename}",
-            f"    - {self.sdist.url}",
+            f"    - {q(self.sdist.url)}",
             f"  sha256: {self.sdist.sha256}",
             "",
             "build:",
@@ -449,6 +546,8 @@ def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: li
         spec, why = conda_spec(r)
         if spec is None:
             undecided.append(f"{what}: skipped {why}")
+        elif not CONDA_SPEC.fullmatch(spec):
+            undecided.append(f"{what}: skipped {r!r}: its conda spec {spec!r} has characters a recipe line must not")
         elif spec.split()[0] not in skip:
             out.append(spec)
     return list(dict.fromkeys(out))
@@ -481,9 +580,22 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          "refuses the download either way, so the build fails until it is set)")
     if not facts.license:
         undecided.append("no short license in PKG-INFO: about.license left out")
+    about = {key: _about(key, value, undecided) for key, value in
+             (("summary", facts.summary), ("homepage", facts.homepage), ("license", facts.license))}
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
-    return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, facts.summary, facts.homepage,
-                    facts.license, tuple(archs), translation_units(setup), undecided)
+    return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, about["summary"],
+                    about["homepage"], about["license"], tuple(archs), translation_units(setup), undecided)
+
+
+def _about(key: str, value: str | None, undecided: list[str]) -> str | None:
+    """A PKG-INFO text for about.KEY; left out, with a line, where rattler-build would read it as
+    Jinja (it renders every string of a recipe) or a homepage is no URL."""
+    if value is None:
+        return None
+    if any(mark in value for mark in JINJA) or (key == "homepage" and not URL.fullmatch(value)):
+        undecided.append(f"about.{key} left out: PKG-INFO's {value[:80]!r} is not plain text{' or a URL' * (key == 'homepage')}")
+        return None
+    return value
 
 
 def translation_units(setup: SetupFacts | None) -> int | None:

@@ -17,12 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import engine, paths, safe_files
+from . import downloads, engine, paths, safe_files
 from .channel.hashing import sha256_file
 from .channel_ref import channel_url
 from .errors import ExtforgeError
@@ -39,7 +38,7 @@ class SourceSpec:
 
     @property
     def filename(self) -> str:
-        return self.urls[-1].rsplit("/", 1)[-1]
+        return downloads.url_file_name(self.urls[-1])
 
     @property
     def pip_requirement(self) -> str:
@@ -150,11 +149,10 @@ def _url_download(spec: SourceSpec, into: Path) -> Path | None:
     for url in spec.urls:
         target = into / spec.filename
         try:
-            with urllib.request.urlopen(url, timeout=120) as response, target.open("wb") as out:
-                shutil.copyfileobj(response, out)
+            downloads.download(url, target)
             return target
-        except OSError as exc:  # URLError is an OSError
-            log.info("could not download %s: %s", url, exc)
+        except ExtforgeError as exc:
+            log.info("could not download %s: %s (%s)", url, exc.what, exc.why)
     return None
 
 

@@ -3,10 +3,14 @@ setup.py), read without running its setup.py and without the network."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
+import tempfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from extforge import engine, scaffold, sources
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
 from extforge.errors import ExtforgeError
+from servers import serving
 
 # Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.
 SETUP_PY = '''\
@@ -248,3 +253,128 @@ def test_recipe_new_from_an_index_checks_the_sdist_it_downloads(tmp_path: Path, 
     assert scaffold.pypi_sdist("tiny_conv", "1.7.0", project.parent.as_uri()).sha256 == sha256_file(sdist)
     with pytest.raises(ExtforgeError, match="1.8.0/json"):
         scaffold.pypi_sdist("tiny-conv", "1.8.0", project.parent.as_uri())
+
+
+# Round 4 (issue #53): what the index and the sdist say is untrusted; every fetch is bounded.
+PKG_INFO = b"Metadata-Version: 2.1\nName: tiny-conv\nVersion: 1.7.0\n"
+
+
+def _crafted(where: Path, files: dict[str, bytes]) -> Path:
+    """A tiny-conv 1.7.0 sdist holding exactly `files` below its top folder."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "tiny_conv-1.7.0.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"tiny_conv-1.7.0/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _release(**sdist: object) -> bytes:
+    """PyPI's JSON page of a release whose one file is this sdist entry."""
+    return json.dumps({"urls": [{"packagetype": "sdist", **sdist}]}).encode()
+
+
+@pytest.mark.parametrize("filename", ["../escaped.tar.gz", "ABSOLUTE"])
+def test_an_index_file_name_that_leaves_the_temp_folder_is_refused(tmp_path: Path, sdist: Path, monkeypatch,
+                                                                   capsys, filename: str) -> None:
+    """The old code downloaded to <its temp folder>/<the index's filename>: `../x` landed one
+    folder up, an absolute name wherever it pointed; then it wrote the recipe."""
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside.tar.gz"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    filename = str(outside) if filename == "ABSOLUTE" else filename
+    routes: dict[str, bytes | str] = {"/files/tiny_conv-1.7.0.tar.gz": sdist.read_bytes()}
+    with serving(routes) as (url, _sent):
+        routes["/pypi/tiny-conv/1.7.0/json"] = _release(filename=filename, url=f"{url}/files/tiny_conv-1.7.0.tar.gz",
+                                                         digests={"sha256": sha256_file(sdist)})
+        code = main(["recipe", "new", "tiny-conv==1.7.0", "--index", f"{url}/pypi", "--dest", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "names an sdist recipe new cannot use" in err and "is not a plain file name" in err, err
+    assert not (scratch / "escaped.tar.gz").exists() and not outside.exists() and not (tmp_path / "r").exists()
+    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["index-size", "no-size"])
+def test_an_endless_sdist_download_stops(tmp_path: Path, sdist: Path, monkeypatch, capsys, listed: bool) -> None:
+    """The old code read until the server stopped (an endless body filled a test machine's
+    disk; this server gives up at 64 MiB): now at the size the index lists, or, where it lists
+    none, at $EXTFORGE_DOWNLOAD_MAX_MIB."""
+    monkeypatch.setenv("EXTFORGE_DOWNLOAD_MAX_MIB", "1")
+    size = {"size": sdist.stat().st_size} if listed else {}
+    routes: dict[str, bytes | str] = {"/files/tiny_conv-1.7.0.tar.gz": "zeros"}
+    with serving(routes, most=64 * 2**20) as (url, sent):
+        routes["/pypi/tiny-conv/1.7.0/json"] = _release(filename=sdist.name, url=f"{url}/files/tiny_conv-1.7.0.tar.gz",
+                                                         digests={"sha256": sha256_file(sdist)}, **size)
+        code = main(["recipe", "new", "tiny-conv==1.7.0", "--index", f"{url}/pypi", "--dest", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    said = f"gave more than the {sdist.stat().st_size} bytes the index lists" if listed else "is larger than 1 MiB"
+    assert code == 2 and said in err, err
+    assert sent[0] < 32 * 2**20 and not (tmp_path / "r").exists()
+
+
+def test_a_huge_metadata_member_is_refused_unread(tmp_path: Path, capsys) -> None:
+    """A 1.5 GiB PKG-INFO compresses to 7 MB, and the old code read it whole (3.2 GB of memory);
+    here 64 MiB of it: refused from its header, with a few MiB read."""
+    path = _crafted(tmp_path, {"PKG-INFO": PKG_INFO + bytes(64 * 2**20)})
+    tracemalloc.start()
+    try:
+        code = main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(path), "--dest", str(tmp_path / "r")])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and "its tiny_conv-1.7.0/PKG-INFO is larger than the 8 MiB recipe new reads" in err, err
+    assert peak < 32 * 2**20 and not (tmp_path / "r").exists()
+
+
+def test_a_package_folder_name_cannot_write_a_test_into_the_recipe(tmp_path: Path, capsys) -> None:
+    """A folder named with newlines became part of the `imports: [...]` line: the old code's
+    recipe ran `touch PWNED` as a script test of its own."""
+    evil = "x]\n  - script:\n      - touch PWNED\n  - python:\n      imports: [y"
+    path = _crafted(tmp_path, {"PKG-INFO": PKG_INFO, "tiny_conv/__init__.py": b"", f"{evil}/__init__.py": b""})
+    code = main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(path), "--dest", str(tmp_path), "--json",
+                 "--url", "https://example.invalid/tiny_conv-1.7.0.tar.gz"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["imports"] == ["tiny_conv"]
+    assert f"left out of tests.python.imports: {evil!r} is not a Python module name" in out["undecided"]
+    recipe = YAML(typ="safe").load((tmp_path / "tiny-conv" / "recipe.yaml").read_text())
+    assert recipe["tests"] == [{"python": {"imports": ["tiny_conv"], "pip_check": False}}]
+
+
+def test_a_link_at_the_recipe_folder_is_refused_not_written_through(tmp_path: Path, sdist: Path, capsys) -> None:
+    """--dest's <name> planted as a symlink: the old code wrote recipe.yaml into its target."""
+    dest, elsewhere = tmp_path / "recipes", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    (dest / "tiny-conv").symlink_to(elsewhere)
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(dest)]) == 2
+    assert "tiny-conv in it is a symbolic link" in capsys.readouterr().err
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_deep_nesting_and_a_truncated_archive_are_one_line(tmp_path: Path, sdist: Path, monkeypatch, capsys) -> None:
+    """The old code failed unexpectedly: RecursionError from tomllib and from ast (a deep
+    pyproject.toml or setup.py), EOFError from gzip (an archive cut short)."""
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))  # where the old code's crash log went
+    deep = _crafted(tmp_path / "deep", {"PKG-INFO": PKG_INFO, "pyproject.toml": b"a = " + b"[" * 10**5 + b"]" * 10**5,
+                                        "setup.py": b"x = f" + b"()" * 10**5})
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(deep), "--dest", str(tmp_path / "r"), "--json"]) == 1
+    undecided = json.loads(capsys.readouterr().out)["undecided"]
+    assert "pyproject.toml is nested too deeply to read: its build requirements not read" in undecided
+    assert any(u.startswith("setup.py is nested too deeply to read") for u in undecided)
+    cut = tmp_path / "cut" / sdist.name
+    cut.parent.mkdir()
+    cut.write_bytes(sdist.read_bytes()[: sdist.stat().st_size * 2 // 3])
+    assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(cut), "--dest", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read the sdist {cut}" in err and "unexpectedly" not in err, err
+
+
+def test_a_url_that_names_no_file_is_refused(tmp_path: Path, sdist: Path, capsys) -> None:
+    """--url ending in `/..`: the recipe named it, and `sources fetch` took `..` for the file name."""
+    for url in ("https://example.invalid/..", "https://example.invalid/dir/"):
+        assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--url", url]) == 2
+        assert "its URL ends in no file name" in capsys.readouterr().err
+    assert not (tmp_path / "tiny-conv").exists()

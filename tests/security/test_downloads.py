@@ -1,17 +1,17 @@
-"""Downloads stop at the size the lock names, time out on a stalled transfer, and take only
-regular files from file:// (a symlink to /dev/zero, a FIFO)."""
+"""Downloads stop at the size the lock names (install's and verify's alike), time out on a server
+that trickles its headers or stalls its body, and take only regular files from file:// (a symlink
+to /dev/zero, a FIFO)."""
 
 from __future__ import annotations
 
-import http.server
+import json
 import os
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from servers import serving
 
 from .pyish import pyish_package
 
@@ -22,48 +22,12 @@ def _locked(sandbox) -> tuple[Path, Path]:
     return sandbox.lock(channel, "pyish"), pkg
 
 
-@contextmanager
-def serving(body: str) -> Iterator[tuple[str, list[int]]]:
-    """An HTTP server answering every GET with `body`: "zeros" (endless, no Content-Length),
-    "trickle" (one byte a second) or "slowloris" (70 KiB every 0.9 s: just above a 1 s stall
-    window's 64 KiB); yields its URL and the bytes sent so far."""
-    sent = [0]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-            try:
-                while True:
-                    chunk = {"zeros": bytes(64 * 1024), "trickle": b"x", "slowloris": bytes(70 * 1024)}[body]
-                    self.wfile.write(chunk)
-                    self.wfile.flush()
-                    sent[0] += len(chunk)
-                    if body != "zeros":
-                        time.sleep(1 if body == "trickle" else 0.9)
-            except OSError:
-                pass  # the client stopped reading
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/internal", sent
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_an_endless_download_stops_at_the_locked_size(sandbox):
     lock, pkg = _locked(sandbox)
     prefix = sandbox.root / "envs" / "z"
     with serving("zeros") as (url, sent):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock),
-                          "--channel-map", f"internal={url}", expect=1, timeout=120)
+                          "--channel-map", f"internal={url}/internal", expect=1, timeout=120)
     res.refused(f"lock size {pkg.stat().st_size} bytes", "gave more; stopped there")
     assert sent[0] < 64 * 2**20  # it stopped reading (the server only learns when its buffers fill)
     assert not prefix.exists()
@@ -75,7 +39,7 @@ def test_a_stalled_download_times_out_with_a_clear_error(sandbox):
     prefix = sandbox.root / "envs" / "t"
     with serving("trickle") as (url, _sent):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), "--json",
-                          "--channel-map", f"internal={url}", env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "3"},
+                          "--channel-map", f"internal={url}/internal", env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "3"},
                           expect=2, timeout=120)
     # The refusal names the 3 s stall rule: that rule, not the 120 s timeout, ended the download.
     res.refused("stalled", "less than 64 KiB arrived in 3 s", "EXTFORGE_DOWNLOAD_STALL_SECONDS")
@@ -98,14 +62,46 @@ def test_a_download_just_above_the_stall_rule_still_ends(sandbox):
     start = time.monotonic()
     with serving("slowloris") as (url, _sent):
         res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), "--channel-map",
-                          f"internal={url}", env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "1"}, expect=2, timeout=120)
+                          f"internal={url}/internal", env={"EXTFORGE_DOWNLOAD_STALL_SECONDS": "1"}, expect=2, timeout=120)
     assert time.monotonic() - start < 15
     res.refused("is too slow", "KiB/s a download must average", "EXTFORGE_DOWNLOAD_MIN_KIB_PER_S")
     assert not prefix.exists()
 
 
+def test_verify_stops_an_endless_download_at_the_locked_size(sandbox, pyish_env):
+    """verify --lock fetches a package whose manifest it has not read yet; the old code passed
+    it no size (its PackageRef named the sha256 alone) and read what the server sent, here
+    until the server gave up at 256 MiB (1.5-3.7 GB in 12 s from a real one)."""
+    lock, prefix = pyish_env
+    for made in ("pkgs", f"trust-{os.getuid()}/manifests"):
+        for path in sorted((sandbox.cache / made).rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+    size = json.loads(next((prefix / "conda-meta").glob("pyish-*.json")).read_text())["size"]
+    with serving("zeros") as (url, sent):
+        res = sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), "--rehash", "--json",
+                          "--channel-map", f"internal={url}/internal", expect=1, timeout=120)
+    res.refused(f"lock size {size} bytes", "gave more; stopped there")
+    assert sent[0] < 64 * 2**20
+
+
+def test_a_server_trickling_its_headers_times_out(sandbox):
+    """A status line and headers a byte a second: the stall and rate rules start only at the
+    body, and the old code's socket timeout counts from the last byte, so install waited for as
+    long as the server went on (here until it gave up after 30 s)."""
+    lock, _ = _locked(sandbox)
+    prefix = sandbox.root / "envs" / "h"
+    start = time.monotonic()
+    with serving("headers", seconds=30) as (url, _sent):
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), "--channel-map",
+                          f"internal={url}/internal", env={"EXTFORGE_DOWNLOAD_HEADER_SECONDS": "2"}, expect=2, timeout=120)
+    assert time.monotonic() - start < 15
+    res.refused("did not start", "no complete answer (status line and headers) came in 2 s", "EXTFORGE_DOWNLOAD_HEADER_SECONDS")
+    assert not prefix.exists()
+
+
 @pytest.mark.parametrize(("name", "value"), [("EXTFORGE_DOWNLOAD_STALL_SECONDS", "-1"), ("EXTFORGE_DOWNLOAD_STALL_SECONDS", "inf"),
-                                             ("EXTFORGE_DOWNLOAD_STALL_SECONDS", "nan"), ("EXTFORGE_DOWNLOAD_MIN_KIB_PER_S", "x")])
+                                             ("EXTFORGE_DOWNLOAD_STALL_SECONDS", "nan"), ("EXTFORGE_DOWNLOAD_MIN_KIB_PER_S", "x"),
+                                             ("EXTFORGE_DOWNLOAD_HEADER_SECONDS", "0"), ("EXTFORGE_DOWNLOAD_MAX_MIB", "-5")])
 def test_a_bad_download_setting_is_refused(sandbox, name, value):
     lock, _ = _locked(sandbox)
     res = sandbox.run("install", "default", "--prefix", str(sandbox.root / "p"), "--lock", str(lock),

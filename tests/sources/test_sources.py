@@ -12,6 +12,7 @@ import pytest
 
 from extforge import sources
 from extforge.cli import main
+from servers import serving
 
 SETUP_PY = "from setuptools import setup\nsetup(name='tinypkg', version='1.0', py_modules=[])\n"
 
@@ -144,3 +145,29 @@ def test_missing_archive_names_where_it_looked(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "could not get flash-attention-0251105a-hopper.tar.gz" in err and "--from DIR" in err
     assert "pip download" not in err
+
+
+def test_a_url_ending_in_no_file_name_is_refused(tmp_path: Path, capsys) -> None:
+    """The last URL names the stored file: rendered, `…/..` is `…/`, whose file name the old code
+    took to be empty (`sources path` printed the sha256 folder itself)."""
+    for url in ("https://example.invalid/..", "https://example.invalid/dir/"):
+        recipe = _recipe(tmp_path / "recipe", "0" * 64, url)
+        for action in ("path", "fetch"):
+            assert main(["sources", action, str(recipe), "--dest", str(tmp_path / "store")]) == 2
+            err = capsys.readouterr().err
+            assert "names no file" in err and "'' is not a plain file name" in err, err
+    assert not (tmp_path / "store").exists()
+
+
+def test_an_endless_source_download_stops_at_the_cap(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A recipe's source URL has no size anywhere: the old code read until the server stopped
+    (here at 64 MiB), then refused the bytes for their sha256."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
+    monkeypatch.setenv("EXTFORGE_DOWNLOAD_MAX_MIB", "1")
+    with serving("zeros", most=64 * 2**20) as (url, sent):
+        recipe = _recipe(tmp_path / "recipe", "0" * 64, f"{url}/tinypkg-1.0.tar.gz")
+        assert main(["sources", "fetch", str(recipe), "--dest", str(tmp_path / "store"), "-v"]) == 2
+    err = capsys.readouterr().err
+    assert "is larger than 1 MiB" in err and "could not get tinypkg-1.0.tar.gz" in err, err
+    assert sent[0] < 32 * 2**20 and [p for p in (tmp_path / "store").rglob("*") if p.is_file()] == []

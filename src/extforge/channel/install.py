@@ -215,7 +215,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
             exit_code=EXIT_FINDINGS,
         )
     result.archives_checked = check_archives({record_sha256(r): local[r.file_name] for r in records})
-    refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r)) for r in records]
+    refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r), r.size or None) for r in records]
     manifests, _ = manifests_for(refs, prefix, local)
     _check_prefix_length(prefix, manifests)
     result.timings["fetch_verify"] = time.monotonic() - t

@@ -6,21 +6,15 @@ Shared by install (which links them), trust (which reads their own paths.json) a
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import stat
-import time
-import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import unquote, urlparse
+from typing import Any
 
+from ..downloads import Limits, TooBig, download, fetch, local_path
 from ..errors import ExtforgeError
 from ..paths import cache_root, mark_used
-from ..safe_files import atomic_writer, hard_link, make_dirs, remove, rename, temp_name
+from ..safe_files import hard_link, make_dirs, remove, rename, temp_name
 from .hashing import default_threads, digest_file, digests_file
 from .mirrors import Mirrors
 
@@ -87,7 +81,7 @@ def record_sha256(record: Any) -> str:
 
 
 def _record_md5(record: Any) -> str | None:
-    md5 = getattr(record, "md5", None)  # verify's PackageRef has none
+    md5 = getattr(record, "md5", None)  # a PackageRef has none
     return md5.hex() if isinstance(md5, bytes) else md5
 
 
@@ -95,7 +89,7 @@ def md5_size_mismatch(record: Any, path: Path, path_md5: str | None = None) -> s
     """How a package whose sha256 matched the lock still disagrees with the lock's size or md5
     (rattler copies both into conda-meta, where conda and others trust them); None if it does not.
     path_md5: the file's md5 if the caller read it already."""
-    size, want_size = path.stat().st_size, getattr(record, "size", None)  # verify's PackageRef names the sha256 alone
+    size, want_size = path.stat().st_size, record.size
     if want_size and size != want_size:
         return f"sha256 as locked, but {size} bytes where the lock says {want_size}: the lock is inconsistent"
     md5 = _record_md5(record)
@@ -104,91 +98,11 @@ def md5_size_mismatch(record: Any, path: Path, path_md5: str | None = None) -> s
     return None
 
 
-# A transfer that delivers less than STALL_BYTES in this many seconds is stalled (a server that
-# trickles one byte every 20 s defeats a plain socket timeout, which counts from the last byte).
-STALL_ENV = "EXTFORGE_DOWNLOAD_STALL_SECONDS"
-DEFAULT_STALL_SECONDS = 60.0
-STALL_BYTES = 64 * 1024
-# A server can keep just above the stall rule for ever (65 KiB every 59 s: ten days for 1 GB):
-# past the first stall window a transfer must also average this many KiB/s overall.
-MIN_RATE_ENV = "EXTFORGE_DOWNLOAD_MIN_KIB_PER_S"
-DEFAULT_MIN_RATE_KIB = 256.0
-_CHUNK = 1024 * 1024
-# A socket timeout beyond a day is no setting anyone means (and `inf` overflows the timeout).
-_MAX_SECONDS = 24 * 3600.0
+# Where a package can come from when its channel cannot be reached.
+_ELSEWHERE = "point its channel at the site's mirror ([mirrors] in pixi's config.toml, or --channel-map NAME=URL)"
 
 
-def _setting(name: str, default: float, what: str, *, allow_zero: bool = False) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if not (0 <= value <= _MAX_SECONDS if allow_zero else 0 < value <= _MAX_SECONDS):
-        raise ExtforgeError(f"${name}={raw!r} is not {what}", f"it must be a {'non-negative' if allow_zero else 'positive'} "
-                            f"number up to {_MAX_SECONDS:.0f}", f"set it to such a number (default {default:g}) or unset it")
-    return value
-
-
-def stall_seconds() -> float:
-    return _setting(STALL_ENV, DEFAULT_STALL_SECONDS, "a number of seconds")
-
-
-def min_rate() -> float:
-    """Bytes per second a transfer must average once it has run one stall window (0: no floor)."""
-    return _setting(MIN_RATE_ENV, DEFAULT_MIN_RATE_KIB, "a rate in KiB/s", allow_zero=True) * 1024
-
-
-class TooBig(Exception):
-    """The source gave more bytes than the lock says the package has."""
-
-
-class Stalled(Exception):
-    """Less than STALL_BYTES arrived in stall_seconds()."""
-
-
-class TooSlow(Exception):
-    """The transfer's average rate fell below min_rate()."""
-
-
-def _pump(read: Callable[[int], bytes], out: BinaryIO | None, limit: int | None, stall: float, floor: float = 0.0) -> str:
-    """sha256 of what read() gives (copied to out): at most `limit` bytes, never stalling, and
-    averaging at least `floor` bytes/s once a stall window has passed."""
-    h = hashlib.sha256()
-    total = mark_bytes = 0
-    start = mark_time = time.monotonic()
-    while chunk := read(_CHUNK):
-        total += len(chunk)
-        if limit is not None and total > limit:
-            raise TooBig(total)
-        h.update(chunk)
-        if out is not None:
-            out.write(chunk)
-        now = time.monotonic()
-        if total - mark_bytes >= STALL_BYTES:
-            mark_time, mark_bytes = now, total
-        elif now - mark_time > stall:
-            raise Stalled(total)
-        if now - start > stall and total < floor * (now - start):
-            raise TooSlow(total, now - start)
-    return h.hexdigest()
-
-
-def _open_regular(path: str | Path, url: str) -> BinaryIO:
-    """path opened for reading if it is a regular file (O_NONBLOCK: a FIFO must not hang the open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ExtforgeError(
-            f"cannot fetch {url}: it is not a regular file",
-            "a package URL names a package file; a device (such as /dev/zero), a FIFO or a folder never gives one",
-            "point the lock's channel (or its mirror) at a channel folder of real package files",
-        )
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb", buffering=0)
-
-
-def _link_in(local: str, dest: Path, url: str, size: int | None, stall: float) -> str | None:
+def _link_in(local: str, dest: Path, url: str, size: int | None, limits: Limits) -> str | None:
     """Hard-link a local channel file in as dest and hash the linked file; None where the
     kernel will not link it (another filesystem, another user's file)."""
     tmp = dest.parent / temp_name(dest.name, "part-")
@@ -197,8 +111,7 @@ def _link_in(local: str, dest: Path, url: str, size: int | None, stall: float) -
     except OSError:
         return None
     try:
-        with _open_regular(tmp, url) as src:
-            digest = _pump(src.read, None, size, stall)
+        digest = fetch(url, None, size=size, limits=limits, path=tmp)
         rename(tmp, dest)
     except BaseException:
         remove(tmp)
@@ -212,47 +125,14 @@ def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     A local channel file on the store's filesystem is hard-linked, not copied (a torch env is
     ~4 GB of archives): the hash is taken of the linked file, and every later use re-hashes it,
     so a write into either name is caught as bytes that differ from the lock. At most `size`
-    bytes (the lock's) are read: more raises TooBig; a stalled transfer raises Stalled."""
+    bytes (the lock's) are read: more raises TooBig; the other bounds are the downloader's."""
     make_dirs(dest.parent)
-    parsed = urlparse(url)
-    local = (unquote(parsed.path) if parsed.scheme else url) if parsed.scheme in ("file", "") else None
-    stall, floor = stall_seconds(), min_rate()
-    try:
-        if local is not None:
-            _open_regular(local, url).close()
-            if (linked := _link_in(local, dest, url, size, stall)) is not None:
-                return linked
-        # A temporary under a fresh name, renamed over dest: a link planted in the store is replaced, not written through.
-        with atomic_writer(dest, tmp_prefix="part-") as out:
-            if local is not None:
-                with _open_regular(local, url) as src:
-                    digest = _pump(src.read, out, size, stall)
-            else:
-                with urllib.request.urlopen(url, timeout=stall) as resp:
-                    digest = _pump(resp.read1, out, size, stall, floor)
-        return digest
-    except BaseException as exc:
-        if isinstance(exc, (Stalled, TimeoutError)):
-            raise ExtforgeError(
-                f"download of {url} stalled",
-                f"less than {STALL_BYTES // 1024} KiB arrived in {stall:g} s",
-                f"check the server or mirror; on a slow link raise ${STALL_ENV} (now {stall:g})",
-            ) from None
-        if isinstance(exc, TooSlow):
-            got, seconds = exc.args
-            raise ExtforgeError(
-                f"download of {url} is too slow",
-                f"{got // 1024} KiB in {seconds:.0f} s, less than the {floor / 1024:g} KiB/s a download must average",
-                f"check the server or mirror; on a slow link lower ${MIN_RATE_ENV} (0: no floor)",
-            ) from None
-        if isinstance(exc, OSError):
-            raise ExtforgeError(
-                f"cannot fetch {url}",
-                str(exc),
-                "check that the channel is reachable from this node, or point its channel at the site's mirror "
-                "([mirrors] in pixi's config.toml, or --channel-map NAME=URL)",
-            ) from exc
-        raise
+    limits = Limits.from_env()
+    local = local_path(url)
+    if local is not None and (linked := _link_in(local, dest, url, size, limits)) is not None:
+        return linked
+    # A temporary under a fresh name, renamed over dest: a link planted in the store is replaced, not written through.
+    return download(url, dest, size=size, elsewhere=_ELSEWHERE)
 
 
 def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
@@ -276,7 +156,7 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
             got = None
         if got is None:
             digests = None  # fetched again below: its md5 is read from the new copy
-            size = getattr(r, "size", None) or None  # a lock record says; verify's PackageRef does not
+            size = r.size or None  # a lock record's, or a PackageRef's (0 or None: the lock names none)
             try:
                 got = _fetch_into(mirrors.redirect(r.url), dest, size)
             except TooBig:

@@ -53,6 +53,7 @@ class PackageRef:
     file_name: str
     url: str
     sha256: str
+    size: int | None = None  # bytes, as the lock says (None: it names none; a download then stops at the cap)
 
 
 def trust_dir() -> Path:

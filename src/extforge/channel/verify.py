@@ -333,7 +333,7 @@ def verify_prefix(
         report.checks += _all_unchanged(report, acc)
         t = report.lap("every entry as recorded", t)
     else:
-        refs = [PackageRef(p.name, p.file_name, p.url, p.sha256) for p in locked]
+        refs = [PackageRef(p.name, p.file_name, p.url, p.sha256, p.size or None) for p in locked]
         manifests, fetch_problems = manifests_for(refs, prefix, mirrors=mirrors)
         t = report.lap("package manifests", t)
         report.checks += check_prefix(prefix, manifests, report, acc, threads=threads, problems=fetch_problems)

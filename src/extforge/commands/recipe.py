@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
                 raise ExtforgeError(f"no sdist at {args.sdist}", fix="pass the path of the release's .tar.gz")
             path = args.sdist
             sdist = scaffold.Sdist(path.name, args.url or scaffold.source_url(name, path.name), sha256_file(path))
+            if (why := scaffold.sdist_problem(sdist)) is not None:
+                raise ExtforgeError(f"cannot name {path} in a recipe", why,
+                                    "give the file its sdist's own name (NAME-VERSION.tar.gz) and --url an http(s) URL to it")
             if not args.url:
                 derived.append(f"source URL derived from the file name ({sdist.url}, a redirect some mirrors do not "
                                "serve): the index's files.pythonhosted.org URL is better (--url)")
@@ -69,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
                             "its PKG-INFO names another release", "pass the sdist of the release asked for")
     made = scaffold.scaffold(facts, sdist, args.archs)
     undecided = [*derived, *made.undecided]
-    safe_files.make_dirs(folder)
-    safe_files.write_atomic(folder / "recipe.yaml", made.recipe_yaml().encode())
-    safe_files.write_atomic(folder / "variants.yaml", made.variants_yaml().encode())
+    # Nothing below --dest is followed: a link planted at <dest>/<name> is refused, not written through.
+    safe_files.make_dirs(folder, beneath=args.dest)
+    safe_files.write_atomic(folder / "recipe.yaml", made.recipe_yaml().encode(), beneath=args.dest)
+    safe_files.write_atomic(folder / "variants.yaml", made.variants_yaml().encode(), beneath=args.dest)
     if args.json:
         emit_json({"recipe": str(folder), "files": [str(folder / "recipe.yaml"), str(folder / "variants.yaml")],
                    "sdist": {"filename": sdist.filename, "url": sdist.url, "sha256": sdist.sha256},
