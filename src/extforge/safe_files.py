@@ -277,6 +277,12 @@ def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
     """The folder path, mode 0700, made by this user (created if missing). One that exists is
     used only if it is a folder (not a link) this user owns that nobody else can write: what
     extforge later trusts in it (a lock, a journal of what to delete) is then its own."""
+    os.close(open_private_dir(path, beneath=beneath))
+
+
+def open_private_dir(path: Path, *, beneath: Path | None = None) -> int:
+    """make_private_dir, returning a descriptor of the folder it checked (the caller closes it):
+    what is reached through it stays that folder whatever is renamed above it later."""
     with folder(path.parent, beneath=beneath) as dfd:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path.name, 0o700, dir_fd=dfd)
@@ -286,14 +292,22 @@ def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise _private_refusal(path, "it is a symbolic link or not a folder") from None
             raise
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != os.geteuid():
-                raise _private_refusal(path, f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-            if st.st_mode & 0o077:
-                raise _private_refusal(path, f"its mode is {stat.filemode(st.st_mode)}, not drwx------")
-        finally:
+        why = not_private_why(os.fstat(fd))
+        if why:
             os.close(fd)
+            raise _private_refusal(path, why)
+        return fd
+
+
+def not_private_why(st: os.stat_result) -> str | None:
+    """Why a folder (its lstat or fstat) is not private to this user; None when it is."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is a symbolic link or not a folder"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o077:
+        return f"its mode is {stat.filemode(st.st_mode)}, not drwx------"
+    return None
 
 
 def _private_refusal(path: Path, why: str) -> ExtforgeError:
