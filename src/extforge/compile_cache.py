@@ -125,7 +125,7 @@ def placement(tool: str, configured: Path | None = None) -> Placement:
     try:
         st = configured.stat()
     except FileNotFoundError:
-        return _placed(tool, configured, os.geteuid(), 0o777 & ~_umask())
+        return _placed(tool, configured, os.geteuid(), stat.S_IFDIR | (0o777 & ~_umask()))
     return _placed(tool, configured, st.st_uid, st.st_mode)
 
 
