@@ -15,24 +15,21 @@ padded name, and how deep the folder lies (it narrows base_dir to the build's ow
 Whose objects: neither tool can tell who wrote a result, and a compile returns whatever object
 its cache folder holds under the key. So a build compiles only through a folder no other user
 can reach: the configured folder itself where it is the building user's with mode 700 (nobody
-else can reach anything below it, whatever the modes of the subfolders), else `user-<uid>`
-inside it, made 700 by this user and refused when it is not that. The folder is opened and
-checked once, and the compiles reach it through this process's descriptor of it
-(/proc/<pid>/fd/<n>): renaming it or a folder above it while the build runs changes nothing.
-ccache writes its files 0600 there (CCACHE_UMASK); sccache's server, which reads its folder
-when it starts and outlives the build, gets a socket of this build's own in the folder instead
-of the machine's TCP port, where another user's server may be listening, and is stopped when
-this process ends.
+else can reach anything below it, whatever the modes of its subfolders), else `user-<uid>`
+inside it, made 700 by this user, and refused when it is not that. The launcher checks the
+folder again at every compile, on a descriptor it then hands the tool as the folder's name
+(/proc/self/fd/N): a folder renamed or swapped on the way after the check changes nothing.
+ccache writes its files 0600 there (CCACHE_UMASK); sccache's server, which reads its folder when
+it starts and outlives the build, listens on a socket in the folder instead of the machine's TCP
+port, where another user's server may be listening.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
 import stat
-import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -151,58 +148,19 @@ def _refusal(place: Placement, what: str) -> ExtforgeError:
     )
 
 
-# Descriptors of the cache folders this process checked, by (st_dev, st_ino), open until it ends:
-# every compile of its builds reaches its folder through one of them.
-_PINNED: dict[tuple[int, int], int] = {}
-
-
-def _pinned(fd: int, path: Path) -> str:
-    """A name of the folder open at `fd` that stays that folder while this process lives
-    (/proc/<pid>/fd/<fd>), whatever is renamed on the way to `path` later; `path` itself where
-    /proc gives none."""
-    st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino)
-    if key in _PINNED:
-        os.close(fd)
-    else:
-        _PINNED[key] = fd
-    name = f"/proc/{os.getpid()}/fd/{_PINNED[key]}"
-    try:
-        seen = os.stat(name)
-    except OSError:
-        return str(path)
-    return name if (seen.st_dev, seen.st_ino) == key else str(path)
-
-
-def prepare(tool: str, configured: Path | None = None) -> tuple[Placement, str]:
-    """The folder compiles through `tool` use (made if missing), checked on its descriptor, and
-    the name they reach it by (see `_pinned`). A per-user folder someone else made is refused."""
+def prepare(tool: str, configured: Path | None = None) -> Placement:
+    """The folder compiles through `tool` use, made if missing; a per-user folder someone else
+    made (or made reachable) is refused. Each compile checks it again (data/compile-launcher.sh)."""
     configured = Path(configured) if configured else default_dir() / tool
     safe_files.make_dirs(configured)
-    fd = os.open(configured, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    st = os.fstat(fd)
+    st = configured.stat()
     place = _placed(tool, configured, st.st_uid, st.st_mode)
-    if place.shared is None:
-        return place, _pinned(fd, place.path)
-    os.close(fd)
-    try:
-        fd = safe_files.open_private_dir(place.path)
-    except ExtforgeError as exc:
-        raise _refusal(place, exc.what) from None
-    return place, _pinned(fd, place.path)
-
-
-_SERVERS: list[tuple[str, str]] = []  # (sccache, socket) of the servers this process's builds start
-
-
-def _stop_servers() -> None:
-    for tool, socket in _SERVERS:
+    if place.shared is not None:
         try:
-            subprocess.run([tool, "--stop-server"], env={**os.environ, "SCCACHE_SERVER_UDS": socket},
-                           capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.SubprocessError):
-            pass  # its idle timeout ends it
-        safe_files.remove_quietly(Path(socket))
+            safe_files.make_private_dir(place.path)
+        except ExtforgeError as exc:
+            raise _refusal(place, exc.what) from None
+    return place
 
 
 def launcher_command(tool: Path) -> str:
@@ -234,7 +192,7 @@ def env(
     narrows it to the build's own folder (paths outside it stay absolute, whatever the depth).
     """
     launcher = find_launcher(tool)
-    place, folder = prepare(launcher.tool, cache_dir)
+    place = prepare(launcher.tool, cache_dir)
     log.info("compile cache: %s in %s", launcher.tool, place.describe())
     out = {
         "EXTFORGE_COMPILER_LAUNCHER": launcher_command(launcher.path),
@@ -247,7 +205,7 @@ def env(
     }
     if launcher.tool == "ccache":
         out |= {
-            "CCACHE_DIR": folder,
+            "CCACHE_DIR": str(place.path),
             # Results and folders 0600/0700, whatever the build's umask.
             "CCACHE_UMASK": "077",
             "CCACHE_BASEDIR": str(base_dir),
@@ -258,12 +216,8 @@ def env(
             "CCACHE_MAXSIZE": max_size,
         }
     else:
-        # A server of this process's own, on a socket only this user can reach: the server on
-        # the machine's port may be another user's, compiling from its own folder.
-        socket = f"{folder}/server-{os.getpid()}.sock"
-        if not _SERVERS:
-            atexit.register(_stop_servers)
-        if (str(launcher.path), socket) not in _SERVERS:
-            _SERVERS.append((str(launcher.path), socket))
-        out |= {"SCCACHE_DIR": folder, "SCCACHE_SERVER_UDS": socket, "SCCACHE_BASEDIRS": str(base_dir)}
+        # Its server listens on a socket in the folder, never on the machine's TCP port, where
+        # another user's server (compiling from that user's folder) may be listening.
+        out |= {"SCCACHE_DIR": str(place.path), "SCCACHE_SERVER_UDS": str(place.path / "server.sock"),
+                "SCCACHE_BASEDIRS": str(base_dir)}
     return out

@@ -277,12 +277,6 @@ def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
     """The folder path, mode 0700, made by this user (created if missing). One that exists is
     used only if it is a folder (not a link) this user owns that nobody else can write: what
     extforge later trusts in it (a lock, a journal of what to delete) is then its own."""
-    os.close(open_private_dir(path, beneath=beneath))
-
-
-def open_private_dir(path: Path, *, beneath: Path | None = None) -> int:
-    """make_private_dir, returning a descriptor of the folder it checked (the caller closes it):
-    what is reached through it stays that folder whatever is renamed above it later."""
     with folder(path.parent, beneath=beneath) as dfd:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path.name, 0o700, dir_fd=dfd)
@@ -292,11 +286,12 @@ def open_private_dir(path: Path, *, beneath: Path | None = None) -> int:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise _private_refusal(path, "it is a symbolic link or not a folder") from None
             raise
-        why = not_private_why(os.fstat(fd))
-        if why:
+        try:
+            why = not_private_why(os.fstat(fd))
+        finally:
             os.close(fd)
+        if why:
             raise _private_refusal(path, why)
-        return fd
 
 
 def not_private_why(st: os.stat_result) -> str | None:

@@ -93,6 +93,36 @@ def test_another_users_planted_result_never_becomes_my_object(peer_site, tools: 
     assert not any(p.is_dir() and stat.S_IMODE(p.stat().st_mode) & 0o077 for p in own.rglob("*"))
 
 
+def test_a_cache_folder_swapped_while_the_build_runs_is_never_used(peer_site, tools: dict[str, str]) -> None:
+    """The build has set up its folder; then a member renames the site's compile folder away (the
+    cache root is the group's, without the sticky bit) and puts a tree of planted results in its
+    place, at the folder's top and as root's per-user folder. Old code compiled from the
+    configured folder by its path: root's unit.o defined `planted`."""
+    peer = peer_site.peers[0]
+    cache_root = peer_site.shared_folder("swapped")
+    configured = cache_root / "compile" / "ccache"
+    env = {**tools, **compile_cache.env("ccache", cache_dir=configured)}  # as `extforge build` sets up
+    # The member's tree: its own compile of the unit, every result then replaced by its object.
+    tree = peer_site.root / "peer-tree"
+    tree.mkdir(mode=0o700)
+    os.chown(tree, peer.uid, peer.gid)
+    honest = _work(peer_site, "swap-peer-work", "mine", peer)
+    evil = _work(peer_site, "swap-peer-evil", "planted", peer)
+    same_key = {k: v for k, v in env.items() if k.startswith("CCACHE_") and k != "CCACHE_DIR"}
+    _as(peer, "sh", "-c", f"cd {honest} && ccache g++ -c unit.cpp -o unit.o && cd {evil} && "
+        f"CCACHE_DIR={tree}/evil ccache g++ -c unit.cpp -o unit.o", env={**tools, **same_key, "CCACHE_DIR": str(tree)})
+    (evil_result,) = (tree / "evil").rglob("*R")
+    assert int(_as(peer, peer_site.python, "-c", PLANT, str(evil_result), str(tree), env=tools).stdout) >= 2
+    _as(peer, "sh", "-c", f"mv {cache_root}/compile {cache_root}/compile.old && mkdir -p {configured} && "
+        f"cp -a {tree}/. {configured}/ && cp -a {tree} {configured}/user-0 && chmod -R a+rwX {configured}", env=tools)
+
+    mine = _work(peer_site, "swap-root-work", "mine", None)
+    proc = subprocess.run([*env["EXTFORGE_COMPILER_LAUNCHER"].split(), "g++", "-c", "unit.cpp", "-o", "unit.o"],
+                          env=env, cwd=mine, capture_output=True, text=True, check=True)
+    assert _symbols(mine / "unit.o") == {"mine"}
+    assert f"compiling without the compile cache: {configured}" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("planted", ["their folder", "open to all", "a link to theirs"])
 def test_a_per_user_folder_another_user_made_is_refused_never_used(peer_site, tools: dict[str, str],
                                                                     monkeypatch: pytest.MonkeyPatch,

@@ -46,8 +46,8 @@ def _facts_lines(f: Facts) -> list[tuple[str, str]]:
         cc = f.compile_cache
         if cc.use in ("private", "per-user"):
             how = f"{cc.tool}: {cc.path}, {cc.use}" + (f" ({cc.why})" if cc.why else "")
-            # Its server reads the folder when it starts; each build starts its own, on a socket there.
-            how += "; a server per build, on a socket in that folder" if cc.tool == "sccache" else ""
+            # Not the machine's TCP port, where another user's server may be listening.
+            how += "; its server listens on a socket in that folder" if cc.tool == "sccache" else ""
         else:
             how = f"{cc.tool + ': ' if cc.tool else ''}{cc.use}: {cc.why}"
         rows.append(("compile cache", how))
