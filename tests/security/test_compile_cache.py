@@ -91,6 +91,13 @@ def test_another_users_planted_result_never_becomes_my_object(peer_site, tools: 
     modes = {stat.S_IMODE(p.lstat().st_mode) for p in own.rglob("*") if p.is_file()}
     assert modes and not any(m & 0o077 for m in modes), modes
     assert not any(p.is_dir() and stat.S_IMODE(p.stat().st_mode) & 0o077 for p in own.rglob("*"))
+    # Root's next build (another process, another output folder: a split build's link job) shares it.
+    again = _work(peer_site, "root-work-2", "mine", None)
+    subprocess.run([sys.executable, "-c", COMPILE, str(shared), str(again), purelib], env=tools, check=True,
+                   capture_output=True)
+    stats = subprocess.run(["ccache", "--print-stats"], env={**tools, "CCACHE_DIR": str(own)}, capture_output=True,
+                           text=True, check=True).stdout
+    assert "direct_cache_hit\t1" in stats.splitlines() and _symbols(again / "unit.o") == {"mine"}
 
 
 def test_a_cache_folder_swapped_while_the_build_runs_is_never_used(peer_site, tools: dict[str, str]) -> None:
