@@ -160,6 +160,11 @@ def prepare(tool: str, configured: Path | None = None) -> Placement:
             safe_files.make_private_dir(place.path)
         except ExtforgeError as exc:
             raise _refusal(place, exc.what) from None
+        except PermissionError:
+            raise ExtforgeError(f"cannot make {place.path}: you may not write {configured}",
+                                f"your compiles keep their cache in a folder of your own there ({place.shared})",
+                                f"have its owner let the group write it (`chmod 2775 {configured}`, as for a shared "
+                                "channel) or set EXTFORGE_CACHE to a folder of your own") from None
     return place
 
 

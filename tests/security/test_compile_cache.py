@@ -161,8 +161,11 @@ def test_a_per_user_folder_another_user_made_is_refused_never_used(peer_site, to
 
     doctor = subprocess.run([sys.executable, "-m", "extforge", "doctor", "--json"], capture_output=True, text=True,
                             env={**os.environ, "EXTFORGE_CACHE": str(root)})
-    facts = json.loads(doctor.stdout)["facts"]["compile_cache"]
+    report = json.loads(doctor.stdout)
+    facts = report["facts"]["compile_cache"]
     assert (facts["use"], facts["path"], facts["why"]) == ("refused", str(theirs), refused.value.what)
+    assert any(f["severity"] == "warning" and refused.value.what in f["title"] and f["fix"] == refused.value.fix
+               for f in report["findings"])
 
 
 def test_doctor_says_which_compile_cache_folder_is_in_force(peer_site, tmp_path: Path, tools: dict[str, str]) -> None:
@@ -184,3 +187,20 @@ def test_doctor_says_which_compile_cache_folder_is_in_force(peer_site, tmp_path:
         facts = json.loads(subprocess.run([sys.executable, "-m", "extforge", "doctor", "--json"], capture_output=True, text=True,
                                           env=env).stdout)["facts"]["compile_cache"]
         assert (facts["tool"], facts["use"]) == ("ccache", use)
+
+
+def test_a_cache_folder_one_may_not_write_is_one_line(peer_site, tools: dict[str, str]) -> None:
+    """Another admin's compile folder, 755: the second admin's compiles cannot have a folder there.
+    Old code handed ccache the first admin's folder itself (their objects, and no write)."""
+    owner, other = peer_site.peers
+    cache_root = peer_site.shared_folder("not-writable")
+    configured = cache_root / "compile" / "ccache"
+    _as(owner, "sh", "-c", f"mkdir -p {configured} && chmod 755 {configured}", env=tools)
+    code = ("import site, sys; site.addsitedir(sys.argv[2]); from pathlib import Path; "
+            "from extforge import compile_cache; from extforge.errors import ExtforgeError\n"
+            "try: compile_cache.env('ccache', cache_dir=Path(sys.argv[1]))\n"
+            "except ExtforgeError as exc: print(exc.what); print(exc.fix)")
+    out = _as(other, peer_site.python, "-c", code, str(configured), sysconfig.get_paths()["purelib"], env=tools).stdout
+    assert out.splitlines() == [f"cannot make {configured}/user-{other.uid}: you may not write {configured}",
+                                f"have its owner let the group write it (`chmod 2775 {configured}`, as for a shared "
+                                "channel) or set EXTFORGE_CACHE to a folder of your own"], out
