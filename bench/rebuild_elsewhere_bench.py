@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import record_table, show
 
+from extforge import compile_cache
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -40,8 +42,9 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rebuild-bench-") as tmp:
         os.environ["EXTFORGE_CACHE"] = str(Path(tmp) / "extforge")
-        cache_dir = Path(tmp) / "extforge" / "compile" / "ccache"
         for out in (Path(tmp) / "out", Path(tmp) / "admin-b" / "builds" / "a-longer-folder-name" / "out"):
+            # This user's folder of the compile cache, as the build places it (per-user below a shared one).
+            cache_dir = compile_cache.placement("ccache").path
             before, start = ccache_counters(cache_dir) if cache_dir.exists() else {}, time.monotonic()
             proc = subprocess.run([sys.executable, "-m", "extforge", "build", str(args.recipe), "--channel",
                                    str(args.channel), "--output-dir", str(out)], capture_output=True, text=True)
@@ -49,7 +52,7 @@ def main() -> int:
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return proc.returncode
-            after = ccache_counters(cache_dir)
+            after = ccache_counters(compile_cache.placement("ccache").path)
             hits = sum(after.get(k, 0) - before.get(k, 0) for k in ("direct_cache_hit", "preprocessed_cache_hit"))
             misses = after.get("cache_miss", 0) - before.get("cache_miss", 0)
             row = f"| {out.relative_to(tmp)} | {len(str(out))} chars, depth {len(out.parts)} | {seconds:.1f} s | {hits} | {misses} |"

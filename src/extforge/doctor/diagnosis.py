@@ -15,13 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .. import compile_cache
 from .. import machine as machine_mod
 from ..audit import audit_target
+from ..errors import ExtforgeError
 from ..plan import plan_build
 from .checks import diagnose
 from .compiler import probe_compiler
 from .driver import probe_driver
-from .model import DoctorReport, Facts, Finding, FlashAttnFacts
+from .model import CompileCacheFacts, DoctorReport, Facts, Finding, FlashAttnFacts
 from .nvcc import DEFAULT_TOOLKIT_GLOBS, find_nvccs, torch_cuda_home
 from .target import probe_target
 
@@ -40,6 +42,19 @@ def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[d
         return values, None
     except Exception as exc:  # the planner is advisory here; doctor still reports the rest
         return None, f"planner unavailable ({type(exc).__name__}: {exc})"
+
+
+def probe_compile_cache() -> CompileCacheFacts:
+    """Where `extforge build` would keep this user's compile cache, judged without making anything."""
+    try:
+        place = compile_cache.placement(compile_cache.find_launcher().tool)
+    except ExtforgeError as exc:  # neither tool on PATH, or an unusable EXTFORGE_CACHE
+        return CompileCacheFacts(None, None, "none", exc.what)
+    refusal = compile_cache.refused(place)
+    if refusal:
+        return CompileCacheFacts(place.tool, str(place.path), "refused", refusal.what, refusal.fix)
+    return CompileCacheFacts(place.tool, str(place.path), "private" if place.shared is None else "per-user",
+                             place.shared or "")
 
 
 def _audit(fa: FlashAttnFacts, prefix: str) -> tuple[FlashAttnFacts, str | None]:
@@ -79,6 +94,7 @@ def run_doctor(
         facts.glibc, facts.cores = m.glibc, m.cores
         facts.memory_bytes, facts.memory_source = m.memory_bytes, m.memory_source
         facts.cuda_home = torch_cuda_home(env)
+        facts.compile_cache = probe_compile_cache()
         facts.nvccs, facts.driver, facts.compiler = nvccs.result(), driver.result(), compiler.result()
         # A node builds for its own GPUs: plan for those archs, as `extforge plan --archs` would.
         own_archs = sorted({g.compute_cap.replace(".", "") for g in facts.driver.gpus})

@@ -91,6 +91,17 @@ class CompilerFacts:
 
 
 @dataclass(frozen=True)
+class CompileCacheFacts:
+    """The compile cache `extforge build` would use, and whose objects it can hold."""
+
+    tool: str | None  # "ccache" or "sccache"; None: neither is on PATH
+    path: str | None  # the folder this user's compiles use
+    use: str  # "private", "per-user", "refused" (builds compile without it) or "none"
+    why: str = ""  # why per-user, why refused, or why none
+    fix: str = ""  # for "refused"
+
+
+@dataclass(frozen=True)
 class FlashAttnFacts:
     version: str
     location: str
@@ -116,6 +127,7 @@ class Facts:
     memory_bytes: int | None = None
     memory_source: str | None = None
     plan: dict[str, Any] | None = None  # MAX_JOBS / NVCC_THREADS the planner would use
+    compile_cache: CompileCacheFacts | None = None
     flash_attn: FlashAttnFacts | None = None
     not_checked: list[str] = field(default_factory=list)  # what could not be checked, and why
 

@@ -42,6 +42,15 @@ def _facts_lines(f: Facts) -> list[tuple[str, str]]:
         c = f.compiler
         abi = "?" if c.default_cxx11_abi is None else str(int(c.default_cxx11_abi))
         rows.append(("compiler", f"{c.command} = {c.path or 'not found'}: {c.version_line or '?'}; default CXX11 ABI {abi}"))
+    if f.compile_cache:
+        cc = f.compile_cache
+        if cc.use in ("private", "per-user"):
+            how = f"{cc.tool}: {cc.path}, {cc.use}" + (f" ({cc.why})" if cc.why else "")
+            # Not the machine's TCP port, where another user's server may be listening.
+            how += "; its server listens on a socket in that folder" if cc.tool == "sccache" else ""
+        else:
+            how = f"{cc.tool + ': ' if cc.tool else ''}{cc.use}: {cc.why}"
+        rows.append(("compile cache", how))
     if f.cores is not None and f.memory_bytes is not None:
         rows.append(
             ("machine", f"glibc {f.glibc or '?'}, {f.cores} cores, {f.memory_bytes / GIB:.1f} GiB ({f.memory_source})")

@@ -104,7 +104,8 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
         chmod +x "${_xf_state}/bin/$(basename "${EXTFORGE_REAL_CXX}")"
         export CXX="${_xf_state}/bin/$(basename "${EXTFORGE_REAL_CXX}")"
     fi
-    for _xf_v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_COMPILERCHECK CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
+    for _xf_v in CCACHE_DIR CCACHE_UMASK CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_COMPILERCHECK CCACHE_MAXSIZE SCCACHE_DIR \
+        SCCACHE_SERVER_UDS SCCACHE_BASEDIRS; do
         [[ -z "${!_xf_v:-}" ]] && unset "${_xf_v}"
     done
 

@@ -45,7 +45,8 @@ if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
     ln -sfn "$("${PYTHON}" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("torch").origin)))')" \
         "${SRC_DIR}/.extforge-site"
     export PYTHONPATH="${SRC_DIR}/.extforge-site${PYTHONPATH:+:${PYTHONPATH}}"
-    for _xf_v in CCACHE_DIR CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_COMPILERCHECK CCACHE_MAXSIZE SCCACHE_DIR SCCACHE_BASEDIRS; do
+    for _xf_v in CCACHE_DIR CCACHE_UMASK CCACHE_BASEDIR CCACHE_NOHASHDIR CCACHE_COMPILERCHECK CCACHE_MAXSIZE SCCACHE_DIR \
+        SCCACHE_SERVER_UDS SCCACHE_BASEDIRS; do
         [[ -z "${!_xf_v:-}" ]] && unset "${_xf_v}"
     done
 fi
