@@ -63,3 +63,9 @@ def test_plan_audit_and_recipe_new_take_every_spelling(text: str, capsys: pytest
 def test_a_bad_arch_option_is_a_usage_error_naming_the_forms() -> None:
     proc = run_extforge("plan", "--archs", "sm_90,Hopper")
     assert proc.returncode == 2 and "not a CUDA arch: 'Hopper' (write 8.0, 80, sm_80" in proc.stderr
+
+
+def test_plan_plans_the_archs_of_a_variant_as_build_would(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --variant cuda_archs=sm_90` planned the default 80,90: the variant's archs were not read."""
+    assert main(["plan", "--cores", "2", "--memory", "24G", "--variant", "cuda_archs=sm_90", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["archs"] == ["90"]

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import cost_store, engine
     from ..machine import detect
     from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
+    from ..variants import archs as variant_archs
     from ..variants import head_dims as variant_head_dims
     from ..variants import parse_variant_overrides
 
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
     profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
     with cost_store.recipe_costs(engine.find_recipe(args.recipe).parent) if args.recipe else contextlib.nullcontext():
-        plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
+        plan = plan_build(machine, profile, args.archs or tuple(variant_archs(variant)) or archs or DEFAULT_ARCHS,
+                          head_dims, args.node_speed,
                           version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:
