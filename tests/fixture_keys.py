@@ -33,6 +33,6 @@ def channel_digest(channel: Path) -> str:
 
 
 def build_key(recipe: Path, channel: Path) -> str:
-    """The recipe, the channel, and extforge's build and audit code."""
-    builder = tree_digest(SRC / "audit") + (SRC / "build.py").read_text() + (SRC / "engine.py").read_text()
+    """The recipe, the channel, and extforge's build, audit and stamp code."""
+    builder = tree_digest(SRC / "audit") + "".join((SRC / f).read_text() for f in ("build.py", "engine.py", "stamp.py"))
     return hashlib.sha256((tree_digest(recipe) + builder + channel_digest(channel)).encode()).hexdigest()[:16]

@@ -10,8 +10,10 @@ import zstandard
 
 
 def package_member(conda: Path, name: str) -> bytes:
+    """A payload file, or with an `info/` name, a metadata file (info/index.json)."""
+    part = "info-" if name.startswith("info/") else "pkg-"
     with zipfile.ZipFile(conda) as zf:
-        member = next(n for n in zf.namelist() if n.startswith("pkg-") and n.endswith(".tar.zst"))
+        member = next(n for n in zf.namelist() if n.startswith(part) and n.endswith(".tar.zst"))
         raw = zstandard.ZstdDecompressor().stream_reader(zf.open(member))
         with tarfile.open(fileobj=raw, mode="r|") as tf:
             for entry in tf:

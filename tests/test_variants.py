@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import run_extforge
 from extforge.errors import ExtforgeError
 from extforge.variants import narrow, recipe_files, resolve
 
@@ -109,3 +110,30 @@ def test_a_recipe_row_meets_only_the_channel_rows_it_names(tmp_path):
     offline.write_text('zip_keys:\n  - [python, pytorch]\npython: ["3.10", "3.11"]\npytorch: ["2.6.0", "2.9.1"]\n')
     with pytest.raises(ExtforgeError, match="none of its torch builds has python 3.10, pytorch 2.6.0 together"):
         resolve(REPO / "recipe" / "demo-ext" / "recipe.yaml", [channel], [offline], {})
+
+
+DEMO_EXT = REPO / "recipe" / "demo-ext" / "recipe.yaml"
+
+
+@pytest.mark.parametrize("spelling", ["sm_90", "90", "9.0", "sm_90;"])
+def test_a_variant_arch_reaches_the_build_in_the_form_its_files_write(tmp_path, spelling):
+    """`--variant cuda_archs=sm_90` was passed to the build as written: TORCH_CUDA_ARCH_LIST=sm_90,
+    which the build layer refuses inside the build script, 5 s in ("Script failed to execute")."""
+    channel = mirror_channel(tmp_path, "3.11", "2.14.1", "12")
+    assert resolve(DEMO_EXT, [channel], [], {"cuda_archs": [spelling]}).values["cuda_archs"] == ["9.0"]
+    # flash-attn's files write FLASH_ATTN_CUDA_ARCHS as numbers: a flag's spelling becomes that.
+    offline = FLASH_ATTN.parent / "variants-offline.yaml"
+    assert resolve(FLASH_ATTN, [channel], [offline], {"flash_attn_cuda_archs": ["sm_80 8.0 9.0"]}).values[
+        "flash_attn_cuda_archs"] == ["80;90"]
+
+
+def test_a_variant_arch_that_names_no_arch_is_refused_before_the_build(tmp_path):
+    channel = tmp_path / "mirror-3.11"
+    mirror_channel(tmp_path, "3.11", "2.14.1", "12")
+    out = tmp_path / "out"
+    proc = run_extforge("build", str(DEMO_EXT.parent), "--channel", str(channel), "--output-dir", str(out),
+                        "--variant", "cuda_archs=hopper")
+    assert proc.returncode == 2, proc.stderr
+    assert "--variant cuda_archs='hopper' is not a list of GPU archs" in proc.stderr
+    assert "write 8.0, 80, sm_80" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "bld").exists() and not (out / "logs").exists()

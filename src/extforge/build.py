@@ -27,7 +27,7 @@ from .channel_ref import channel_url, local_folder, package_names, records, repo
 from .cuda_rule import missing_toolkit
 from .errors import ExtforgeError
 from .explain import explain_text
-from .stamp import stamp_package
+from .stamp import run_requirements, stamp_package
 from .ui import log
 from .variants import Matrix, recipe_yaml_error
 from .variants import archs as variant_archs
@@ -44,6 +44,8 @@ class BuiltPackage:
     build_string: str
     subdir: str
     audit_verdict: str | None = None  # None: not audited (--no-audit)
+    # The CUDA toolkit that compiled it (the variant's cuda_compiler_version): the driver it needs.
+    cuda_toolkit: str | None = None
     # This machine's compile speed against the planner's unit costs (None: no costs or no log).
     node_speed: float | None = None
 
@@ -320,11 +322,13 @@ REJECTED_DIR = "rejected"
 
 def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
     """Audit and stamp every built package against the host env its build used (`build_env`)
-    where that holds the torch it pins, else the channel's. A package that fails is moved to
-    the output folder's `rejected/` (kept for `extforge audit`, not served)."""
+    where that holds the torch it pins, else the channel's; the glibc and CUDA driver the audit
+    found it needs become run requirements. A package that fails is moved to the output folder's
+    `rejected/` (kept for `extforge audit`, not served)."""
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
-        stamp_package(pkg.path, report.to_stamp(pkg.path))
+        record = report.to_stamp(pkg.path)
+        stamp_package(pkg.path, record, requires=run_requirements(record, pkg.cuda_toolkit))
         pkg.audit_verdict = report.verdict
         if not report.ok:
             output = pkg.path.parent.parent
@@ -546,7 +550,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             finally:
                 # Read once, by this variant's activation: nothing of the build stays behind.
                 safe_files.remove_quietly(bld / build_layer.SETTINGS_FILE, beneath=output_dir)
-            packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform)
+            toolkit = str(variant.variant.get("cuda_compiler_version", ""))
+            packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform,
+                                     cuda_toolkit=toolkit if toolkit[:1].isdigit() else None)
                         for p in result.packages]
             for pkg in packages:
                 pkg.path.chmod(0o644)

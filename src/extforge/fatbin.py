@@ -106,27 +106,93 @@ def arch_sets(entries: Iterable[FatbinEntry]) -> tuple[list[str], list[str]]:
     return list(sass), list(ptx)
 
 
-_ARCH = re.compile(r"(?:sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{1,2})(\d))([af]?)")
+# GPU archs extforge accepts (compute capability x 10). A value outside this list is a typo
+# far more often than a GPU newer than this release of extforge; add new ones here.
+KNOWN_ARCHS = (35, 37, 50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+# The oldest arch with arch-specific ("a") and with family-specific ("f") code.
+ARCH_SPECIFIC_SINCE, FAMILY_SPECIFIC_SINCE = 90, 100
+ARCH_FORMS = ("8.0, 80, sm_80 or compute_80 (9.0a or sm_90a: arch-specific; 10.0f or sm_100f: family-specific; "
+              "9.0+PTX: SASS and PTX), several separated by commas, semicolons or spaces")
 
 
-def parse_arch(arch: str) -> tuple[int, str]:
-    """'sm_90' -> (90, ''), 'sm_90a' -> (90, 'a'), 'compute_100f' -> (100, 'f'), '9.0' -> (90, '')."""
+@dataclass(frozen=True)
+class Arch:
+    """One GPU code target, whatever spelling named it: SASS (`sm_90`) or PTX (`compute_90`) for
+    compute capability `number` / 10, generic or arch-specific ("a") or family-specific ("f")."""
+
+    number: int  # 90 for 9.0
+    suffix: str = ""  # "a", "f" or ""
+    ptx: bool = False
+
+    @property
+    def name(self) -> str:
+        """nvcc's and the audit's name: sm_90a, compute_90."""
+        return f"{'compute' if self.ptx else 'sm'}_{self.code}"
+
+    @property
+    def code(self) -> str:
+        """The number form (FLASH_ATTN_CUDA_ARCHS, CMake): 90a."""
+        return f"{self.number}{self.suffix}"
+
+    @property
+    def capability(self) -> str:
+        """The compute capability form (TORCH_CUDA_ARCH_LIST): 9.0a."""
+        return f"{self.number // 10}.{self.number % 10}{self.suffix}"
+
+
+_ARCH = re.compile(r"(sm_|compute_)?(?:(\d{1,2})\.(\d)|(\d{1,2})(\d))([af]?)")
+
+
+def parse_arch(arch: str) -> Arch:
+    """'sm_90' -> Arch(90), 'compute_100f' -> Arch(100, 'f', ptx=True), '9.0' -> Arch(90): the spelling
+    alone (a list a user gives goes through parse_arch_list, which also knows which archs exist)."""
     m = _ARCH.fullmatch(arch.strip().lower())
     if not m:
         raise ValueError(f"not a CUDA arch: {arch!r}")
-    major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-    return int(major) * 10 + int(minor), m.group(5)
+    major, minor = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+    return Arch(int(major) * 10 + int(minor), m.group(6), ptx=m.group(1) == "compute_")
 
 
-def arch_number(arch: str) -> int:
-    """'sm_90', 'sm_90a', 'compute_90', '90', '9.0' -> 90."""
-    return parse_arch(arch)[0]
+def parse_arch_list(text: str) -> tuple[Arch, ...]:
+    """Every spelling of a GPU arch list the commands and variant files use, as one typed list:
+    '8.0;9.0' (TORCH_CUDA_ARCH_LIST), '80,90', 'sm_80 sm_90a', 'compute_90', '9.0+PTX' (SASS and
+    PTX of 9.0). ValueError naming the entry and the forms accepted."""
+    entries = [e for e in re.split(r"[,;\s]+", text.strip()) if e]
+    if not entries:
+        raise ValueError(f"no GPU arch given (write {ARCH_FORMS})")
+    out: list[Arch] = []
+    for entry in entries:
+        # "+PTX" belongs to the compute capability form: "9.0+PTX", "90+PTX", never "sm_90+PTX".
+        base, plus, rest = entry.lower().partition("+ptx")
+        try:
+            if rest or (plus and base.startswith(("sm_", "compute_"))):
+                raise ValueError
+            arch = parse_arch(base)
+        except ValueError:
+            raise ValueError(f"not a CUDA arch: {entry!r} (write {ARCH_FORMS})") from None
+        if arch.number not in KNOWN_ARCHS:
+            raise ValueError(f"not a known CUDA arch: {entry!r} (known: {', '.join(f'sm_{n}' for n in KNOWN_ARCHS)})")
+        since = {"a": ARCH_SPECIFIC_SINCE, "f": FAMILY_SPECIFIC_SINCE}.get(arch.suffix)
+        if since and arch.number < since:
+            kind = "arch-specific" if arch.suffix == "a" else "family-specific"
+            raise ValueError(f"not a CUDA arch: {entry!r} ({kind} '{arch.suffix}' code exists from sm_{since} on)")
+        out += [arch, Arch(arch.number, arch.suffix, ptx=True)] if plus else [arch]
+    return tuple(dict.fromkeys(out))
+
+
+def torch_arch_list(archs: Iterable[Arch]) -> tuple[str, ...]:
+    """The TORCH_CUDA_ARCH_LIST entries of `archs` (the build layer's form): 8.0, 9.0a, 9.0+PTX.
+    PTX alone has no entry there: compute_90 asks for 9.0+PTX (its SASS comes with it)."""
+    archs = list(archs)
+    ptx = {(a.number, a.suffix) for a in archs if a.ptx}
+    entries = (f"{a.capability}{'+PTX' if (a.number, a.suffix) in ptx else ''}" for a in archs)
+    return tuple(dict.fromkeys(entries))
 
 
 def gencode(arch: str) -> str:
     """The nvcc flag that produces SASS for `arch`: sm_90a -> -gencode arch=compute_90a,code=sm_90a."""
-    number, suffix = parse_arch(arch)
-    return f"-gencode arch=compute_{number}{suffix},code=sm_{number}{suffix}"
+    code = parse_arch(arch).code
+    return f"-gencode arch=compute_{code},code=sm_{code}"
 
 
 def arch_coverage(promised: str, sass: Iterable[str], ptx: Iterable[str]) -> str:
@@ -139,7 +205,8 @@ def arch_coverage(promised: str, sass: Iterable[str], ptx: Iterable[str]) -> str
     build promised to produce, with its arch-specific or family-specific instructions: only that
     exact SASS (or its PTX) serves it.
     """
-    number, suffix = parse_arch(promised)
+    arch = parse_arch(promised)
+    number, suffix = arch.number, arch.suffix
     sass, ptx = list(sass), list(ptx)
     if suffix:
         if f"sm_{number}{suffix}" in sass:

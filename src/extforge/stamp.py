@@ -3,7 +3,9 @@
 `extforge build` stamps what it built so `extforge verify` can admit a node from the
 installed prefix alone. The file is added to the package payload and listed in
 info/paths.json and info/files like any other file, so conda and rattler install,
-verify and remove it normally.
+verify and remove it normally. What the record proves a node needs (`run_requirements`: its
+glibc, its CUDA driver) also goes into info/index.json's depends, so the channel's repodata
+carries it and a solve for nodes that lack it fails at lock time.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -65,8 +69,27 @@ class AuditStamp:
         return {**asdict(self), "sass_archs": list(self.sass_archs), "ptx_archs": list(self.ptx_archs)}
 
 
-def stamp_package(path: Path, record: AuditStamp, *, threads: int | None = None) -> AuditStamp:
-    """Write the record (AuditReport.to_stamp) into the package at `path` (replaced in place, atomically).
+def run_requirements(record: AuditStamp, toolkit: str | None = None) -> list[str]:
+    """What the audit proved a node must have, as conda-forge writes it into run requirements: the
+    glibc floor as the sysroot packages export it (`__glibc >=2.32,<3.0.a0`), and for GPU code the
+    driver of the CUDA toolkit that compiled it (`toolkit`, else the torch's CUDA) as cuda-version
+    constrains it: its major (`__cuda >=12`: by CUDA's minor version compatibility a 12.0 driver
+    runs 12.8's SASS), or major.minor where the package ships PTX, which a driver JIT-compiles
+    only from a PTX version it knows."""
+    out = []
+    if record.glibc_floor:
+        out.append(f"__glibc >={record.glibc_floor},<3.0.a0")
+    cuda = re.match(r"(\d+)\.(\d+)", toolkit or record.cuda_version or "")
+    if cuda and (record.sass_archs or record.ptx_archs):
+        out.append(f"__cuda >={cuda[0] if record.ptx_archs else cuda[1]}")
+    return out
+
+
+def stamp_package(path: Path, record: AuditStamp, *, requires: Sequence[str] = (),
+                  threads: int | None = None) -> AuditStamp:
+    """Write the record (AuditReport.to_stamp) into the package at `path` (replaced in place, atomically),
+    and add `requires` (run_requirements) to its depends where the recipe named no version of that
+    package itself (a sysroot's `__glibc` export: the audit checked the modules against it).
 
     A .conda's payload is recompressed at rattler-build's level on `threads` threads (default:
     the cores this process may use, at most MAX_ZSTD_THREADS): one thread took 42 s for the full
@@ -74,7 +97,7 @@ def stamp_package(path: Path, record: AuditStamp, *, threads: int | None = None)
     path = Path(path)
     threads = threads or min(MAX_ZSTD_THREADS, len(os.sched_getaffinity(0)))
     data = (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
-    stamp = _Stamp(f"{AUDIT_DIR}/{record.name}.json", data)
+    stamp = _Stamp(f"{AUDIT_DIR}/{record.name}.json", data, requires)
     if not path.name.endswith((".conda", ".tar.bz2")):
         raise ExtforgeError(f"cannot stamp {path}", "only .conda and .tar.bz2 packages carry audit metadata",
                             "stamp the conda package, not a wheel or a prefix")
@@ -97,13 +120,22 @@ def read_stamps(prefix: Path) -> list[AuditStamp]:
 
 
 class _Stamp:
-    def __init__(self, relpath: str, data: bytes):
+    def __init__(self, relpath: str, data: bytes, requires: Sequence[str] = ()):
         self.relpath = relpath
         self.data = data
+        self.requires = requires
         self.entry = {"_path": relpath, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
                       "size_in_bytes": len(data)}
 
     def patch(self, name: str, content: bytes) -> bytes:
+        if name == "info/index.json":
+            index = json.loads(content)
+            named = {d.split()[0] for d in index.get("depends", []) if d.strip()}
+            added = [r for r in self.requires if r.split()[0] not in named]
+            if not added:
+                return content
+            index["depends"] = [*index.get("depends", []), *added]
+            return (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         if name == "info/paths.json":
             meta = json.loads(content)
             paths = [p for p in meta.get("paths", []) if p.get("_path") != self.relpath] + [self.entry]
@@ -113,7 +145,7 @@ class _Stamp:
         return ("\n".join(sorted([*lines, self.relpath])) + "\n").encode()
 
 
-_PATCHED = ("info/paths.json", "info/files")
+_PATCHED = ("info/index.json", "info/paths.json", "info/files")
 
 
 def _copy_tar(src: tarfile.TarFile, dst: tarfile.TarFile, stamp: _Stamp, *, add_payload: bool) -> None:

@@ -31,6 +31,7 @@ from . import engine
 from .channel_ref import local_folder
 from .cuda_rule import fitting_toolkits, missing_toolkit, takes, version_key
 from .errors import ExtforgeError
+from .fatbin import Arch, parse_arch_list, torch_arch_list
 from .ui import log
 
 CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
@@ -235,10 +236,13 @@ def resolve(
 ) -> Matrix:
     files = recipe_files(recipe, given)
     values, zips = engine.read_variant_files(files)
+    source = " ".join(f"-m {f}" for f in files) if given else (str(files[0]) if files else "the recipe")
+    # Arch lists reach the build in the form its variant files write them, whatever a flag said.
+    values = normal_archs(values, source)
+    overrides = normal_archs(overrides, "--variant", like=values)
     found = channel_files(channels)
     channel_values, channel_zips = engine.read_variant_files(found)
     folder = found[0].parent if found else None
-    source = " ".join(f"-m {f}" for f in files) if given else (str(files[0]) if files else "the recipe")
     fitted, fitted_zips = fit_to_channel(values, zips, channel_values, channel_zips, source, folder)
     keys = [k for k in channel_values if k in fitted]
     kept = [{k: r[k] for k in keys if k in values} for r in expand(fitted, fitted_zips, keys)]
@@ -362,12 +366,55 @@ def head_dims(values: Mapping[str, object]) -> tuple[int, ...]:
 def archs(values: Mapping[str, object]) -> list[str]:
     """GPU archs named by a variant, from any key about archs (cuda_archs="8.0;9.0",
     flash_attn_cuda_archs="80;90"), as ["80", "90"]; values may be one value or a list."""
-    found: list[str] = []
-    for item in _items_of_keys(values, "arch"):
-        for a in re.findall(r"\d+\.?\d*a?", item):
-            if a.replace(".", "") not in found:
-                found.append(a.replace(".", ""))
-    return found
+    found: dict[str, None] = {}
+    for key in _arch_keys(values):
+        value = values[key]
+        for item in value if isinstance(value, list) else [value]:
+            found |= dict.fromkeys(a.code for a in _arch_list(key, str(item), "the variant"))
+    return list(found)
+
+
+def _arch_keys(values: Mapping[str, object]) -> list[str]:
+    """The variant keys that hold GPU arch lists: every key whose name says arch."""
+    return [k for k in values if "arch" in k.lower()]
+
+
+def _arch_list(key: str, value: str, source: str) -> tuple[Arch, ...]:
+    try:
+        return parse_arch_list(value)
+    except ValueError as exc:
+        raise ExtforgeError(
+            f"{source} {key}={value!r} is not a list of GPU archs", str(exc),
+            f"write {key} like 9.0 or 8.0;9.0 (one variant's archs separated by ';'; a comma in --variant starts "
+            "another variant)") from exc
+
+
+# A key whose variant files write every value as numbers (flash-attn's FLASH_ATTN_CUDA_ARCHS="80;90").
+_NUMBERS = re.compile(r"\d+[af]?(?:[;\s,]+\d+[af]?)*")
+
+
+def normal_archs(values: Mapping[str, list], source: str, like: Mapping[str, list] | None = None) -> dict[str, list]:
+    """`values` with every arch list (cuda_archs, flash_attn_cuda_archs) in one spelling: numbers
+    ("80;90") for a key whose values in `like` (default: `values` itself) are all numbers, else
+    TORCH_CUDA_ARCH_LIST's ("8.0;9.0"), which the build layer reads. Whatever spelling a flag or a
+    file used (sm_90, 90, 9.0), the build gets that form, and a value that names no arch is
+    refused here, before anything is solved or compiled."""
+    like = values if like is None else like
+    out = dict(values)
+    for key in _arch_keys(values):
+        numbers = bool(like.get(key)) and all(_NUMBERS.fullmatch(str(v).strip()) for v in like[key])
+        out[key] = [_arch_value(key, str(v), source, numbers) for v in values[key]]
+    return out
+
+
+def _arch_value(key: str, value: str, source: str, numbers: bool) -> str:
+    archs = _arch_list(key, value, source)
+    if not numbers:
+        return ";".join(torch_arch_list(archs))
+    if any(a.ptx for a in archs):
+        raise ExtforgeError(f"{source} {key}={value!r} asks for PTX", f"{key} is written as numbers (80;90), "
+                            "which name SASS only", f"write {key} without compute_XX or +PTX")
+    return ";".join(dict.fromkeys(a.code for a in archs))
 
 
 def _items_of_keys(values: Mapping[str, object], word: str) -> Iterator[str]:

@@ -9,6 +9,7 @@ import os
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import zstandard
 from extforge.audit import audit_target
 from extforge.cli import main
 from extforge.errors import ExtforgeError
-from extforge.stamp import read_stamps, stamp_package
+from extforge.stamp import AuditStamp, read_stamps, run_requirements, stamp_package
 
 
 def _tar_zst(files: dict[str, bytes]) -> bytes:
@@ -129,6 +130,45 @@ def test_tar_bz2_package_is_stamped(elfs, tmp_path):
         paths = json.load(tar.extractfile("info/paths.json"))["paths"]
         assert [p["_path"] for p in paths] == ["share/extforge/audit/greeter.json"]
         assert json.load(tar.extractfile("share/extforge/audit/greeter.json"))["name"] == "greeter"
+
+
+def test_what_the_audit_proved_becomes_run_requirements() -> None:
+    """conda-forge's forms: the sysroot's `__glibc` export, cuda-version's `__cuda` (the major: a
+    12.0 driver runs 12.8's SASS; major.minor with PTX, which a driver JIT-compiles only from a PTX
+    version it knows). Before, a package carried neither and a lock for older nodes succeeded."""
+    gpu = AuditStamp("ext", sass_archs=("sm_90",), glibc_floor="2.32", cuda_version="13.0")
+    assert run_requirements(gpu) == ["__glibc >=2.32,<3.0.a0", "__cuda >=13"]
+    assert run_requirements(gpu, toolkit="12.8") == ["__glibc >=2.32,<3.0.a0", "__cuda >=12"]
+    assert run_requirements(replace(gpu, ptx_archs=("compute_90",)), toolkit="12.8")[1] == "__cuda >=12.8"
+    # No GPU code: no driver needed, whatever torch it was built against.
+    assert run_requirements(replace(gpu, sass_archs=())) == ["__glibc >=2.32,<3.0.a0"]
+    assert run_requirements(AuditStamp("pure")) == []
+
+
+@pytest.mark.parametrize("kind", [".conda", ".tar.bz2"])
+def test_stamping_writes_the_requirements_into_index_json(elfs, tmp_path, kind):
+    """What `extforge build` stamps, the channel's repodata then lists (the indexer reads index.json);
+    a requirement the recipe names itself (a sysroot's `__glibc` export) is kept, not doubled."""
+    if kind == ".conda":
+        pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["python", "__glibc >=2.28,<3.0.a0"])
+    else:
+        pkg = tmp_path / "greeter-1.0-0.tar.bz2"
+        index = {"name": "greeter", "version": "1.0", "build": "0", "subdir": "linux-64",
+                 "depends": ["python", "__glibc >=2.28,<3.0.a0"]}
+        with tarfile.open(pkg, "w:bz2") as tar:
+            for name, data in {**_ext_payload(elfs), "info/index.json": json.dumps(index).encode()}.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    record = audit_target(pkg, against=elfs["v1"]).to_stamp(pkg)
+    stamp_package(pkg, record, requires=["__glibc >=2.14,<3.0.a0", "__cuda >=13"])
+    if kind == ".conda":
+        index = json.loads(_members(pkg)["info/index.json"])
+    else:
+        with tarfile.open(pkg) as tar:
+            index = json.load(tar.extractfile("info/index.json"))  # type: ignore[arg-type]
+    assert index["depends"] == ["python", "__glibc >=2.28,<3.0.a0", "__cuda >=13"]
+    assert index["name"] == "greeter" and audit_target(pkg, against=elfs["v1"]).ok
 
 
 def test_python_without_extension_module_is_refused(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 from extforge import paths
 from extforge.channel.index import dated_after_its_packages, reindex
 from extforge.channel.receipt import receipt_path
+from extforge.machine import detect
 
 from .conftest import Sandbox
 
@@ -79,7 +80,8 @@ def lock_demo_ext(sandbox: Sandbox, demo_channel: Path, mirror_channel: Path) ->
     # Hard links: the shared fixture channels may be rebuilt by another session meanwhile.
     channel = _linked_copy([demo_channel, mirror_channel], sandbox.path("ch"))
     manifest = sandbox.manifest("demo-ext")
-    manifest.write_text(manifest.read_text() + '\n[system-requirements]\ncuda = "13.0"\n')  # pytorch needs __cuda
+    # pytorch needs __cuda; demo-ext the glibc its audit found on this machine, where it was built.
+    manifest.write_text(manifest.read_text() + f'\n[system-requirements]\ncuda = "13.0"\nlibc = "{detect().glibc}"\n')
     sandbox.run("lock", "--manifest", str(manifest), "--channel-map", f"internal={channel.as_uri()}", expect=0)
     _prefill_caches(sandbox, channel, paths.rattler_pkgs_dir(), paths.cache_root())
     return manifest.with_name("pixi.lock")

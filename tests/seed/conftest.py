@@ -23,6 +23,7 @@ import pytest
 from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.locking import exclusive
+from extforge.machine import detect
 from extforge.mirror.recipes import code_generation
 from fixture_keys import build_key
 from pythons import find_python
@@ -263,7 +264,9 @@ def make_seed_lock(seed_channel: SeedChannel, seed_builds: SeedBuilds, fixtures_
     root.mkdir(parents=True)
     lines = ["[workspace]", 'name = "seed-clusters"',
              f'channels = ["{seed_builds.channel.resolve().as_uri()}", "{seed_channel.path.resolve().as_uri()}"]',
-             'platforms = ["linux-64"]', "", "[system-requirements]", 'cuda = "13.0"', ""]
+             'platforms = ["linux-64"]', "", "[system-requirements]", 'cuda = "13.0"',
+             # The builds require the glibc their audit found on this machine, where they were built.
+             f'libc = "{detect().glibc}"', ""]
     for c in rows:
         lines += [f"[feature.{env_name(c.name)}.dependencies]", f'python = "{c.python}.*"', f'pytorch = "=={c.torch}"',
                   'demo-ext = "*"', ""]

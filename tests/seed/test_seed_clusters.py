@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import run_extforge
+from extforge.machine import detect
 
 from .conftest import CLUSTERS, SeedBuilds, SeedChannel, install_row_env, make_wrong_abi_package
 
@@ -132,7 +133,7 @@ def test_explain_says_what_to_do_about_its_import_error(wrong_abi_package: Path,
     async def solve_install() -> None:
         records = await solve([channel.as_uri(), seed_channel.path.resolve().as_uri()], ["wrong-abi-ext"],
                               platforms=["linux-64", "noarch"],
-                              virtual_packages=[vp("__unix", "0"), vp("__linux", "5.15"), vp("__glibc", "2.36"),
+                              virtual_packages=[vp("__unix", "0"), vp("__linux", "5.15"), vp("__glibc", str(detect().glibc)),
                                                 vp("__cuda", "12.4")])
         await install(records, target_prefix=prefix, cache_dir=paths.rattler_pkgs_dir(), show_progress=False)
 

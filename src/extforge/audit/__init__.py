@@ -23,7 +23,7 @@ from .packaging import (
     pinned_glibc,
 )
 from .platforms import SUBDIRS, host_subdir, runs_on, wheel_subdir
-from .policy import parse_archs, parse_glibc
+from .policy import arch_names, parse_glibc
 from .report import AuditReport, Finding, ModuleFacts
 from .resolve import Resolver, TargetEnv, target_env
 from .search_paths import placement
@@ -57,7 +57,7 @@ def audit_target(
 
 def _checked_options(archs: list[str] | None, glibc: str | None) -> tuple[list[str] | None, str | None]:
     try:
-        return (parse_archs(",".join(archs)) if archs else archs), (parse_glibc(glibc) if glibc else glibc)
+        return (arch_names(",".join(archs)) if archs else archs), (parse_glibc(glibc) if glibc else glibc)
     except ValueError as exc:
         raise ExtforgeError("invalid audit options", str(exc), "pass --archs like sm_80,sm_90 and --glibc like 2.28") from exc
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from ..fatbin import parse_arch
+from ..fatbin import parse_arch_list
 
 
 @cache
@@ -35,28 +35,9 @@ def is_interpreter_symbol(name: str) -> bool:
     return name.startswith(tuple(policy()["interpreter_prefixes"]))
 
 
-def parse_archs(text: str) -> list[str]:
-    """'sm_80, 90,9.0,sm_90a' -> ['sm_80', 'sm_90', 'sm_90', 'sm_90a']; ValueError with the reason."""
-    archs = [a.strip() for a in text.split(",") if a.strip()]
-    if not archs:
-        raise ValueError("no GPU arch given (write them like sm_80,sm_90)")
-    out = []
-    for arch in archs:
-        try:
-            number, suffix = parse_arch(arch)
-        except ValueError:
-            raise ValueError(f"not a CUDA arch: {arch!r} (write sm_90, 90 or 9.0; sm_90a for arch-specific, "
-                             "sm_100f for family-specific code)") from None
-        known = policy()["cuda_archs"]
-        if number not in known:
-            raise ValueError(f"not a known CUDA arch: {arch!r} (known: {', '.join(f'sm_{n}' for n in known)})")
-        since = {"a": policy()["arch_specific_since"], "f": policy()["family_specific_since"]}.get(suffix)
-        if since and number < since:
-            kind = "arch-specific" if suffix == "a" else "family-specific"
-            raise ValueError(f"not a CUDA arch: {arch!r} ({kind} '{suffix}' code exists from sm_{since} on)")
-        kind = "compute" if arch.strip().lower().startswith("compute_") else "sm"
-        out.append(f"{kind}_{number}{suffix}")
-    return out
+def arch_names(text: str) -> list[str]:
+    """'sm_80, 90;9.0a' -> ['sm_80', 'sm_90', 'sm_90a'] (fatbin.parse_arch_list's spellings); ValueError with the reason."""
+    return [a.name for a in parse_arch_list(text)]
 
 
 def parse_glibc(text: str) -> str:

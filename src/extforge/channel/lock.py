@@ -24,16 +24,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import channel_ref
+from .. import channel_ref, engine
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..locking import exclusive
 from ..safe_files import make_dir, make_dirs, write_atomic
+from ..variants import channel_files, channel_rows, describe_row, mirror_command
 from .condalock import conda_lock_document, conda_lock_text, explicit_order, hex_digest
 from .hashing import sha256_file
 from .manifest import EnvSpec, Manifest, Platform
@@ -89,13 +91,125 @@ async def _solve(env: EnvSpec, channels: list[str], served: list[str], platform:
         )
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError
         where = ", ".join(c if c == s else f"{c} (through {s})" for c, s in zip(channels, served))
-        raise ExtforgeError(
+        why = (f"{exc}\n  specs: {', '.join(env.specs)}\n  channels: {where}"
+               f"\n  virtual packages: {', '.join(f'{k}={v}' for k, v in sorted(platform.virtual.items())) or 'defaults'}")
+        raise (await _node_refusal(env, served, platform, why) or await _missing_torch(env, served, platform, why) or ExtforgeError(
             f"cannot solve environment {env.name!r} for {platform.name}",
-            f"{exc}\n  specs: {', '.join(env.specs)}\n  channels: {where}"
-            f"\n  virtual packages: {', '.join(f'{k}={v}' for k, v in sorted(platform.virtual.items())) or 'defaults'}",
+            why,
             "check that the channels are reachable: set the site's mirrors in pixi's config.toml ([mirrors]) "
             "or map them with --channel-map NAME=URL, and that they hold packages matching these specs",
-        ) from exc
+        )) from exc
+
+
+# What a solve assumes of nodes to find out whether theirs were the reason it failed: a glibc and
+# a CUDA driver newer than any package's floor.
+NODE_FACTS = {"__glibc": "2.999", "__cuda": "999"}
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A package's requirement on the nodes (`__glibc >=2.32,<3.0.a0`) that a platform does not meet."""
+
+    package: str  # "demo-ext 0.1.0"
+    requirement: str
+    fact: str  # "__glibc" or "__cuda"
+    have: str | None  # the platform's version; None: it declares none
+
+    @property
+    def floor(self) -> str:
+        found = re.search(r">=\s*([\d.]+)", self.requirement)
+        return found[1] if found else self.requirement.partition(" ")[2]
+
+    def describe(self) -> str:
+        what = f"glibc >= {self.floor}" if self.fact == "__glibc" else f"a driver for CUDA >= {self.floor}"
+        has = "the platform declares none" if self.have is None else f"the platform's nodes have {self.have}"
+        return f"{self.package} needs {what} ({self.requirement}; {has})"
+
+
+async def _lifted_solve(specs: list[str], served: list[str], platform: Platform) -> list | None:
+    """The solution for nodes with any glibc and CUDA driver; None where there is none either."""
+    from rattler import Subdir, solve
+
+    lifted = Platform(platform.name, platform.subdir, platform.virtual | NODE_FACTS)
+    try:
+        return await solve(served, specs, platforms=[Subdir(platform.subdir), Subdir("noarch")],
+                           virtual_packages=virtual_packages(lifted))
+    except Exception:  # rattler's SolverError: not (only) the nodes
+        return None
+
+
+def shortfalls(records: list, platform: Platform) -> list[Shortfall]:
+    """Every `__glibc`/`__cuda` requirement of `records` (rattler records) the platform's nodes do not meet."""
+    from rattler import MatchSpec, Version, VersionSpec
+
+    have = {"__glibc": platform.glibc, "__cuda": platform.cuda}
+    out = []
+    for r in records:
+        for dep in r.depends:
+            spec = MatchSpec(dep)
+            fact = spec.name.normalized
+            if fact not in NODE_FACTS:
+                continue
+            version = have[fact]
+            if version is None or (spec.version is not None and not VersionSpec(str(spec.version)).matches(Version(version))):
+                out.append(Shortfall(f"{r.name.normalized} {r.version}", dep, fact, version))
+    return out
+
+
+def _node_fix(short: list[Shortfall]) -> str:
+    """How to lock anyway, for the shortfalls of one virtual package."""
+    top = max((s.floor for s in short), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+    first, key = short[0], "glibc" if short[0].fact == "__glibc" else "cuda"
+    names = ", ".join(dict.fromkeys(n for s in short if (n := s.package.split()[0]) != "pytorch")) or "the extensions"
+    line = f'{key} = "{top}" on the platform line of the manifest'
+    if first.have is None:
+        tool = "ldd --version" if key == "glibc" else "nvidia-smi"
+        return f"declare the nodes' {'glibc' if key == 'glibc' else 'CUDA driver'} ({line}; `{tool}` on a node prints it)"
+    if key == "glibc":
+        return f"lock for nodes with glibc {top} or newer ({line}), or rebuild {names} on an older sysroot " \
+               f"(a build machine or container with glibc {first.have})"
+    return f"lock for nodes whose driver runs CUDA {top} ({line}), or build for CUDA {first.have.split('.')[0]}: " \
+           f"a torch built for it in the mirror channel (`extforge mirror`) and {names} rebuilt against it"
+
+
+async def _node_refusal(env: EnvSpec, served: list[str], platform: Platform, why: str) -> ExtforgeError | None:
+    """A failed solve explained by the nodes' glibc or CUDA driver: solved again for nodes with any,
+    the packages of that solution the platform's nodes could not run, each with its floor (for an
+    extension, the one its audit measured: `extforge build` writes it into its run requirements)."""
+    records = await _lifted_solve(env.specs, served, platform)
+    short = shortfalls(records, platform) if records else []
+    if not short:
+        return None
+    facts = dict.fromkeys(s.fact for s in short)
+    return ExtforgeError(
+        f"cannot lock environment {env.name!r} for {platform.name}: {'; '.join(s.describe() for s in short)}",
+        why, "; and ".join(_node_fix([s for s in short if s.fact == f]) for f in facts))
+
+
+async def _missing_torch(env: EnvSpec, served: list[str], platform: Platform, why: str) -> ExtforgeError | None:
+    """A failed solve whose pytorch the channels do not hold (for any node): the `extforge mirror`
+    command that adds that torch build."""
+    from rattler import MatchSpec
+
+    torches = [s for s in env.specs if MatchSpec(s).name.normalized == "pytorch"]
+    if not torches or await _lifted_solve(torches, served, platform) is not None:
+        return None
+    # A pinned version (==2.9.1, 2.9.*) is pip's too; a range leaves the version to the admin.
+    pin = re.fullmatch(r"(?:==)?\s*([\d.*]+)", str(MatchSpec(torches[0]).version or ""))
+    pythons = [m[1] for s in env.specs if MatchSpec(s).name.normalized == "python"
+               and (m := re.search(r"(\d+\.\d+)", str(MatchSpec(s).version or "")))]
+    found = channel_files(served)
+    rows = channel_rows(*engine.read_variant_files(found)) if found else []
+    like = next((r for r in rows if r.get("python") in pythons), rows[0] if rows else {})
+    wanted = {"pytorch": pin[1] if pin else "VERSION"} | ({"python": pythons[0]} if pythons else {})
+    held = (f"the mirror channel {found[0].parent} holds {'; '.join(f'({describe_row(r)})' for r in rows)}" if rows
+            else "no channel of the environment was written by `extforge mirror` (no variants.yaml)")
+    return ExtforgeError(
+        f"cannot lock environment {env.name!r} for {platform.name}: no channel holds {torches[0]}",
+        f"{held}\n  {why}",
+        f"add that torch build to the mirror channel: {mirror_command(wanted, like, found[0].parent if found else None)}"
+        "; or ask for a pytorch the channel has",
+    )
 
 
 def as_canonical(records: list, channels: list[str], served: list[str]) -> None:

@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --channel: audit the package against every torch build the channels hold and "
                         "check that its run requirements admit exactly torches it passes against (a stable-ABI "
                         "build such as flash-attn-3 serves several)")
-    parser.add_argument("--archs", type=option_type(_policy("parse_archs")), metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90")
+    parser.add_argument("--archs", type=option_type(_policy("arch_names")), metavar="LIST", help="GPU archs the build promised, e.g. sm_80,sm_90 (or 8.0;9.0, 80,90)")
     parser.add_argument("--glibc", type=option_type(_policy("parse_glibc")), metavar="VERSION", help="oldest glibc of the nodes, e.g. 2.28")
     parser.epilog = "exit code: 0 no errors, 1 errors found, 2 could not run"
 

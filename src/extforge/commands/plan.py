@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ..errors import EXIT_OK, ExtforgeError
-from ..fatbin import arch_number
+from ..fatbin import parse_arch_list
 from ..machine import parse_memory
 from ..options import option_type, positive_float, positive_int, positive_size
 from ..ui import console, emit_json
@@ -19,11 +19,8 @@ HELP = "choose MAX_JOBS/NVCC_THREADS that cannot OOM, predict the build time, pr
 
 
 def parse_archs(text: str) -> tuple[str, ...]:
-    """'80,90', 'sm_80;9.0' -> ('80', '90')."""
-    archs = tuple(str(arch_number(a)) for a in re.split(r"[,;]", text) if a.strip())
-    if not archs:
-        raise ValueError("no GPU arch given (write them like 80,90)")
-    return archs
+    """'80,90', 'sm_80;9.0', '9.0+PTX' -> ('80', '90'): the archs a build compiles for, as the planner counts them."""
+    return tuple(dict.fromkeys(a.code for a in parse_arch_list(text)))
 
 
 def recipe_name(recipe: Path) -> str:
@@ -64,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "else flash-attn)")
     parser.add_argument("--version", default=None, help="the recipe's version in the cost store (default: the newest measured)")
     parser.add_argument("--archs", type=option_type(parse_archs), default=None,
-                        help="GPU archs, comma separated (default: the recipe's variants.yaml, else 80,90)")
+                        help="GPU archs, e.g. 80,90 or sm_80,sm_90 or 8.0;9.0 (default: the recipe's variants.yaml, else 80,90)")
     parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="plan this variant, as `extforge build --variant` builds it (repeatable): a subset's units "
@@ -78,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import cost_store, engine
     from ..machine import detect
     from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
+    from ..variants import archs as variant_archs
     from ..variants import head_dims as variant_head_dims
     from ..variants import parse_variant_overrides
 
@@ -91,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
     profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
     with cost_store.recipe_costs(engine.find_recipe(args.recipe).parent) if args.recipe else contextlib.nullcontext():
-        plan = plan_build(machine, profile, args.archs or archs or DEFAULT_ARCHS, head_dims, args.node_speed,
+        plan = plan_build(machine, profile, args.archs or tuple(variant_archs(variant)) or archs or DEFAULT_ARCHS,
+                          head_dims, args.node_speed,
                           version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:

@@ -8,16 +8,16 @@ from pathlib import Path
 
 from .. import safe_files
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..fatbin import parse_arch_list, torch_arch_list
 from ..options import option_type
 from ..ui import console, emit_json
-from .plan import parse_archs
 
 HELP = "write a recipe folder for a PyPI sdist (source, requirements, import tests) and say what it could not decide"
 
 
-def torch_arch_list(text: str) -> tuple[str, ...]:
-    """'80,90' or '8.0;9.0' -> ('8.0', '9.0'), as TORCH_CUDA_ARCH_LIST names them."""
-    return tuple(f"{int(a) // 10}.{int(a) % 10}" for a in parse_archs(text))
+def cuda_archs(text: str) -> tuple[str, ...]:
+    """'80,90', 'sm_80;9.0' -> ('8.0', '9.0'), as TORCH_CUDA_ARCH_LIST names them."""
+    return torch_arch_list(parse_arch_list(text))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", default=None,
                         help="the package index's JSON API root (default https://pypi.org/pypi; a PyPI proxy's own)")
     parser.add_argument("--dest", type=Path, default=Path("recipe"), help="folder of recipe folders (default: recipe)")
-    parser.add_argument("--archs", type=option_type(torch_arch_list), default="9.0",
-                        help="GPU archs of variants.yaml, comma separated (default 9.0)")
+    parser.add_argument("--archs", type=option_type(cuda_archs), default="9.0",
+                        help="GPU archs of variants.yaml, e.g. 8.0,9.0 or sm_80,sm_90 (default 9.0)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing recipe folder's two files")
     parser.epilog = ("exit codes: 0 written, every part decided; 1 written, with what it could not decide listed "
                      "(stderr, and `undecided` in --json); 2 nothing written")

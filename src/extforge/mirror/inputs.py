@@ -264,9 +264,15 @@ def _project(filename: str) -> str:
 
 
 def pip_failure(stderr: str, where: Path) -> ExtforgeError:
-    """pip's own reason (its last error line, not a traceback's last frame), a full disk named as such."""
-    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()] or ["no output"]
-    reason = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1])
+    """pip's own reason: its ERROR: lines (what it could not find, and the versions the index has),
+    or where pip itself crashed, the exception its traceback ends with; a full disk named as such."""
+    # pip's closing [notice] (a newer pip exists) explains nothing.
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip() and not ln.startswith("[notice]")]
+    errors = [ln.removeprefix("ERROR: ") for ln in lines if ln.startswith("ERROR: ") and ln != "ERROR: Exception:"]
+    reason = " / ".join(e[:2000] for e in errors) if errors else (lines or ["no output"])[-1]
+    # A CUDA build of torch (2.9.1+cu129) is served by PyTorch's own index, not by PyPI.
+    missing = next((e.rpartition(" for ")[2] for e in errors if e.startswith("No matching distribution found for torch")), "")
+    cuda = missing.partition("+")[2]
     if "No space left on device" in stderr:
         free = shutil.disk_usage(where).free / 2**30
         return ExtforgeError(
@@ -278,8 +284,9 @@ def pip_failure(stderr: str, where: Path) -> ExtforgeError:
     return ExtforgeError(
         "pip could not download the wheels to mirror",
         reason,
-        "check the package index pip uses (pip config list), or use --from-wheels DIR "
-        "with wheels you already have, or --from-env PYTHON with an installed torch",
+        (f"{missing} is on PyTorch's own index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/{cuda} "
+         "extforge mirror ...; or " if cuda.startswith("cu") else "check the package index pip uses (pip config list), or ")
+        + "use --from-wheels DIR with wheels you already have, or --from-env PYTHON with an installed torch",
     )
 
 
