@@ -17,7 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, compile_cache, cost_store, engine, machine, paths, plan, safe_files, split_build, stopping, unit_costs
+from . import (
+    build_layer,
+    compile_cache,
+    cost_store,
+    engine,
+    machine,
+    paths,
+    plan,
+    safe_files,
+    shared_read,
+    split_build,
+    stopping,
+    unit_costs,
+)
 from .archive import check_package
 from .audit import audit_package
 from .build_options import BuildOptions
@@ -101,7 +114,10 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
     carries the parts' objects to the link job, so there is none without it; one nvcc thread in
     every job, so parts and link job run the same compile commands (the cache's key)."""
     cache = env["EXTFORGE_COMPILER_LAUNCHER"]  # build_environment refused a split build without one
-    safe_files.make_dirs(state_dir)
+    # Private to this user (0700, made by them): what the launcher notes there is believed.
+    output_dir = state_dir.parent.parent
+    safe_files.make_dirs(state_dir.parent, beneath=output_dir)
+    safe_files.make_private_dir(state_dir, beneath=output_dir)
     numbers = plan.numbers_for(profile, version)
     # The variant's own units, dealt longest first: a subset's parts are balanced on what it builds.
     costs = unit_costs.in_variant(numbers.costs.seconds(), numbers.costs.subsets, variants) if numbers.costs else {}
@@ -377,7 +393,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
         with contextlib.suppress(ExtforgeError, OSError, ValueError):
             if log is None:
                 return
-            progress = plan.build_progress(machine_now, profile, archs, head_dims, log.read_text(errors="replace"),
+            progress = plan.build_progress(machine_now, profile, archs, head_dims, cost_store.read_log(log),
                                            time.time() - log.stat().st_mtime, variants)
             line = progress.describe() if progress else ""
             if line and line != last:
@@ -399,9 +415,9 @@ def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mappi
     if log is None:
         return None
     with contextlib.suppress(ExtforgeError, OSError, ValueError):
-        return plan.build_node_speed(profile, log.read_text(errors="replace"),
+        return plan.build_node_speed(profile, cost_store.read_log(log),
                                      variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")),
-                                     split=cost_store.read_split_log(split_log.read_text() if split_log else "").parts)
+                                     split=cost_store.read_split_log(cost_store.read_log(split_log)).parts)
     return None
 
 
@@ -423,7 +439,7 @@ def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) ->
     for src, suffix in files:
         with contextlib.suppress(OSError, ExtforgeError):
             if src is not None:
-                data = safe_files.read_bytes(src, limit=64 * 2**20, beneath=output_dir)
+                data = shared_read.read_bytes(src, limit=cost_store.LOG_LIMIT, beneath=output_dir)
                 safe_files.write_atomic(log_file.with_suffix(suffix), data, beneath=output_dir)
     return output_dir
 
@@ -485,9 +501,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     merged, files = matrix.values, matrix.files
     recipe_text = recipe_file.read_text()
     profile = options.profile or recipe_file.parent.name
-    split, split_state = options.split, output_dir / "bld" / split_build.STATE_DIR
-    env = build_environment(recipe_text, urls, merged, profile, split)
     bld = output_dir / "bld"
+    split, split_state = options.split, split_build.state_dir(bld)
+    env = build_environment(recipe_text, urls, merged, profile, split)
     if split:
         env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.

@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -39,7 +40,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from . import paths, safe_files, unit_costs
+from . import paths, safe_files, shared_read, unit_costs
 from .errors import ExtforgeError
 from .ui import log
 
@@ -57,7 +58,7 @@ LEARNED_PEAK_MARGIN = 1.25
 # measures the cache, not the compiler. Nodes differ less (0.6-1.2x on flash-attn's units), so a
 # real build on a faster node still replaces a slower node's entry.
 CACHE_HIT_SHARE = 0.2
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
 
 def root() -> Path:
@@ -67,7 +68,7 @@ def root() -> Path:
 
 def entry_path(recipe: str, version: str, store: Path | None = None) -> Path:
     for what, value in (("recipe", recipe), ("version", version)):
-        if not _NAME.match(value):
+        if not _NAME.fullmatch(value):
             raise ExtforgeError(f"cannot store build costs under the {what} '{value}'",
                                 "a store entry is a file named by recipe and version: letters, digits and ._+- only",
                                 "name the recipe folder (or --profile) and its version without other characters")
@@ -125,29 +126,75 @@ class Learned:
             | ({"part_limits": self.part_limits} if self.part_limits else {})
 
 
-def from_json(d: Mapping[str, object], path: Path) -> Learned:
-    units = d["units"]
-    archs = d["archs"]
+# A store entry is another user's file (a site's store is shared by its build nodes): bounds
+# far beyond any real build, so that what is read is a plan's input, never its undoing.
+ENTRY_LIMIT = 4 * 2**20
+LOG_LIMIT = 64 * 2**20  # a ninja log of a thousand-unit build, appended to by many rebuilds, is a few MB
+MAX_UNITS = 20_000
+MAX_PARTS = 1024  # a unit's explicit instantiations compiled apart
+MAX_SECONDS = 30 * 86400.0
+# ru_maxrss of any process is above a MiB; a planted 0 would plan every compile at once.
+PEAK_BYTES = (2**20, 2**44)
+_ARCH = re.compile(r"[0-9]{1,4}[a-z]?")
+_WHEN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[0-9T:.+-]{0,32}")
+_HOST = re.compile(r"[!-~]{0,255}")
+
+
+def _mapping(value: object, where: str, most: int) -> dict[object, object]:
+    if not isinstance(value, dict) or len(value) > most:
+        raise ValueError(f"{where} is not an object of at most {most} entries")
+    return value
+
+
+def _sequence(value: object, where: str, most: int) -> list[object]:
+    if not isinstance(value, list) or len(value) > most:
+        raise ValueError(f"{where} is not a list of at most {most} items")
+    return value
+
+
+def from_json(d: object, path: Path) -> Learned:
+    """An entry's values, each of its type and within its bounds (shared_read): ValueError
+    names the first that is not."""
+    d = _mapping(d, "the entry", 64)
+    if d.get("schema") != SCHEMA:
+        raise ValueError(f"not a schema {SCHEMA} cost entry")
+    units = {shared_read.unit_name(u): shared_read.number(s, f"the seconds of {shared_read.shown(u)}", 0.0, MAX_SECONDS)
+             for u, s in _mapping(d["units"], "units", MAX_UNITS).items()}
+    if not units:
+        raise ValueError("it names no unit")
     peak = d.get("largest_process_bytes")
-    runs = d.get("runs", [])
-    limits = d.get("part_limits", {})
-    if not isinstance(units, dict) or not isinstance(archs, list) or not isinstance(runs, list) \
-            or not isinstance(limits, dict) or d.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a schema {SCHEMA} cost entry")
-    return Learned(str(d["recipe"]), str(d["version"]), str(d["measured_at"]), str(d["host"]),
-                   tuple(map(str, archs)), int(str(d["jobs"])), int(str(d["nvcc_threads"])),
-                   {str(u): float(s) for u, s in units.items()}, float(str(d["compile_seconds"])),
-                   None if peak is None else int(str(peak)), path, tuple(tuple(map(str, r)) for r in runs),
-                   {str(u): int(str(n)) for u, n in limits.items()})
+    runs = tuple(tuple(shared_read.unit_name(u) for u in _sequence(r, "a run", MAX_UNITS))
+                 for r in _sequence(d.get("runs", []), "runs", MAX_UNITS))
+    if not all(runs):
+        raise ValueError("a run names no unit")
+    return Learned(
+        shared_read.text(d["recipe"], "recipe", _NAME), shared_read.text(d["version"], "version", _NAME),
+        shared_read.text(d["measured_at"], "measured_at", _WHEN), shared_read.text(d["host"], "host", _HOST),
+        tuple(shared_read.text(a, "an arch", _ARCH) for a in _sequence(d["archs"], "archs", 64)),
+        shared_read.integer(d["jobs"], "jobs", 1, 100_000), shared_read.integer(d["nvcc_threads"], "nvcc_threads", 1, 1024),
+        units, shared_read.number(d["compile_seconds"], "compile_seconds", 0.0, MAX_SECONDS),
+        None if peak is None else shared_read.integer(peak, "largest_process_bytes", *PEAK_BYTES), path, runs,
+        {shared_read.unit_name(u): shared_read.integer(n, f"the parts of {shared_read.shown(u)}", 1, MAX_PARTS)
+         for u, n in _mapping(d.get("part_limits", {}), "part_limits", MAX_UNITS).items()})
 
 
 def _read(path: Path) -> Learned | None:
+    """The entry at `path`, None where there is none; one that cannot be used is one warning
+    naming it and costs a re-measurement, never a plan or a build: the next build rewrites it."""
     try:
-        return from_json(json.loads(path.read_text()), path)
-    except (OSError, ValueError, KeyError) as exc:
-        # A broken entry costs a re-measurement, never a build: the next build rewrites it.
-        log.warning("ignoring the build-cost entry %s: %s", path, exc)
+        return shared_read.read_json(path, lambda d: from_json(d, path), limit=ENTRY_LIMIT)
+    except FileNotFoundError:
         return None
+    except shared_read.Refused as exc:
+        _warn_once(path, exc.reason)
+        return None
+
+
+@functools.cache
+def _warn_once(path: Path, reason: str) -> None:
+    """One warning a run: a build reads the store for its plan, its parts and its progress."""
+    log.warning("ignoring the build-cost entry %s: %s (planned without it; remove it, and the next build of the "
+                "recipe measures its costs again)", path, reason)
 
 
 @contextlib.contextmanager
@@ -167,9 +214,11 @@ def load(recipe: str, version: str | None = None, store: Path | None = None) -> 
     recently measured version of the recipe (its units are the likeliest to match); without any,
     what the recipe folder ships (recipe_costs)."""
     folder = (store or root()) / recipe
-    site = [e for p in sorted(folder.glob("*.json")) if (e := _read(p))] if _NAME.match(recipe) and folder.is_dir() else []
+    # Only names the store writes: a planted name (a terminal escape) is not even named.
+    site = [e for p in sorted(folder.glob("*.json")) if _NAME.fullmatch(p.stem) and (e := _read(p))] \
+        if _NAME.fullmatch(recipe) and folder.is_dir() else []
     shipped_dir = _RECIPE_DIRS.get().get(recipe)
-    shipped = _read(shipped_dir / RECIPE_FILE) if shipped_dir and (shipped_dir / RECIPE_FILE).is_file() else None
+    shipped = _read(shipped_dir / RECIPE_FILE) if shipped_dir else None
     exact = [e for e in [*site, *filter(None, [shipped])] if version and e.version == version]
     return max(exact or site, key=lambda e: e.measured_at, default=shipped)
 
@@ -189,18 +238,32 @@ class SplitLog:
 
 
 def read_split_log(split_log: str) -> SplitLog:
-    """The split log's text read; a line that is not a record is skipped."""
+    """The split log's text read; a line that is not a record of valid values is skipped."""
     out = SplitLog({}, {}, {})
     for line in split_log.splitlines():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            d = json.loads(line)
-            unit = str(d["unit"])
-            if (parts := int(d.get("parts", 0))) > 1:
+        with contextlib.suppress(ValueError, KeyError):
+            d = _mapping(shared_read.parse_json(line, "a line"), "a line", 16)
+            unit = shared_read.unit_name(d["unit"])
+            parts = shared_read.integer(d.get("parts", 0), "parts", 0, MAX_PARTS)
+            if parts > 1:
+                seconds = sum(shared_read.number(s, "seconds", 0.0, MAX_SECONDS)
+                              for s in _sequence(d["seconds"], "seconds", MAX_PARTS))
                 out.parts[unit] = parts
-                out.seconds[unit] = round(sum(float(s) for s in d["seconds"]) / (1 + parts * unit_costs.PART_REPEAT), 1)
-            n = 1 if "compiled_whole" in d else int(d["instantiations"])
+                out.seconds[unit] = round(seconds / (1 + parts * unit_costs.PART_REPEAT), 1)
+            n = 1 if "compiled_whole" in d else shared_read.integer(d["instantiations"], "instantiations", 0, 100_000)
             out.limits[unit] = min(out.limits.get(unit, n), n)
     return out
+
+
+def read_log(path: Path | None) -> str:
+    """A build's ninja or split log in its work folder ('' for none), as every file of an output
+    folder others may write is read (shared_read: a regular file, at most LOG_LIMIT bytes)."""
+    if path is None:
+        return ""
+    try:
+        return shared_read.read_text(path, limit=LOG_LIMIT)
+    except FileNotFoundError:
+        return ""
 
 
 def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvcc_threads: int,
@@ -223,13 +286,14 @@ def save(entry: Learned, store: Path | None = None) -> Learned:
     unless it measured compile-cache hits against a stored real build; the larger of the two
     largest processes is kept."""
     path = entry_path(entry.recipe, entry.version, store)
-    old = _read(path) if path.is_file() else None
+    old = _read(path)
     if old and entry.seconds_per_arch() < CACHE_HIT_SHARE * old.seconds_per_arch():
         log.info("%s %s: build costs not stored (%.0f s of compiles per arch against %.0f s stored: compile-cache hits)",
                  entry.recipe, entry.version, entry.seconds_per_arch(), old.seconds_per_arch())
         return old
     peaks = [p for p in (entry.largest_process_bytes, old.largest_process_bytes if old else None) if p]
-    kept = dataclasses.replace(entry, largest_process_bytes=max(peaks, default=None), path=path)
+    # Checked as every reader checks it: an entry no reader would take is never written.
+    kept = from_json(dataclasses.replace(entry, largest_process_bytes=max(peaks, default=None)).to_json(), path)
     safe_files.make_dirs(path.parent.parent)
     # Group bits of the store's folder: a store shared by a site's build nodes stays writable to them.
     safe_files.make_dir(path.parent)
@@ -253,9 +317,8 @@ def learn_from_build(recipe: str, version: str, ninja_log: Path | None, archs: S
     if ninja_log is None:
         return None
     try:
-        split_text = split_log.read_text(errors="replace") if split_log and split_log.is_file() else ""
-        entry = measure(recipe, version, ninja_log.read_text(errors="replace"), archs,
-                        int(build_env.get("NVCC_THREADS", "1")), largest_child_process_bytes(build_env), split_text)
+        entry = measure(recipe, version, read_log(ninja_log), archs, int(build_env.get("NVCC_THREADS", "1")),
+                        largest_child_process_bytes(build_env), read_log(split_log))
         return save(entry)
     except (ExtforgeError, OSError, ValueError) as exc:
         log.warning("build costs of %s %s not stored: %s", recipe, version, exc)

@@ -9,28 +9,36 @@ of one build must therefore run with the same cost data; if they do not, a unit 
 or by no part costs time, never correctness: the link job compiles whatever the cache lacks.
 The launcher (data/part-launcher.sh) applies this in front of every compiler call.
 
-Public API: Split, parse_part(text), assignment(costs, parts), owner(unit, parts),
-launcher(split, cache, state_dir, assignment_file), Outcome, read_outcome(state_dir), clear_notes(state_dir),
-part_reached_link(state_dir).
+What the launcher reads (assignment.tsv) and notes (STATE) lies in the output folder, which
+others may write: the assignment holds only unit names of shared_read.UNIT_NAME's characters and
+part numbers, which the launcher checks again and never evaluates; the notes are read back only
+from this user's private folder, as this user's files (shared_read).
+
+Public API: Split, parse_part(text), parse_link_parts(text), assignment(costs, parts), owner(unit, parts),
+launcher(split, cache, state_dir, assignment_file), state_dir(bld), Outcome, read_outcome(state_dir),
+clear_notes(state_dir), part_reached_link(state_dir).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from . import safe_files
+from . import safe_files, shared_read
 from .errors import ExtforgeError
 
 LINK = 0  # the part number of the link job
-# Beside rattler-build's work folders: where a part or the link job notes each unit (STATE)
-# and reads its assignment.
-STATE_DIR = "extforge-split"
+# A Slurm array's default MaxArraySize is 1001; more parts than units compile nothing.
+MAX_PARTS = 10_000
 ASSIGNMENT_FILE = "assignment.tsv"
+NOTES = ("units", "ccache-stats.log")
+NOTES_LIMIT = 64 * 2**20  # a line per compile
+_COUNT = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -48,19 +56,21 @@ class Split:
 
 def parse_part(text: str) -> Split:
     """`--part I/N` → Split(N, I)."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not m or not 1 <= int(m[1]) <= int(m[2]):
-        raise ExtforgeError(f"--part {text!r} is not I/N with 1 <= I <= N",
+    m = re.fullmatch(r"\s*([0-9]{1,6})\s*/\s*([0-9]{1,6})\s*", text)
+    if not m or not 1 <= int(m[1]) <= int(m[2]) <= MAX_PARTS:
+        raise ExtforgeError(f"--part {shared_read.shown(text)} is not I/N with 1 <= I <= N <= {MAX_PARTS}",
                             "a split build's part names its number and the number of parts",
                             "e.g. --part 2/4 (Slurm: --part ${SLURM_ARRAY_TASK_ID}/4 in an array 1-4)")
     return Split(int(m[2]), int(m[1]))
 
 
-def link_of(parts: int) -> Split:
-    if parts < 1:
-        raise ExtforgeError(f"--link-parts {parts}: a split build has at least one part", "",
+def parse_link_parts(text: str) -> Split:
+    """`--link-parts N` → Split(N, LINK)."""
+    m = re.fullmatch(r"\s*([0-9]{1,6})\s*", text)
+    if not m or not 1 <= int(m[1]) <= MAX_PARTS:
+        raise ExtforgeError(f"--link-parts {shared_read.shown(text)}: a split build has 1 to {MAX_PARTS} parts", "",
                             "pass the N the parts were built with (--part I/N)")
-    return Split(parts, LINK)
+    return Split(int(m[1]), LINK)
 
 
 def owner(unit: str, parts: int) -> int:
@@ -80,7 +90,9 @@ def assignment(costs: Mapping[str, float], parts: int) -> dict[str, int]:
 
 
 def assignment_text(mapping: Mapping[str, int]) -> str:
-    return "".join(f"{u}\t{p}\n" for u, p in sorted(mapping.items()))
+    """The launcher's table; a name that could break its line (a tab, a newline) is a bug of the
+    reader that let it through, and stops the build (ValueError)."""
+    return "".join(f"{shared_read.unit_name(u)}\t{p}\n" for u, p in sorted(mapping.items()))
 
 
 def launcher(split: Split, cache: str, state_dir: Path, assignment_file: Path) -> str:
@@ -93,6 +105,12 @@ def launcher(split: Split, cache: str, state_dir: Path, assignment_file: Path) -
                             "recipes split EXTFORGE_COMPILER_LAUNCHER on spaces",
                             "install extforge, the compile cache and the output folder under paths without spaces")
     return "bash " + " ".join(words)
+
+
+def state_dir(bld: Path) -> Path:
+    """Beside rattler-build's work folders: where a part or the link job notes each unit and
+    reads its assignment; one for each user (a private folder: split_environment makes it)."""
+    return bld / f"extforge-split-{os.geteuid()}"
 
 
 @dataclass
@@ -121,21 +139,30 @@ class Outcome:
                 f"there already; longest {longest} s), {len(self.skipped)} left to the other parts")
 
 
+def _notes(path: Path) -> list[str]:
+    try:
+        return shared_read.read_text(path, limit=NOTES_LIMIT, own=True).splitlines()
+    except FileNotFoundError:
+        return []
+
+
 def read_outcome(state_dir: Path) -> Outcome:
+    """What the launcher noted: this user's own files or a refusal (shared_read); a line of
+    other words or values is not counted."""
     out = Outcome()
-    units = state_dir / "units"
-    for line in units.read_text(errors="replace").splitlines() if units.exists() else ():
-        words = line.split()
-        if words[:1] == ["compiled"] and len(words) == 4:
+    for words in map(str.split, _notes(state_dir / "units")):
+        if words[:1] == ["link"]:
+            out.links += 1
+        elif len(words) < 3 or not shared_read.UNIT_NAME.fullmatch(words[1]) \
+                or not all(_COUNT.fullmatch(w) for w in words[2:]):
+            continue
+        elif words[0] == "compiled" and len(words) == 4:
             out.compiled[words[1]] = int(words[2])
             out.seconds[words[1]] = int(words[3])
-        elif words[:1] == ["skipped"] and len(words) == 3:
+        elif words[0] == "skipped" and len(words) == 3:
             out.skipped[words[1]] = int(words[2])
-        elif words[:1] == ["link"]:
-            out.links += 1
-    stats = state_dir / "ccache-stats.log"
     # ccache's stats_log: "# SOURCE" and then one counter per line for each call.
-    for line in stats.read_text(errors="replace").splitlines() if stats.exists() else ():
+    for line in _notes(state_dir / "ccache-stats.log"):
         if line in ("direct_cache_hit", "preprocessed_cache_hit"):
             out.cache_hits += 1
         elif line == "cache_miss":
@@ -144,9 +171,11 @@ def read_outcome(state_dir: Path) -> Outcome:
 
 
 def clear_notes(state_dir: Path) -> None:
-    """Before each variant: the notes of the one before are not this one's."""
-    for name in ("units", "ccache-stats.log"):
-        safe_files.remove_quietly(state_dir / name)
+    """Before each variant: the notes of the one before are not this one's. Each starts empty,
+    0644 whatever the umask (the launcher and ccache append to it): read_outcome takes only a
+    file nobody else may write."""
+    for name in NOTES:
+        safe_files.write_atomic(state_dir / name, b"", mode=0o644)
 
 
 def part_reached_link(state_dir: Path) -> bool:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
 from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..options import option_type
+from ..split_build import parse_link_parts, parse_part
 
 if TYPE_CHECKING:
     from ..build import BuiltPackage
@@ -44,8 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "a split build: N jobs compile a share of the units each into the compile cache (one EXTFORGE_CACHE "
         "on shared storage), then a link job builds the package from it (for a build one job cannot hold)")
     one = split.add_mutually_exclusive_group()
-    one.add_argument("--part", metavar="I/N", help="compile part I of N into the compile cache and stop (no package)")
-    one.add_argument("--link-parts", type=int, metavar="N",
+    one.add_argument("--part", type=option_type(parse_part), metavar="I/N",
+                     help="compile part I of N into the compile cache and stop (no package)")
+    one.add_argument("--link-parts", type=option_type(parse_link_parts), metavar="N",
                      help="the link job after N parts: build the package, every unit from the compile cache")
     from ..slurm.options import add_build_options
 
@@ -54,7 +57,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
     """The one BuildOptions of this command line, for the local and the Slurm path alike."""
-    from ..split_build import link_of, parse_part
     from ..variants import parse_variant_overrides
 
     return BuildOptions.make(
@@ -66,7 +68,7 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         profile=args.profile,
         test=not args.no_test,
         audit=not args.no_audit,
-        split=parse_part(args.part) if args.part else link_of(args.link_parts) if args.link_parts is not None else None,
+        split=args.part or args.link_parts,
     )
 
 

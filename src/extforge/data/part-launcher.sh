@@ -10,9 +10,16 @@
 # Each unit's outcome goes to STATE (one line per call; short appends are atomic), and ccache's
 # per-call counters to STATE/ccache-stats.log, for extforge build's report.
 # Called as: part-launcher.sh PART PARTS ASSIGNMENT STATE CACHE COMPILER ARGS...
+# ASSIGNMENT lies in an output folder others may write: what is read from it is checked to be a
+# part number before any arithmetic (bash evaluates a variable's value as an expression there:
+# an owner `a[$(cmd)]` would run cmd), and nothing read is ever evaluated.
 set -uo pipefail
 part=$1 parts=$2 assignment=$3 state=$4 cache=$5
 shift 5
+if ! [[ $part =~ ^[0-9]{1,5}$ && $parts =~ ^[1-9][0-9]{0,4}$ ]]; then
+    echo "error: part-launcher.sh: PART '${part}' and PARTS '${parts}' are not part numbers (extforge build --part I/N)" >&2
+    exit 2
+fi
 export CCACHE_STATSLOG="${state}/ccache-stats.log"
 
 out="" compiles=0 links=0 prev=""
@@ -42,9 +49,12 @@ fi
 unit=${out##*/}
 for suffix in .o .obj .cu .cpp .cc .cxx; do unit=${unit%"$suffix"}; done
 if ((part > 0)); then
-    owner=$(awk -v u="$unit" '$1 == u { print $2; exit }' "$assignment" 2>/dev/null)
-    # A unit the cost data does not know: by its name's hash, as extforge.split_build.owner().
-    [[ -n "$owner" ]] || owner=$(( 16#$(printf '%s' "$unit" | md5sum | cut -c1-8) % parts + 1 ))
+    # The unit as a string: from ENVIRON (awk -v would process escapes), `""` appended (awk
+    # compares number-like fields as numbers).
+    owner=$(unit=$unit awk -F '\t' 'NF == 2 && $1 "" == ENVIRON["unit"] "" { print $2; exit }' "$assignment" 2>/dev/null)
+    # A unit the cost data does not know, or an owner that is no part number: by its name's hash,
+    # as extforge.split_build.owner().
+    [[ $owner =~ ^[1-9][0-9]{0,4}$ ]] || owner=$(( 16#$(printf '%s' "$unit" | md5sum | cut -c1-8) % parts + 1 ))
     if ((owner != part)); then
         : > "$out"
         echo "skipped $unit $owner" >> "${state}/units"

@@ -1,0 +1,164 @@
+"""The one reader of files another user may write: a shared cost store, a recipe's data, the
+notes and logs a build leaves in an output folder, anything under a cache or channel.
+
+What is read there is input from whoever could write it, never code: every such read goes
+through here and takes, in this order,
+- a regular file only: opened with O_NOFOLLOW|O_NONBLOCK (a symbolic link, a FIFO or a device
+  such as /dev/zero is refused at once, never waited on or read);
+- at most `limit` bytes (a bigger file is refused from its size, a growing one after limit + 1);
+- where the caller asks (`own`), the owner and mode policy of extforge's own state: this user's
+  file, writable by nobody else (the rule install's private folder and the build layer's
+  settings file follow);
+- JSON nested at most MAX_DEPTH deep (json recurses per level: a 10,000-deep list was a
+  RecursionError);
+- typed, range-checked values: names of a fixed character set (UNIT_NAME: they reach shell
+  scripts), finite numbers within bounds.
+A refusal is `Refused`: one line naming the file, why, and what to do. tests/test_shared_reads.py
+fails when a module of the planning and build path reads a file another way.
+
+Public API: Refused, read_bytes, read_text, read_json, parse_json, shown, unit_name, integer, number, text.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Callable
+from itertools import accumulate
+from pathlib import Path
+from typing import TypeVar
+
+from . import safe_files
+from .errors import ExtforgeError
+
+T = TypeVar("T")
+
+MAX_DEPTH = 32
+# A translation unit's name as extforge passes it to its shell scripts (assignment.tsv, the
+# launcher's notes, EXTFORGE_SPLIT_UNITS): a source file's stem, no character a shell treats
+# apart; `@N` for its N-th compile by another command (unit_costs.NinjaEdge.unit).
+UNIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}(@[0-9]{1,4})?")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+class Refused(ExtforgeError):
+    """A shared file extforge will not use, and why (`reason`, for a caller's own one-line warning)."""
+
+    def __init__(self, path: Path, reason: str, fix: str = ""):
+        super().__init__(
+            f"refusing to read {path}: {reason}",
+            "it is in a place other users may write, and extforge uses from there only a regular file of "
+            "bounded size holding the values it expects",
+            fix or f"check who wrote {path}; remove it (extforge writes it again when it needs it) and run again",
+        )
+        self.path = path
+        self.reason = reason
+
+
+def _open(path: Path, dfd: int, own: bool) -> int:
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(path, "it is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(path, "it is not a regular file (a FIFO, a device or a folder)")
+        if own and st.st_uid != os.geteuid():
+            raise Refused(path, f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}), and extforge wrote it as you")
+        if own and st.st_mode & 0o022:
+            raise Refused(path, f"its mode is {stat.filemode(st.st_mode)}: others may write it")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> bytes:
+    """The bytes of the regular file `path`, at most `limit`; `own`: this user's, writable by
+    nobody else. `beneath`: an anchor below which no folder is reached through a link.
+    A missing file raises FileNotFoundError; anything else that keeps it from being read, Refused."""
+    try:
+        with safe_files.folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open(path, dfd, own), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > limit:
+                raise Refused(path, f"it holds {size} bytes, more than the {limit} it may")
+            data = fh.read(limit + 1)
+    except (FileNotFoundError, Refused):
+        raise
+    except ExtforgeError as exc:  # a folder below the anchor that is a link
+        raise Refused(path, exc.what) from None
+    except OSError as exc:
+        raise Refused(path, exc.strerror or str(exc)) from None
+    if len(data) > limit:
+        raise Refused(path, f"it grew past the {limit} bytes it may hold while it was read")
+    return data
+
+
+def read_text(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> str:
+    """read_bytes as text (undecodable bytes replaced: a log's torn last line is no failure)."""
+    return read_bytes(path, limit=limit, own=own, beneath=beneath).decode(errors="replace")
+
+
+def parse_json(text: str | bytes, where: str) -> object:
+    """JSON nested at most MAX_DEPTH deep; ValueError (naming `where`) for anything else."""
+    raw = text.decode(errors="replace") if isinstance(text, bytes) else text
+    brackets = re.sub(r"[^\[\]{}]", "", _STRING.sub("", raw))
+    if max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > MAX_DEPTH:
+        raise ValueError(f"{where}: JSON nested more than {MAX_DEPTH} deep")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+
+
+def read_json(path: Path, parse: Callable[[object], T], *, limit: int, own: bool = False,
+              beneath: Path | None = None) -> T:
+    """`parse` (the typed, range-checked values) of the JSON file `path`: its ValueError,
+    TypeError or KeyError becomes Refused naming the file."""
+    data = read_bytes(path, limit=limit, own=own, beneath=beneath)
+    try:
+        return parse(parse_json(data, "its content"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Refused(path, str(exc) if not isinstance(exc, KeyError) else f"it lacks {exc}") from None
+
+
+def shown(value: object) -> str:
+    """A value as a message may quote it: no terminal escape, no newline, at most 60 characters."""
+    out = ascii(value)
+    return out if len(out) <= 60 else out[:57] + "..."
+
+
+def unit_name(value: object, where: str = "unit") -> str:
+    """A translation unit's name, of UNIT_NAME's characters alone: it reaches shell scripts."""
+    if not isinstance(value, str) or not UNIT_NAME.fullmatch(value):
+        raise ValueError(f"{where} {shown(value)} is not a unit name (letters, digits and _.+- only, at most 200, and an @N)")
+    return value
+
+
+def integer(value: object, where: str, low: int, high: int) -> int:
+    """A whole number (not a bool, not a float) in [low, high]."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{where} is {shown(value)}, not a whole number from {low} to {high}")
+    return value
+
+
+def number(value: object, where: str, low: float, high: float) -> float:
+    """A finite number (not a bool) in [low, high]."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{where} is {shown(value)}, not a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def text(value: object, where: str, pattern: re.Pattern[str]) -> str:
+    """A string matching `pattern` whole."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValueError(f"{where} {shown(value)} is not of the form {pattern.pattern}")
+    return value
