@@ -7,6 +7,7 @@ function with the reason it is safe there."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "extforge"
@@ -95,8 +96,8 @@ def _raw_change(call: ast.Call) -> str | None:
     return None
 
 
-def raw_changes(tree: ast.AST) -> list[tuple[str, int, str]]:
-    """(enclosing function's qualified name, line, what) of each raw change in a module."""
+def raw_changes(tree: ast.AST, classify: Callable[[ast.Call], str | None] = _raw_change) -> list[tuple[str, int, str]]:
+    """(enclosing function's qualified name, line, what) of each call `classify` names in a module."""
     found: list[tuple[str, int, str]] = []
 
     def visit(node: ast.AST, where: str) -> None:
@@ -104,7 +105,7 @@ def raw_changes(tree: ast.AST) -> list[tuple[str, int, str]]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 visit(child, f"{where}.{child.name}" if where else child.name)
                 continue
-            if isinstance(child, ast.Call) and (what := _raw_change(child)):
+            if isinstance(child, ast.Call) and (what := classify(child)):
                 found.append((where or "<module>", child.lineno, what))
             visit(child, where)
 
@@ -112,26 +113,28 @@ def raw_changes(tree: ast.AST) -> list[tuple[str, int, str]]:
     return found
 
 
-def _scan() -> dict[str, list[str]]:
-    by_place: dict[str, list[str]] = {}
-    for path in sorted(SRC.rglob("*.py")):
-        # data/ holds scripts that run inside a build env (the build layer's), not extforge's code.
-        if path.name == LAYER and path.parent == SRC or "data" in path.relative_to(SRC).parts:
-            continue
+def check_calls(paths: Iterable[Path], classify: Callable[[ast.Call], str | None], allowed: Mapping[str, str],
+                fix: str) -> None:
+    """Fail on each call `classify` names in `paths` whose function `allowed` does not list, and on
+    an entry of `allowed` that names no such function any more."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
         rel = path.relative_to(SRC).as_posix()
-        for where, line, what in raw_changes(ast.parse(path.read_text(), str(path))):
-            by_place.setdefault(f"{rel}::{where}", []).append(f"{rel}:{line}: {what}")
-    return by_place
+        for where, line, what in raw_changes(ast.parse(path.read_text(), str(path)), classify):
+            found.setdefault(f"{rel}::{where}", []).append(f"{rel}:{line}: {what}")
+    raw = [hit for place, hits in found.items() if place not in allowed for hit in hits]
+    assert not raw, f"{fix}:\n" + "\n".join(raw)
+    assert all(reason.strip() for reason in allowed.values()), "every exception says why it is safe"
+    stale = sorted(set(allowed) - set(found))
+    assert not stale, f"ALLOWED names functions that no longer make such a call: {stale}"
 
 
 def test_no_raw_disk_change_outside_the_layer() -> None:
-    found = _scan()
-    raw = [hit for place, hits in found.items() if place not in ALLOWED for hit in hits]
-    assert not raw, ("change these through extforge.safe_files (or add the function to ALLOWED with the reason "
-                     "no one else can write there):\n" + "\n".join(raw))
-    assert all(reason.strip() for reason in ALLOWED.values()), "every exception says why it is safe"
-    stale = sorted(set(ALLOWED) - set(found))
-    assert not stale, f"ALLOWED names functions that make no raw change any more: {stale}"
+    # data/ holds scripts that run inside a build env (the build layer's), not extforge's code.
+    paths = [p for p in sorted(SRC.rglob("*.py"))
+             if not (p.name == LAYER and p.parent == SRC or "data" in p.relative_to(SRC).parts)]
+    check_calls(paths, _raw_change, ALLOWED, "change these through extforge.safe_files (or add the function to ALLOWED "
+                "with the reason no one else can write there)")
 
 
 def test_the_check_catches_each_kind_of_raw_change() -> None:

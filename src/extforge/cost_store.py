@@ -131,7 +131,7 @@ class Learned:
 ENTRY_LIMIT = 4 * 2**20
 LOG_LIMIT = 64 * 2**20  # a ninja log of a thousand-unit build, appended to by many rebuilds, is a few MB
 MAX_UNITS = 20_000
-MAX_PARTS = 1024  # a unit's explicit instantiations compiled apart
+MAX_UNIT_PARTS = 1024  # a unit's explicit instantiations compiled apart
 MAX_SECONDS = 30 * 86400.0
 # ru_maxrss of any process is above a MiB; a planted 0 would plan every compile at once.
 PEAK_BYTES = (2**20, 2**44)
@@ -174,7 +174,7 @@ def from_json(d: object, path: Path) -> Learned:
         shared_read.integer(d["jobs"], "jobs", 1, 100_000), shared_read.integer(d["nvcc_threads"], "nvcc_threads", 1, 1024),
         units, shared_read.number(d["compile_seconds"], "compile_seconds", 0.0, MAX_SECONDS),
         None if peak is None else shared_read.integer(peak, "largest_process_bytes", *PEAK_BYTES), path, runs,
-        {shared_read.unit_name(u): shared_read.integer(n, f"the parts of {shared_read.shown(u)}", 1, MAX_PARTS)
+        {shared_read.unit_name(u): shared_read.integer(n, f"the parts of {shared_read.shown(u)}", 1, MAX_UNIT_PARTS)
          for u, n in _mapping(d.get("part_limits", {}), "part_limits", MAX_UNITS).items()})
 
 
@@ -244,10 +244,10 @@ def read_split_log(split_log: str) -> SplitLog:
         with contextlib.suppress(ValueError, KeyError):
             d = _mapping(shared_read.parse_json(line, "a line"), "a line", 16)
             unit = shared_read.unit_name(d["unit"])
-            parts = shared_read.integer(d.get("parts", 0), "parts", 0, MAX_PARTS)
+            parts = shared_read.integer(d.get("parts", 0), "parts", 0, MAX_UNIT_PARTS)
             if parts > 1:
                 seconds = sum(shared_read.number(s, "seconds", 0.0, MAX_SECONDS)
-                              for s in _sequence(d["seconds"], "seconds", MAX_PARTS))
+                              for s in _sequence(d["seconds"], "seconds", MAX_UNIT_PARTS))
                 out.parts[unit] = parts
                 out.seconds[unit] = round(seconds / (1 + parts * unit_costs.PART_REPEAT), 1)
             n = 1 if "compiled_whole" in d else shared_read.integer(d["instantiations"], "instantiations", 0, 100_000)

@@ -390,18 +390,38 @@ def set_mode(path: Path, mode: int, *, beneath: Path | None = None) -> bool:
     return True
 
 
-def _open_to_read(path: Path, dfd: int) -> int:
+class Refused(ExtforgeError):
+    """A file extforge will not read from a place others may write, and why (`reason`, for a
+    caller's own one-line warning)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(
+            f"refusing to read {path}: {reason}",
+            "it is in a place other users may write, and extforge reads from there only a regular file of "
+            "bounded size (and, for its own state, one nobody else may write)",
+            f"check who wrote {path}; remove it (extforge writes it again when it needs it) and run again",
+        )
+        self.path = path
+        self.reason = reason
+
+
+def _open_to_read(path: Path, dfd: int, *, own: bool = False) -> int:
     """A descriptor of the regular file path.name in dfd: no link followed, a FIFO or device
-    refused without waiting on it."""
+    refused without waiting on it; `own`: this user's file, writable by nobody else."""
     try:
         fd = os.open(path.name, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _refusal(path, "it is a symbolic link", "read") from None
+            raise Refused(path, "it is a symbolic link") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    why = ("it is not a regular file (a FIFO, a device or a folder)" if not stat.S_ISREG(st.st_mode) else
+           f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}), and extforge wrote it as you"
+           if own and st.st_uid != os.geteuid() else
+           f"its mode is {stat.filemode(st.st_mode)}: others may write it" if own and st.st_mode & 0o022 else "")
+    if why:
         os.close(fd)
-        raise _refusal(path, "it is not a regular file", "read")
+        raise Refused(path, why)
     os.set_blocking(fd, True)
     return fd
 
@@ -440,14 +460,15 @@ def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
             os.close(fin)
 
 
-def read_bytes(path: Path, *, limit: int, beneath: Path | None = None) -> bytes:
+def read_bytes(path: Path, *, limit: int, beneath: Path | None = None, own: bool = False) -> bytes:
     """The bytes of the regular file path, at most `limit` of them: a link is not followed, a
-    FIFO or device (/dev/zero) is refused at once, a bigger file is refused, not read."""
-    with folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open_to_read(path, dfd), "rb") as fh:
+    FIFO or device (/dev/zero) is refused at once, a bigger file is refused, not read; `own`:
+    only this user's file that nobody else may write. extforge.shared_read reads through this."""
+    with folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open_to_read(path, dfd, own=own), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > limit:
-            raise _refusal(path, f"it holds {size} bytes, more than the {limit} it may", "read")
+            raise Refused(path, f"it holds {size} bytes, more than the {limit} it may")
         data = fh.read(limit + 1)
     if len(data) > limit:  # it grew while read
-        raise _refusal(path, f"it holds more than the {limit} bytes it may", "read")
+        raise Refused(path, f"it grew past the {limit} bytes it may hold while it was read")
     return data

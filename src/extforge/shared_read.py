@@ -21,12 +21,9 @@ Public API: Refused, read_bytes, read_text, read_json, parse_json, shown, unit_n
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import re
-import stat
 from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
@@ -34,6 +31,7 @@ from typing import TypeVar
 
 from . import safe_files
 from .errors import ExtforgeError
+from .safe_files import Refused
 
 T = TypeVar("T")
 
@@ -42,64 +40,22 @@ MAX_DEPTH = 32
 # launcher's notes, EXTFORGE_SPLIT_UNITS): a source file's stem, no character a shell treats
 # apart; `@N` for its N-th compile by another command (unit_costs.NinjaEdge.unit).
 UNIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}(@[0-9]{1,4})?")
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-class Refused(ExtforgeError):
-    """A shared file extforge will not use, and why (`reason`, for a caller's own one-line warning)."""
-
-    def __init__(self, path: Path, reason: str, fix: str = ""):
-        super().__init__(
-            f"refusing to read {path}: {reason}",
-            "it is in a place other users may write, and extforge uses from there only a regular file of "
-            "bounded size holding the values it expects",
-            fix or f"check who wrote {path}; remove it (extforge writes it again when it needs it) and run again",
-        )
-        self.path = path
-        self.reason = reason
-
-
-def _open(path: Path, dfd: int, own: bool) -> int:
-    try:
-        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refused(path, "it is a symbolic link") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(path, "it is not a regular file (a FIFO, a device or a folder)")
-        if own and st.st_uid != os.geteuid():
-            raise Refused(path, f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}), and extforge wrote it as you")
-        if own and st.st_mode & 0o022:
-            raise Refused(path, f"its mode is {stat.filemode(st.st_mode)}: others may write it")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
 def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> bytes:
-    """The bytes of the regular file `path`, at most `limit`; `own`: this user's, writable by
-    nobody else. `beneath`: an anchor below which no folder is reached through a link.
-    A missing file raises FileNotFoundError; anything else that keeps it from being read, Refused."""
+    """The bytes of the regular file `path`, at most `limit` (safe_files.read_bytes); `own`: this
+    user's, writable by nobody else; `beneath`: an anchor below which no folder is reached through
+    a link. A missing file raises FileNotFoundError; anything else that keeps it from being read,
+    Refused."""
     try:
-        with safe_files.folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open(path, dfd, own), "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > limit:
-                raise Refused(path, f"it holds {size} bytes, more than the {limit} it may")
-            data = fh.read(limit + 1)
+        return safe_files.read_bytes(path, limit=limit, beneath=beneath, own=own)
     except (FileNotFoundError, Refused):
         raise
     except ExtforgeError as exc:  # a folder below the anchor that is a link
         raise Refused(path, exc.what) from None
     except OSError as exc:
         raise Refused(path, exc.strerror or str(exc)) from None
-    if len(data) > limit:
-        raise Refused(path, f"it grew past the {limit} bytes it may hold while it was read")
-    return data
 
 
 def read_text(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> str:
@@ -111,7 +67,7 @@ def parse_json(text: str | bytes, where: str) -> object:
     """JSON nested at most MAX_DEPTH deep; ValueError (naming `where`) for anything else."""
     raw = text.decode(errors="replace") if isinstance(text, bytes) else text
     brackets = re.sub(r"[^\[\]{}]", "", _STRING.sub("", raw))
-    if max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > MAX_DEPTH:
+    if any(depth > MAX_DEPTH for depth in accumulate(1 if c in "[{" else -1 for c in brackets)):
         raise ValueError(f"{where}: JSON nested more than {MAX_DEPTH} deep")
     try:
         return json.loads(raw)

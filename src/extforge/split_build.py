@@ -153,14 +153,12 @@ def read_outcome(state_dir: Path) -> Outcome:
     for words in map(str.split, _notes(state_dir / "units")):
         if words[:1] == ["link"]:
             out.links += 1
-        elif len(words) < 3 or not shared_read.UNIT_NAME.fullmatch(words[1]) \
-                or not all(_COUNT.fullmatch(w) for w in words[2:]):
-            continue
-        elif words[0] == "compiled" and len(words) == 4:
-            out.compiled[words[1]] = int(words[2])
-            out.seconds[words[1]] = int(words[3])
-        elif words[0] == "skipped" and len(words) == 3:
-            out.skipped[words[1]] = int(words[2])
+        elif len(words) >= 3 and shared_read.UNIT_NAME.fullmatch(words[1]) and all(map(_COUNT.fullmatch, words[2:])):
+            if words[0] == "compiled" and len(words) == 4:
+                out.compiled[words[1]] = int(words[2])
+                out.seconds[words[1]] = int(words[3])
+            elif words[0] == "skipped" and len(words) == 3:
+                out.skipped[words[1]] = int(words[2])
     # ccache's stats_log: "# SOURCE" and then one counter per line for each call.
     for line in _notes(state_dir / "ccache-stats.log"):
         if line in ("direct_cache_hit", "preprocessed_cache_hit"):
