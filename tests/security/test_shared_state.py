@@ -104,39 +104,57 @@ def test_a_planted_cost_entry_is_one_warning_and_the_default_plan(peer_site, cas
     assert plan["max_jobs"] * plan["nvcc_threads"] < 64 and plan["predicted_peak_bytes"] > 4 * 2**30
 
 
+def _build_split_demo(peer_site, name: str, ccache: str, plant, *args: str) -> tuple[Result, Path, Path]:
+    """`extforge build` of the split-demo recipe as root, with a shared store where a member
+    planted `<store>/split-demo/1.0.0.json` (`plant(attacker, entry)`); the result, the entry
+    and the output folder."""
+    if shutil.which("ninja") is None or shutil.which("gcc") is None:
+        pytest.skip("ninja and gcc are needed")
+    attacker = peer_site.peers[1]
+    base = peer_site.root / name
+    base.mkdir()
+    store = peer_site.shared_folder(f"{name}-store")
+    _as(attacker, "mkdir", str(store / "split-demo"))
+    entry = store / "split-demo" / "1.0.0.json"
+    plant(attacker, entry)
+    channel = base / "channel"
+    (channel / "noarch").mkdir(parents=True)
+    recipe = base / "split-demo"
+    shutil.copytree(SPLIT_DEMO, recipe)
+    res = _extforge("build", str(recipe), "--channel", str(channel), "--output-dir", str(base / "out"), "--no-test",
+                    "--no-audit", *args, timeout=120,
+                    env={"EXTFORGE_COST_STORE": str(store), "EXTFORGE_CACHE": str(base / "cache"),
+                         "PATH": f"{Path(ccache).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    return res, entry, base / "out"
+
+
 def test_a_unit_name_with_shell_metacharacters_never_reaches_the_split_launcher(peer_site, ccache: str) -> None:
     """A member of the store's group plants the split-demo recipe's costs with a unit whose name
     carries a tab and an arithmetic expression: the old code wrote it into assignment.tsv, and
     part-launcher.sh, evaluating the owner it read there, ran `touch MARKER` as root. Now the
     entry is one warning naming it, and the part builds by the units' hash."""
-    if shutil.which("ninja") is None or shutil.which("gcc") is None:
-        pytest.skip("ninja and gcc are needed")
-    attacker = peer_site.peers[1]
-    base = peer_site.root / "split"
-    base.mkdir()
-    store = peer_site.shared_folder("split-store")
-    marker = base / "MARKER"
-    _as(attacker, "mkdir", str(store / "split-demo"))
-    entry = store / "split-demo" / "1.0.0.json"
+    marker = peer_site.root / "MARKER"
     planted = _entry(recipe="split-demo", version="1.0.0",
                      units={"alpha": 9.0, f"beta\ta[$(touch${{IFS}}{marker})]": 1.0, "gamma": 5.0, "delta": 4.0})
-    _plant(attacker, entry, json.dumps(planted))
-    channel = base / "channel"
-    (channel / "noarch").mkdir(parents=True)
-    recipe = base / "split-demo"
-    shutil.copytree(SPLIT_DEMO, recipe)
-    res = _extforge("build", str(recipe), "--channel", str(channel), "--output-dir", str(base / "out"), "--part", "1/2",
-                    "--no-test", "--no-audit",
-                    env={"EXTFORGE_COST_STORE": str(store), "EXTFORGE_CACHE": str(base / "cache"),
-                         "PATH": f"{Path(ccache).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
-                    timeout=300)
+    res, entry, out = _build_split_demo(peer_site, "split", ccache,
+                                        lambda attacker, entry: _plant(attacker, entry, json.dumps(planted)), "--part", "1/2")
     assert res.returncode == 0, res.output
     assert not marker.exists(), "a command read from the cost store ran"
     text = " ".join(res.stderr.split())
     assert f"ignoring the build-cost entry {entry}: unit 'beta\\ta[$(touch${{IFS}}" in text, res.stderr
     assert "part 1 of 2:" in res.output
-    (assignment,) = (base / "out" / "bld").glob("extforge-split-*/assignment.tsv")
+    (assignment,) = (out / "bld").glob("extforge-split-*/assignment.tsv")
     assert assignment.read_text() == ""  # no cost data left: every unit goes by its name's hash
+
+
+def test_a_build_whose_cost_entry_is_a_fifo_builds_and_learns(peer_site, ccache: str) -> None:
+    """The old code hung in the planner, before anything was built, reading the FIFO. Now: one
+    warning, the default estimate, and the build's own costs replace the FIFO in the store."""
+    res, entry, _ = _build_split_demo(peer_site, "fifo", ccache, lambda attacker, entry: _as(attacker, "mkfifo", str(entry)))
+    assert res.returncode == 0, res.output
+    assert res.stderr.count(f"ignoring the build-cost entry {entry}: it is not a regular file") == 1, res.stderr
+    learned = json.loads(entry.read_text())
+    assert {"alpha", "beta", "gamma", "delta"} <= set(learned["units"])
 
 
 def test_the_launcher_never_evaluates_a_planted_assignment(peer_site, tmp_path: Path) -> None:
