@@ -199,7 +199,7 @@ def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
     from extforge.build import BuiltPackage
     from extforge.commands.build import built_line
 
-    pkg = BuiltPackage(tmp_path / "flash-attn-2.8.3-x_0.conda", "flash-attn", "2.8.3", "x_0", "linux-64", "pass", 0.745)
+    pkg = BuiltPackage(tmp_path / "flash-attn-2.8.3-x_0.conda", "flash-attn", "2.8.3", "x_0", "linux-64", "pass", node_speed=0.745)
     assert "extforge plan --node-speed 0.745" in built_line(pkg)
     assert pkg.to_json()["node_speed"] == 0.745
     assert "--node-speed" not in built_line(BuiltPackage(pkg.path, "demo-ext", "0.1", "x_0", "linux-64", "pass"))
