@@ -25,7 +25,6 @@ from ..errors import ExtforgeError
 ARCHES = {"linux-64": "x86_64", "linux-aarch64": "aarch64", "linux-ppc64le": "ppc64le", "linux-s390x": "s390x",
           "linux-32": "i686", "linux-armv7l": "armv7l"}
 POLICY_LIMIT = 4 << 20
-_TARGET = re.compile(r"(?:manylinux_?)?(\d+)[._](\d+)")
 
 
 @dataclass(frozen=True)
@@ -100,14 +99,6 @@ def policies(arch: str) -> tuple[Policy, ...]:
         raise ExtforgeError(f"auditwheel's policy file {path} has no manylinux policy for {arch}", "",
                             "use an auditwheel release that knows this CPU")
     return tuple(sorted(found, key=lambda p: p.glibc))
-
-
-def parse_target(text: str) -> tuple[int, int]:
-    """'2_28', '2.28' or 'manylinux_2_28' -> (2, 28): the site's target policy (`--manylinux`)."""
-    m = _TARGET.fullmatch(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not a manylinux policy: write it like 2_28")
-    return int(m.group(1)), int(m.group(2))
 
 
 def _too_new(policy: Policy, needs: Sequence[Need]) -> str:
