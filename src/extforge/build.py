@@ -335,7 +335,6 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
         pkg.audit_verdict = report.verdict
         if wheel and report.ok and report.against:
             output = pkg.path.parent.parent
-            safe_files.make_dirs(output / WHEELS_DIR, beneath=output)
             try:
                 pkg.wheel = wheel_from_conda(pkg.path, output / WHEELS_DIR, Path(report.against), manylinux=manylinux,
                                              beneath=output).path

@@ -39,7 +39,7 @@ from ..audit.elf import ELF_MAGIC, open_elf
 from ..channel.hashing import sha256_file
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
-from ..safe_files import atomic_writer
+from ..safe_files import atomic_writer, make_dirs
 from ..stamp import AUDIT_DIR, AuditStamp
 from .manylinux import ARCHES, Need, needs_of, platform_tag, policies
 from .requirements import TorchPin, cuda_toolkit, local_label, requires_dist, torch_pin
@@ -233,7 +233,8 @@ def _relink(package: Path, layout: _Layout, libraries: dict[str, str], arch: str
     for name, path in sorted(modules.items()):
         obj = open_elf(path)
         try:
-            needed, needs_here = list(obj.needed), needs_of(name, obj.version_needs)
+            needed = list(obj.needed)
+            needs_here = needs_of(name, obj.version_needs, [(sym.name, sym.version) for sym in obj.undefined])
         finally:
             obj.close()
         folders = []
@@ -405,6 +406,7 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         members = _members(files, dist_info, generated)
         members.append((f"{dist_info}/RECORD", _record(members, dist_info), 0o644))
         target = dest / f"{stem}-{tag}.whl"
+        make_dirs(dest, beneath=beneath)
         with atomic_writer(target, beneath=beneath, tmp_prefix="extforge-") as out:
             write_zip(out, members)
     return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target), meta_bytes)

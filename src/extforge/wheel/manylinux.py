@@ -46,6 +46,7 @@ class Need:
     module: str
     library: str
     version: str
+    symbol: str = ""  # one symbol the module takes at that version (pthread_create)
 
     @property
     def family(self) -> str:
@@ -56,13 +57,20 @@ class Need:
         return self.version.partition("_")[2]
 
     def describe(self) -> str:
-        return f"{self.module} needs {self.version} (from {self.library})"
+        taken = f"{self.symbol}@{self.version}" if self.symbol else self.version
+        return f"{self.module} needs {taken} (from {self.library})"
 
 
-def needs_of(module: str, version_needs: Mapping[str, Sequence[str]]) -> list[Need]:
-    """The versioned requirements of one ELF file (`ElfObject.version_needs`); the dynamic
-    loader's own are left out, as auditwheel leaves them."""
-    return [Need(module, lib, v) for lib, versions in version_needs.items()
+def needs_of(module: str, version_needs: Mapping[str, Sequence[str]],
+             symbols: Iterable[tuple[str, str | None]] = ()) -> list[Need]:
+    """The versioned requirements of one ELF file (`ElfObject.version_needs`), each with a symbol
+    that takes it (`symbols`: its undefined (name, version) pairs); the dynamic loader's own are
+    left out, as auditwheel leaves them."""
+    example: dict[str, str] = {}
+    for name, version in sorted(symbols):
+        if version:
+            example.setdefault(version, name)
+    return [Need(module, lib, v, example.get(v, "")) for lib, versions in version_needs.items()
             if not (lib.startswith("ld-linux") or lib in ("ld64.so.1", "ld64.so.2")) for v in versions]
 
 
