@@ -22,6 +22,7 @@ import pytest
 from extforge import cost_store, paths
 from extforge.locking import exclusive
 from fixture_keys import build_key
+from pip_clients import clean_client_env
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = REPO / "recipe" / "demo-ext"
@@ -145,14 +146,6 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
             subprocess.run([*pip, "--no-deps", MIRROR_TORCH, "packaging", "filelock"], check=True)
             (venv / ".complete").touch()
     return venv
-
-
-def clean_client_env(**extra: str) -> dict[str, str]:
-    """The environment for a real pip or uv run: no configuration of this machine's (its pip.conf's
-    extra indexes and find-links, PIP_*/UV_* variables) takes part; nothing reaches the network."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_NO_CONFIG": "1",
-            "UV_OFFLINE": "1", **extra}
 
 
 @pytest.fixture(scope="session")
