@@ -18,6 +18,7 @@ import pytest
 from crafted_ext import (
     DEPENDS,
     MODULE,
+    PLAIN,
     SITE,
     THREADS,
     TORCH_PIN,
@@ -25,6 +26,7 @@ from crafted_ext import (
     extension_package,
     stamp,
     torch_env,
+    torch_package,
 )
 
 from extforge.audit.elf import open_elf
@@ -181,3 +183,30 @@ def test_conda_requirements_become_pypi_requirements() -> None:
     assert [pep440(Dep.parse(d)) for d in ("x =1.2", "x 1.2.3", "x >=1.0a0,!=1.1", "x *")] == ["==1.2.*", "==1.2.3", ">=1.0a0,!=1.1", ""]
     with pytest.raises(ExtforgeError, match="has no PyPI equivalent"):
         pep440(Dep.parse("x 1.2|1.4"))
+
+
+def test_build_writes_each_passing_packages_wheel_and_a_refused_one_is_a_finding(tmp_path: Path) -> None:
+    """`extforge build --wheel --manylinux 2_28`: a package that passes its audit gets its wheel in
+    OUTPUT/wheels beside the channel; one whose module needs GLIBC_2.34 gets none, the build says
+    why and exits 1 (a CI job reading only the exit code must not publish a half)."""
+    from extforge.build import BuiltPackage, after_build
+    from extforge.channel.index import index_channel
+    from extforge.commands.build import build_exit_code, built_line
+
+    channel = tmp_path / "torch-channel"
+    torch_package(channel)
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    out = tmp_path / "out"
+    # No __glibc floor in its requirements: the audit would rightly fail a module needing more.
+    depends = [d for d in DEPENDS if not d.startswith("__")]
+    built = [BuiltPackage(extension_package(out / "linux-64", extension(tmp_path / v, env, source), version=v, depends=depends),
+                          "demo-x", v,
+                          "cuda130_torch214_py311_cxx11_h1234567_0", "linux-64") for v, source in (("1.0", PLAIN), ("1.1", THREADS))]
+    after_build(built, [str(channel)], wheel=True, manylinux=(2, 28))
+    assert [p.audit_verdict for p in built] == ["pass", "pass"]
+    assert built[0].wheel is not None and built[0].wheel.parent == out / "wheels" and built[0].wheel.is_file()
+    assert built[0].wheel.name.startswith("demo_x-1.0+cu130torch2.14") and built[0].wheel_refused is None
+    assert built[1].wheel is None and "pthread_create@GLIBC_2.34" in str(built[1].wheel_refused)
+    assert "no wheel: the wheel needs manylinux_2_34" in built_line(built[1])
+    assert build_exit_code(built) == 1 and build_exit_code(built[:1]) == 0

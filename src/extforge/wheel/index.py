@@ -41,7 +41,6 @@ LOG_NAME = "publish-log.jsonl"
 LOG_LIMIT = 1 << 30
 TEMP_PREFIX = "extforge-"
 API_VERSION = "1.1"
-_ROW = re.compile(r"torch[0-9][0-9A-Za-z.]*-(cu[0-9]+|cpu)")
 
 
 def project_name(project: str) -> str:
@@ -139,7 +138,7 @@ def _write_pages(root: Path, rows: set[str], entries: list[dict], result: WheelP
             row_of, _, rest = rel.partition("/simple/")
             project, _, filename = rest.partition("/")
             st = _regular(root / rel)
-            if row_of != row or "/" in filename or st is None or entry.get("status") == "gone":
+            if row_of != row or "/" in filename or st is None:
                 continue
             projects.setdefault(project, []).append({**entry, "filename": filename, "size": st.st_size})
         simple = root / row / "simple"
@@ -173,9 +172,6 @@ def publish_wheels(wheels: list[tuple[Wheel, str]], index: Path) -> WheelPublish
         published = {e["file"]: e for e in entries}
         planned: list[tuple[Wheel, str, str, bool]] = []  # wheel, rel, verdict, already there
         for wheel, verdict in wheels:
-            if not _ROW.fullmatch(wheel.torch.row):
-                raise ExtforgeError(f"{wheel.path.name}'s torch row {wheel.torch.row!r} is no folder name",
-                                    "a row is torch<version>-cu<NNN> or -cpu", "rebuild against a released torch", exit_code=1)
             rel = f"{wheel.torch.row}/simple/{project_name(wheel.project)}/{wheel.path.name}"
             there = _regular(root / rel) is not None or os.path.lexists(root / rel)
             if there:

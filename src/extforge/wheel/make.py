@@ -61,7 +61,6 @@ class Wheel:
     torch: TorchPin
     requires_python: str
     sha256: str
-    metadata: bytes = field(repr=False, default=b"")
 
     def to_json(self) -> dict[str, str]:
         return {"path": str(self.path), "project": self.project, "version": self.version, "tag": self.tag,
@@ -336,7 +335,7 @@ def _stamp(package: Path, root: Path, name: str) -> AuditStamp:
     path = root / AUDIT_DIR / f"{name}.json"
     try:
         stamp = AuditStamp.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise _refuse(package, "it carries no audit stamp", f"{AUDIT_DIR}/{name}.json: {exc}",
                       "build it with `extforge build` (without --no-audit)") from exc
     if stamp.verdict != "pass":
@@ -424,4 +423,4 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         make_dirs(dest, beneath=beneath)
         with atomic_writer(target, beneath=beneath, tmp_prefix="extforge-") as out:
             write_zip(out, members)
-    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target), meta_bytes)
+    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target))

@@ -24,7 +24,6 @@ from ..errors import ExtforgeError
 # Wheel platform tags name the CPU as `uname -m` does; conda subdirs name it their own way.
 ARCHES = {"linux-64": "x86_64", "linux-aarch64": "aarch64", "linux-ppc64le": "ppc64le", "linux-s390x": "s390x",
           "linux-32": "i686", "linux-armv7l": "armv7l"}
-POLICY_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -88,8 +87,7 @@ def policies(arch: str) -> tuple[Policy, ...]:
     """auditwheel's manylinux policies for `arch`, most compatible (oldest glibc) first."""
     path = policy_file()
     try:
-        raw = path.read_bytes()[:POLICY_LIMIT]
-        entries = json.loads(raw)
+        entries = json.loads(path.read_text())
         found = []
         for entry in entries:
             m = re.fullmatch(r"manylinux_(\d+)_(\d+)", str(entry.get("name", "")))
