@@ -5,13 +5,17 @@ package's own module (RPATH `$ORIGIN/../../..`, the prefix's lib/) finds no libc
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,8 +71,29 @@ def _install(client: str, venv: Path, index_url: str, *args: str) -> subprocess.
     python = str(venv / "bin" / "python")
     argv = ([python, "-m", "pip", "install", "--no-cache-dir"] if client == "pip"
             else [UV, "pip", "install", "--python", python])
+    # Over HTTP the index is this machine's own server on the loopback: nothing else is reached.
+    loopback = {"UV_OFFLINE": "0", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"} if index_url.startswith("http") else {}
     return subprocess.run([*argv, "--index-url", index_url, *args], capture_output=True, text=True, timeout=600,
-                          env=clean_client_env(UV_CACHE_DIR=str(venv.parent / "uv-cache")))
+                          env=clean_client_env(UV_CACHE_DIR=str(venv.parent / "uv-cache"), **loopback))
+
+
+@contextlib.contextmanager
+def _served(folder: Path) -> Iterator[str]:
+    """The folder served over HTTP by a plain static server (Python's) on the loopback; its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def _installed(venv: Path) -> dict[str, str]:
@@ -78,14 +103,18 @@ def _installed(venv: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_the_published_wheel_installs_with_the_real_client_and_runs(client: str, wheel_index: tuple[Path, dict],
+@pytest.mark.parametrize("transport", ["file", "http"])
+def test_the_published_wheel_installs_with_the_real_client_and_runs(client: str, transport: str, wheel_index: tuple[Path, dict],
                                                                      pip_torch_venv: Path, tmp_path: Path) -> None:
+    """From the folder (file://, as on NFS) and from the same folder served by a static HTTP server."""
     index, published = wheel_index
     (entry,) = published["wheels"]["wheels"]
     assert entry["file"].startswith(f"{ROW}/simple/demo-ext/demo_ext-0.1.0+cu130torch2.14cxx11abiTRUE-cp311-cp311-manylinux_2_")
     assert [p["status"] for p in published["packages"]] == ["published"]  # the conda package, same command
     venv = _venv(pip_torch_venv, tmp_path)
-    proc = _install(client, venv, (index / ROW / "simple").as_uri(), "demo-ext")
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(_served(index)) if transport == "http" else index.as_uri()
+        proc = _install(client, venv, f"{base}/{ROW}/simple", "demo-ext")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK, ], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
