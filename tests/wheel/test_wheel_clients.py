@@ -208,3 +208,16 @@ def test_the_manylinux_tag_is_auditwheels_verdict_and_the_build_and_publish_give
     (published,) = wheel_index[1]["wheels"]["wheels"]
     # One build, two artifacts: the wheel `extforge build --wheel` wrote is the one publish derived.
     assert published["sha256"] == sha256_file(demo_wheel) and published["file"].endswith(demo_wheel.name)
+
+
+def test_publish_refuses_a_wheel_needing_more_than_the_sites_target(demo_package: Path, mirror_channel: Path,
+                                                                    tmp_path: Path) -> None:
+    """demo-ext, compiled by this machine's gcc 12 on glibc 2.36, needs GLIBC_2.32: a site whose
+    nodes run glibc 2.28 (`--manylinux 2_28`) is told which symbol and how to build lower."""
+    index = tmp_path / "wheels"
+    proc = run_extforge("publish", str(demo_package), "--wheels", str(index), "--upstream", str(mirror_channel),
+                        "--manylinux", "2_28", timeout=900)
+    assert proc.returncode == 1, proc.stderr
+    assert "newer than the site's target manylinux_2_28" in proc.stderr and "@GLIBC_2.32 (from libc.so.6)" in proc.stderr
+    assert "older compiler and sysroot" in proc.stderr
+    assert not list(index.rglob("*.whl"))

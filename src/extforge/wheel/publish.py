@@ -20,6 +20,7 @@ from ..errors import ExtforgeError
 from ..paths import scratch_dir
 from .index import WheelPublish, publish_wheels
 from .make import Wheel, wheel_from_conda
+from .requirements import torch_pin
 
 
 def publish_conda_wheels(packages: Sequence[Path], index: Path, *, upstream: Sequence[str],
@@ -45,7 +46,9 @@ def publish_conda_wheels(packages: Sequence[Path], index: Path, *, upstream: Seq
                                         "a wheel of a package that fails the binary audit can crash or mis-run in every venv",
                                         f"fix the build; `extforge audit {package} --channel {channels[0]}` shows why", exit_code=1)
                 verdict = gate.verdict
-            torch = pinned_torch_prefix([str(d) for d in check_package(package).index.get("depends", [])], channels)
+            depends = [str(d) for d in check_package(package).index.get("depends", [])]
+            torch_pin(depends, package.name)  # refused here, before a torch is solved, if it pins none exactly
+            torch = pinned_torch_prefix(depends, channels)
             wheel = wheel_from_conda(package, tmp, torch, manylinux=manylinux)
             if audit:
                 report = audit_target(wheel.path, against=torch)
