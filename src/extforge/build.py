@@ -45,10 +45,10 @@ class BuiltPackage:
     build_string: str
     subdir: str
     audit_verdict: str | None = None  # None: not audited (--no-audit)
-    wheel: Path | None = None  # its wheel (--wheel), beside the channel in <output>/wheels
-    wheel_refused: str | None = None  # why no wheel could be made of it (--wheel)
     # This machine's compile speed against the planner's unit costs (None: no costs or no log).
     node_speed: float | None = None
+    wheel: Path | None = None  # its wheel (--wheel), beside the channel in <output>/wheels
+    wheel_refused: str | None = None  # why no wheel could be made of it (--wheel)
 
     def to_json(self) -> dict[str, str | float | None]:
         return {
