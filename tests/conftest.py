@@ -4,8 +4,8 @@ A session holding the seed rows starts their cold work at once, in the backgroun
 
 mirror_channel: the upstream channel mirrored from pip's torch 2.14.1+cu130 (content-addressed
     cache: seconds when warm, ~10 min cold on 2 cores).
-demo_channel / demo_package: recipe/demo-ext built against it (reused while the recipe and the
-    mirror channel are unchanged).
+demo_channel / demo_package / demo_wheel: recipe/demo-ext built against it with --wheel (reused
+    while the recipe and the mirror channel are unchanged).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from extforge import cost_store, paths
 from extforge.locking import exclusive
 from fixture_keys import build_key
+from pip_clients import clean_client_env
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_RECIPE = REPO / "recipe" / "demo-ext"
@@ -94,7 +95,7 @@ def mirror_channel() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_channel(mirror_channel: Path) -> Path:
-    """Channel folder holding demo-ext built (tests run, audited) against `mirror_channel`."""
+    """Channel folder holding demo-ext built (tests run, audited, its wheel made) against `mirror_channel`."""
     from extforge.build import build_recipe
     from extforge.build_options import BuildOptions
 
@@ -102,7 +103,7 @@ def demo_channel(mirror_channel: Path) -> Path:
     with exclusive(_fixtures_dir() / "demo-ext.lock"):
         if not (out / ".complete").exists():
             shutil.rmtree(out, ignore_errors=True)
-            build_recipe(BuildOptions.make(DEMO_RECIPE, [mirror_channel], out))
+            build_recipe(BuildOptions.make(DEMO_RECIPE, [mirror_channel], out, wheel=True))
             (out / ".complete").touch()
     return out
 
@@ -112,6 +113,13 @@ def demo_package(demo_channel: Path) -> Path:
     """Path of the built demo-ext .conda."""
     (pkg,) = sorted((demo_channel / "linux-64").glob("demo-ext-*.conda"))
     return pkg
+
+
+@pytest.fixture(scope="session")
+def demo_wheel(demo_channel: Path) -> Path:
+    """Path of the wheel `extforge build --wheel` made of the demo-ext package."""
+    (wheel,) = sorted((demo_channel / "wheels").glob("demo_ext-*.whl"))
+    return wheel
 
 
 def _distro_python() -> str | None:
@@ -136,6 +144,25 @@ def distro_torch_venv(mirror_channel: Path) -> Path:
             subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
             subprocess.run([*pip, "--no-deps", MIRROR_TORCH, "packaging", "filelock"], check=True)
+            (venv / ".complete").touch()
+    return venv
+
+
+@pytest.fixture(scope="session")
+def pip_torch_venv(mirror_channel: Path) -> Path:
+    """A venv holding pip's torch 2.14.1 and every wheel it depends on (the nvidia-* libraries
+    too: pip's layout, as a pip user has it), installed with --no-index from the wheels the
+    mirror channel was made from. Tests copy it (hard links) before installing into it."""
+    from extforge import mirror
+
+    venv = _fixtures_dir() / "pip-torch-venv"
+    wheels = mirror.inputs.pip_wheel_dir(mirror.pip_requirements(MIRROR_TORCH, []), f"{sys.version_info[0]}.{sys.version_info[1]}")
+    with exclusive(venv.parent / "pip-torch-venv.lock"):
+        if not (venv / ".complete").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", "--no-index",
+                            "--find-links", str(wheels), MIRROR_TORCH], check=True, env=clean_client_env())
             (venv / ".complete").touch()
     return venv
 

@@ -254,6 +254,10 @@ class PackageCheck:
             if name == "info/paths.json":
                 self.declared = self._declared_total()
 
+    def has_read(self, member: tarfile.TarInfo) -> bool:
+        """Whether feed() read this member's data (a metadata file): a stream cannot give it again."""
+        return posixpath.normpath(member.name) in self._metadata
+
     def _budget(self) -> tuple[int, str]:
         ratio = (self.ratio_budget, f"{MAX_RATIO}x the archive's size (at least {_size(MIN_BUDGET)})")
         if self.declared is None:

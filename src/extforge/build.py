@@ -47,6 +47,7 @@ from .variants import archs as variant_archs
 from .variants import head_dims as variant_head_dims
 from .variants import render as render_variants
 from .variants import resolve as resolve_variants
+from .wheel.make import wheel_from_conda
 
 
 @dataclass
@@ -61,6 +62,8 @@ class BuiltPackage:
     cuda_toolkit: str | None = None
     # This machine's compile speed against the planner's unit costs (None: no costs or no log).
     node_speed: float | None = None
+    wheel: Path | None = None  # its wheel (--wheel), beside the channel in <output>/wheels
+    wheel_refused: str | None = None  # why no wheel could be made of it (--wheel)
 
     def to_json(self) -> dict[str, str | float | None]:
         return {
@@ -71,6 +74,8 @@ class BuiltPackage:
             "subdir": self.subdir,
             "audit_verdict": self.audit_verdict,
             "node_speed": self.node_speed,
+            "wheel": str(self.wheel) if self.wheel else None,
+            "wheel_refused": self.wheel_refused,
         }
 
 
@@ -334,18 +339,29 @@ def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str],
 # Beside the output channel's subdirs, never one of them: what lies here is not indexed, so a
 # lock, an install or a build that uses the output folder as a channel never sees it.
 REJECTED_DIR = "rejected"
+WHEELS_DIR = "wheels"
 
 
-def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None) -> None:
+def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None, *,
+                wheel: bool = False, manylinux: tuple[int, int] | None = None) -> None:
     """Audit and stamp every built package against the host env its build used (`build_env`)
     where that holds the torch it pins, else the channel's; the glibc and CUDA driver the audit
     found it needs become run requirements. A package that fails is moved to the output folder's
-    `rejected/` (kept for `extforge audit`, not served)."""
+    `rejected/` (kept for `extforge audit`, not served). With `wheel`, each package that passes
+    also becomes a wheel in the output folder's `wheels/`, its search paths taken from the torch
+    it was audited against."""
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         record = report.to_stamp(pkg.path)
         stamp_package(pkg.path, record, requires=run_requirements(record, pkg.cuda_toolkit))
         pkg.audit_verdict = report.verdict
+        if wheel and report.ok and report.against:
+            output = pkg.path.parent.parent
+            try:
+                pkg.wheel = wheel_from_conda(pkg.path, output / WHEELS_DIR, Path(report.against), manylinux=manylinux,
+                                             beneath=output).path
+            except ExtforgeError as exc:
+                pkg.wheel_refused = f"{exc.what} ({exc.fix})" if exc.fix else exc.what
         if not report.ok:
             output = pkg.path.parent.parent
             aside = output / REJECTED_DIR
@@ -590,7 +606,8 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 pkg.node_speed = speed
             try:
                 if options.audit:
-                    after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None))
+                    after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None),
+                                wheel=options.wheel, manylinux=options.manylinux)
             finally:
                 # The tests passed: their environments (a torch env is ~5 GB, copied, not linked)
                 # have nothing left to show. A failed test keeps its own, like a failed build.

@@ -22,6 +22,8 @@ class BuildOptions:
     test: bool = True
     audit: bool = True  # audit and stamp what was built (and, on Slurm, gate the publish)
     split: Split | None = None  # one part of a split build, or its link job (split_build)
+    wheel: bool = False  # also write each audited package's wheel (extforge.wheel) into <output>/wheels
+    manylinux: tuple[int, int] | None = None  # the site's target policy a wheel may not exceed (2, 28)
 
     @classmethod
     def make(
@@ -36,6 +38,8 @@ class BuildOptions:
         test: bool = True,
         audit: bool = True,
         split: Split | None = None,
+        wheel: bool = False,
+        manylinux: tuple[int, int] | None = None,
     ) -> BuildOptions:
         return cls(
             # Absolute now: the working directory may be replaced while a long build runs.
@@ -48,6 +52,8 @@ class BuildOptions:
             test=test,
             audit=audit,
             split=split,
+            wheel=wheel,
+            manylinux=manylinux,
         )
 
     @property

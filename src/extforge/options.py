@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -53,3 +54,11 @@ def positive_size(parse: Callable[[str], int]) -> Callable[[str], int]:
 
     checked.__name__ = parse.__name__
     return checked
+
+
+def manylinux_policy(text: str) -> tuple[int, int]:
+    """'2_28', '2.28' or 'manylinux_2_28' -> (2, 28): a site's target manylinux policy."""
+    m = re.fullmatch(r"(?:manylinux_?)?(\d+)[._](\d+)", text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a manylinux policy: write it like 2_28")
+    return int(m.group(1)), int(m.group(2))

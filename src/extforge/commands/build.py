@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
 from ..errors import EXIT_FINDINGS, EXIT_OK
-from ..options import option_type
+from ..options import manylinux_policy, option_type
 from ..split_build import parse_link_parts, parse_part
 
 if TYPE_CHECKING:
@@ -42,6 +42,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="build profile for the resource planner (MAX_JOBS, NVCC_THREADS)")
     parser.add_argument("--no-test", action="store_true", help="skip the recipe's tests")
     parser.add_argument("--no-audit", action="store_true", help="skip the audit and stamp of built packages")
+    parser.add_argument(
+        "--wheel", action="store_true",
+        help="also write each audited package's wheel (the same compiled files, manylinux-tagged, torch==X.Y.Z pinned) "
+        "into OUTPUT_DIR/wheels; `extforge publish --wheels` derives the same bytes from the .conda",
+    )
+    parser.add_argument("--manylinux", type=option_type(manylinux_policy), metavar="2_N",
+                        help="with --wheel: the site's target policy; a package whose binaries need more gets no wheel (exit 1)")
     split = parser.add_argument_group(
         "a split build: N jobs compile a share of the units each into the compile cache (one EXTFORGE_CACHE "
         "on shared storage), then a link job builds the package from it (for a build one job cannot hold)")
@@ -69,6 +76,8 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         test=not args.no_test,
         audit=not args.no_audit,
         split=args.part or args.link_parts,
+        wheel=args.wheel,
+        manylinux=args.manylinux,
     )
 
 
@@ -79,7 +88,9 @@ def built_line(pkg: BuiltPackage) -> str:
         f"run `extforge audit {shlex.quote(str(pkg.path))}` for details")
     speed = ("" if pkg.node_speed is None else f"\n  this machine compiled at {pkg.node_speed:.2f}x the planner's unit costs: "
              f"plan the next build here with `extforge plan --node-speed {pkg.node_speed}`")
-    return f"built {pkg.path}; {verdict}{speed}"
+    wheel = (f"\n  wheel {pkg.wheel}" if pkg.wheel else
+             f"\n  no wheel: {pkg.wheel_refused}" if pkg.wheel_refused else "")
+    return f"built {pkg.path}; {verdict}{wheel}{speed}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +119,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_exit_code(built: list[BuiltPackage]) -> int:
-    """A package that fails its audit is built but must not be published: a script or CI job that
-    only reads the exit code has to stop there too."""
-    return EXIT_FINDINGS if any(p.audit_verdict not in (None, "pass") for p in built) else EXIT_OK
+    """A package that fails its audit is built but must not be published, and a wheel asked for
+    and refused is missing: a script or CI job that only reads the exit code has to stop there too."""
+    return EXIT_FINDINGS if any(p.audit_verdict not in (None, "pass") or p.wheel_refused for p in built) else EXIT_OK

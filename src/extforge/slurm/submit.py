@@ -115,7 +115,9 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
         resources=planned_resources(machine, profile, variant.archs()),
         extforge=extforge_argv(req.config),
         profile=profile,
-        build_flags=(() if req.options.test else ("--no-test",)) + (() if req.options.audit else ("--no-audit",)),
+        build_flags=(() if req.options.test else ("--no-test",)) + (() if req.options.audit else ("--no-audit",))
+        + (("--wheel",) if req.options.wheel else ())
+        + (("--manylinux", "{}_{}".format(*req.options.manylinux)) if req.options.manylinux else ()),
         publish_flags=() if req.options.audit else ("--no-audit",),
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),

@@ -1,0 +1,125 @@
+"""The wheel index: PEP 503/691 pages per torch row, written under the channel's publish rules
+(one identity per file name, a lock, atomic writes, no link followed, pages from the log).
+Before these, extforge had no wheel index: `extforge publish` wrote conda channels only."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from crafted_ext import extension, extension_package, torch_env, torch_package
+
+from extforge.channel.index import index_channel
+from extforge.errors import ExtforgeError
+from extforge.wheel.index import LOG_NAME, publish_wheels
+from extforge.wheel.make import Wheel, wheel_from_conda
+from peers import peer_site  # noqa: F401  (the multi-user fixture, shared with other areas)
+
+ROW = "torch2.14.1-cu130"
+
+
+def _wheel(tmp: Path, name: str, source: str = 'extern "C" int f(int x) { return x + 1; }\n') -> Wheel:
+    env = torch_env(tmp / name)
+    return wheel_from_conda(extension_package(tmp / name / "pkg", extension(tmp / name, env, source)), tmp / name / "out", env)
+
+
+def _listing(root: Path) -> dict[str, bytes | str]:
+    out: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+    return out
+
+
+def test_the_index_serves_pep503_and_pep691_pages_with_every_hash(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, "a")
+    old = os.umask(0o077)
+    try:
+        result = publish_wheels([(wheel, "pass")], tmp_path / "index")
+    finally:
+        os.umask(old)
+    project = tmp_path / "index" / ROW / "simple" / "demo-x"
+    assert [(w.file, w.status) for w in result.wheels] == [(f"{ROW}/simple/demo-x/{wheel.path.name}", "published")]
+    assert (project / wheel.path.name).read_bytes() == wheel.path.read_bytes()
+    quoted = wheel.path.name.replace("+", "%2B")
+    page = (project / "index.html").read_text()
+    assert f'<a href="{quoted}#sha256={wheel.sha256}" data-requires-python="==3.11.*">{wheel.path.name}</a>' in page
+    document = json.loads((project / "index.json").read_text())
+    assert document == {"meta": {"api-version": "1.1"}, "name": "demo-x", "versions": ["1.0+cu130torch2.14cxx11abiTRUE"],
+                        "files": [{"filename": wheel.path.name, "url": quoted, "hashes": {"sha256": wheel.sha256},
+                                   "requires-python": "==3.11.*", "size": wheel.path.stat().st_size}]}
+    assert '<a href="demo-x/">demo-x</a>' in (project.parent / "index.html").read_text()
+    assert json.loads((project.parent / "index.json").read_text())["projects"] == [{"name": "demo-x"}]
+    # Readable by every node whatever the publisher's umask (077 here).
+    for path in (project / wheel.path.name, project / "index.html", project / "index.json"):
+        assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_wheel_name_published_with_other_bytes_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    first = _wheel(tmp_path, "a")
+    other = _wheel(tmp_path, "b", 'extern "C" int f(int x) { return x + 2; }\n')
+    assert (other.path.name, other.sha256 != first.sha256) == (first.path.name, True)
+    index = tmp_path / "index"
+    publish_wheels([(first, "pass")], index)
+    again = publish_wheels([(first, "pass")], index)
+    assert [w.status for w in again.wheels] == ["already-present"]
+    before = _listing(index)
+    with pytest.raises(ExtforgeError) as err:
+        publish_wheels([(other, "pass")], index)
+    assert err.value.exit_code == 1 and "already in" in err.value.what and "with other bytes" in err.value.what
+    assert _listing(index) == before
+
+
+def test_a_link_planted_in_the_index_is_not_followed(tmp_path: Path) -> None:
+    """Someone who can write the index folder plants the row's folder as a link elsewhere."""
+    wheel = _wheel(tmp_path, "a")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / ROW).symlink_to(elsewhere)
+    with pytest.raises(ExtforgeError, match="refusing to"):
+        publish_wheels([(wheel, "pass")], tmp_path / "index")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_wheel_no_publish_vouches_for_is_not_listed(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, "a")
+    project = tmp_path / "index" / ROW / "simple" / "demo-x"
+    project.mkdir(parents=True)
+    planted = project / "demo_x-9.9-cp311-cp311-manylinux_2_5_x86_64.whl"
+    planted.write_bytes(b"not a wheel")
+    result = publish_wheels([(wheel, "pass")], tmp_path / "index")
+    assert planted.name not in (project / "index.html").read_text()
+    assert result.ignored == [f"{ROW}/simple/demo-x/{planted.name}"]
+
+
+def test_group_members_publish_wheels_into_one_index(peer_site, tmp_path: Path) -> None:  # noqa: F811
+    """Two admins of a site (real users of one group, umask 077 and 022) publish with the real CLI
+    into one index folder set up as docs/site-admin.md says; the index stays theirs to share."""
+    site = peer_site
+    first, second = site.peers
+    channel = site.root / "torch-channel"
+    torch_package(channel)
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    pkgs = site.readable_copy([extension_package(tmp_path / v, extension(tmp_path / v, env), version=v) for v in ("1.0", "1.1")])
+    index = site.shared_folder("wheels")
+    for peer, pkg, umask in ((first, pkgs[0], 0o077), (second, pkgs[1], 0o022)):
+        proc = site.run(peer, "publish", str(pkg), "--wheels", str(index), "--upstream", str(channel), "--no-audit", umask=umask)
+        assert proc.returncode == 0, proc.stderr
+    project = index / ROW / "simple" / "demo-x"
+    wheels = sorted(project.glob("*.whl"))
+    assert [w.name.split("-")[1] for w in wheels] == ["1.0+cu130torch2.14cxx11abiTRUE", "1.1+cu130torch2.14cxx11abiTRUE"]
+    assert [w.stat().st_uid for w in wheels] == [first.uid, second.uid]
+    page = (project / "index.html").read_text()
+    assert all(w.name in page for w in wheels)
+    for folder in (index / ROW, index / ROW / "simple", project):
+        assert (folder.stat().st_gid, stat.S_IMODE(folder.stat().st_mode)) == (site.gid, 0o2775), folder
+    for path in [*wheels, project / "index.html", project / "index.json"]:
+        assert path.stat().st_mode & 0o044 == 0o044, f"{path.name} is not readable by the group and the cluster"
+    log = index / LOG_NAME
+    assert stat.S_IMODE(log.stat().st_mode) == 0o664
+    assert [json.loads(line)["user"] for line in log.read_text().splitlines()] == [first.name, second.name]
