@@ -3,6 +3,7 @@ entries that went unused, on a real folder tree, through the real CLI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -125,10 +126,11 @@ def test_reusing_a_mirror_package_or_wheel_marks_it_used(tmp_path: Path, monkeyp
     store, request = tmp_path / "store", tmp_path / "request"
     request.mkdir()
     (request / "w-1-py3-none-any.whl").write_bytes(b"wheel")
-    share_wheels(request, store)
+    digests = {"w-1-py3-none-any.whl": hashlib.sha256(b"wheel").hexdigest()}
+    share_wheels(request, store, digests)
     (kept,) = store.iterdir()
     os.utime(kept, (time.time() - 30 * DAY,) * 2)
-    share_wheels(request, store)  # already linked: only marked
+    share_wheels(request, store, digests)  # already linked: only marked
     assert time.time() - kept.stat().st_mtime < DAY
 
 

@@ -61,7 +61,8 @@ ALLOWED: dict[str, str] = {
     "mirror/cuda_sources.py::add_wheel_headers.build": MIRROR,
     "mirror/hashing.py::sha256_file": MIRROR,
     "mirror/inputs.py::share_wheels": MIRROR,
-    "mirror/inputs.py::lend_shared_wheels": MIRROR,
+    "mirror/inputs.py::_link_verified": MIRROR + "; links a file of this user's, hashed, from a folder only this user can write",
+    "mirror/inputs.py::_own_request_folder": MIRROR + "; the download folder, refused unless this user's alone",
     "mirror/inputs.py::drop_unchosen": MIRROR,
     "mirror/inputs.py::from_pip": MIRROR,
 }

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import os
+import subprocess
 import threading
 import zipfile
 from collections import Counter
@@ -26,6 +28,11 @@ def _wheel(folder: Path, name: str, body: bytes) -> Path:
     return path
 
 
+def _digests(folder: Path) -> dict[str, str]:
+    """What a download's record says of its wheels: each one's sha256."""
+    return {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in folder.glob("*.whl")}
+
+
 def test_requests_sharing_wheels_keep_one_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     store = tmp_path / "store"
@@ -34,12 +41,12 @@ def test_requests_sharing_wheels_keep_one_copy(tmp_path: Path, monkeypatch: pyte
     first = _wheel(tmp_path / "torch", "nvidia_x-1.0-py3-none-any.whl", big)
     second = _wheel(tmp_path / "torch+extras", "nvidia_x-1.0-py3-none-any.whl", big)
     extra = _wheel(tmp_path / "torch+extras", "einops-0.8-py3-none-any.whl", b"einops")
-    assert share_wheels(first.parent, store) == 0
-    assert share_wheels(second.parent, store) == len(big)
+    assert share_wheels(first.parent, store, _digests(first.parent)) == 0
+    assert share_wheels(second.parent, store, _digests(second.parent)) == len(big)
     assert first.stat().st_ino == second.stat().st_ino and second.read_bytes() == big
     assert extra.stat().st_nlink == 2  # kept in the store for the next request
-    # Run again: nothing left to share, nothing hashed again.
-    assert share_wheels(second.parent, store) == 0
+    # Run again: nothing left to share.
+    assert share_wheels(second.parent, store, _digests(second.parent)) == 0
 
 
 def test_a_same_named_wheel_with_other_bytes_stays_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,8 +54,8 @@ def test_a_same_named_wheel_with_other_bytes_stays_apart(tmp_path: Path, monkeyp
     store = tmp_path / "store"
     a = _wheel(tmp_path / "a", "pkg-1.0-py3-none-any.whl", b"one build")
     b = _wheel(tmp_path / "b", "pkg-1.0-py3-none-any.whl", b"a rebuilt wheel, same name")
-    share_wheels(a.parent, store)
-    assert share_wheels(b.parent, store) == 0
+    share_wheels(a.parent, store, _digests(a.parent))
+    assert share_wheels(b.parent, store, _digests(b.parent)) == 0
     assert a.stat().st_ino != b.stat().st_ino and b.read_bytes() == b"a rebuilt wheel, same name"
     assert len(list(store.iterdir())) == 2
 
@@ -114,12 +121,14 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pat
         server.shutdown()
 
 
-def _publish(folder: Path, requires_python: dict[str, str]) -> None:
+def _publish(folder: Path, requires_python: dict[str, str], *, hashes: bool = True) -> None:
+    """links.html of the folder's wheels; without hashes, as a plain find-links page gives them."""
     links = []
     for wheel in sorted(folder.glob("*.whl")):
         sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
         rp = requires_python.get(wheel.name, "")
-        links.append(f'<a href="{wheel.name}#sha256={sha}"{f" data-requires-python={rp!r}" if rp else ""}>{wheel.name}</a>')
+        href = f"{wheel.name}#sha256={sha}" if hashes else wheel.name
+        links.append(f'<a href="{href}"{f" data-requires-python={rp!r}" if rp else ""}>{wheel.name}</a>')
     (folder / "links.html").write_text("<html><body>\n" + "\n".join(links) + "\n</body></html>\n")
 
 
@@ -153,3 +162,56 @@ def test_a_lent_wheel_the_index_does_not_vouch_for_is_downloaded_again(index: tu
     second = from_pip(request, python_or_skip("3.10"))
     assert _Index.sent["xf_shared-1.0-py3-none-any.whl"] == 2
     assert second.artifacts["xf-shared"].wheel.read_bytes() == (folder / "xf_shared-1.0-py3-none-any.whl").read_bytes()
+
+
+def _forged(original: Path, dest: Path) -> Path:
+    """The wheel with a module added: same name, other bytes, as a co-tenant would make it."""
+    dest.mkdir(exist_ok=True)
+    forged = dest / original.name
+    forged.write_bytes(original.read_bytes())
+    with zipfile.ZipFile(forged, "a") as zf:
+        zf.writestr("xf_shared/evil.py", "import os; os.system('id > /tmp/owned')\n")
+    forged.chmod(0o644)
+    return forged
+
+
+@pytest.mark.parametrize("plant", ["sibling download", "wheel store", "own request folder"])
+def test_a_wheel_another_user_planted_in_a_shared_cache_is_never_mirrored(index, peer_site, monkeypatch, plant):
+    """With a find-links page that gives no hashes (pip then takes any file already in its folder),
+    a member of the cache's group plants a forged wheel where root's mirror looked for its own: a
+    complete download of the same request for another Python (request.json and .complete beside
+    it), the store entry under the real wheel's sha256, or the very folder of root's request. The
+    old code lent the first, linked the second over the wheel pip had just fetched, and took the
+    third as complete: root's channel got the forged wheel."""
+    from extforge.errors import ExtforgeError
+    from extforge.mirror.inputs import pip_wheel_dir
+
+    folder, request = index
+    _publish(folder, {}, hashes=False)
+    genuine = folder / "xf_shared-1.0-py3-none-any.whl"
+    forged = _forged(genuine, peer_site.root / f"forged-{plant.replace(' ', '-')}")
+    cache = peer_site.shared_folder(f"wheel-cache-{plant.replace(' ', '-')}")  # root:extforge-site 2775
+    monkeypatch.setenv("EXTFORGE_CACHE", str(cache))
+    py310 = python_or_skip("3.10")
+    target = {
+        "sibling download": cache / "mirror" / "wheels" / "0123456789abcdef",
+        "wheel store": cache / "mirror" / "wheel-store" / hashlib.sha256(genuine.read_bytes()).hexdigest(),
+        "own request folder": pip_wheel_dir(request, "3.10"),
+    }[plant]
+    request_json = json.dumps({"python": "3.12", "requirements": sorted(request)})
+    script = (f"umask 002 && mkdir -p {target} && cp {forged} {target}/ && mkdir -p {cache}/mirror/wheels "
+              f"&& printf '%s' '{request_json}' > {target}/request.json && touch {target}/.complete")
+    peer = peer_site.peers[0]
+    subprocess.run(["setpriv", f"--reuid={peer.uid}", f"--regid={peer.gid}", "--init-groups", "--inh-caps=-all", "--",
+                    "sh", "-c", script], check=True, cwd="/")
+    assert target.stat().st_uid == peer.uid
+
+    if plant == "own request folder":
+        with pytest.raises(ExtforgeError, match=f"refusing to use {target}: it is owned by {peer.name}"):
+            from_pip(request, py310)
+        assert _Index.sent == Counter()
+        return
+    inputs = from_pip(request, py310)
+    assert inputs.artifacts["xf-shared"].wheel.read_bytes() == genuine.read_bytes()
+    assert _Index.sent["xf_shared-1.0-py3-none-any.whl"] == 1
+    assert forged.read_bytes() == (target / forged.name).read_bytes()  # the planted copy is left as it was

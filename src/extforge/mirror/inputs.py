@@ -6,7 +6,9 @@ import email.parser
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -17,12 +19,13 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import paths
+from .. import paths, safe_files
+from ..channel.accounting import user_name
+from ..channel.trust import sign, verify_signed
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..ui import log
 from .deps import DistInfo
-from .hashing import sha256_file
 
 PROBE_SCRIPT = Path(__file__).with_name("_probe_env.py")
 
@@ -173,35 +176,124 @@ def pip_wheel_dir(requirements: list[str], py_short: str) -> Path:
     return paths.cache_root() / "mirror" / "wheels" / key
 
 
-def share_wheels(wheel_dir: Path, store: Path) -> int:
-    """Make each wheel of a request folder a hard link into one store kept by sha256, so requests
-    that share wheels (the same torch with and without extras: 3-4 GB of nvidia wheels) keep one
-    copy on disk. Returns the bytes this freed."""
+# A download folder pip completed holds its record: the request and each wheel's sha256 and
+# size, signed with this user's key (trust.sign). Only a folder of this user's that nobody else
+# can write, with a record this user signed, is reused or lends its wheels; a lent or reused
+# wheel is hashed first, so no file another user planted in a shared cache is ever mirrored.
+COMPLETE = ".complete"
+_RECORD_KIND = "mirror-wheels"
+_RECORD_LIMIT = 4 << 20  # a torch request's record is ~10 KB
+_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Download:
+    """A download folder's signed record: what it was filled for, and what pip put there."""
+
+    python: str
+    requirements: tuple[str, ...]
+    wheels: dict[str, tuple[str, int]]  # file name: (sha256, size)
+
+    def body(self) -> dict[str, Any]:
+        return {"kind": _RECORD_KIND, "python": self.python, "requirements": list(self.requirements),
+                "wheels": {name: list(v) for name, v in sorted(self.wheels.items())}}
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> Download | None:
+        python, requirements, wheels = body.get("python"), body.get("requirements"), body.get("wheels")
+        if (body.get("kind") != _RECORD_KIND or not isinstance(python, str) or not isinstance(requirements, list)
+                or not all(isinstance(r, str) for r in requirements) or not isinstance(wheels, dict)):
+            return None
+        parsed = {}
+        for name, value in wheels.items():
+            if not (name.endswith(".whl") and "/" not in name and isinstance(value, list) and len(value) == 2
+                    and isinstance(value[0], str) and _SHA256.fullmatch(value[0])
+                    and isinstance(value[1], int) and value[1] >= 0):
+                return None
+            parsed[name] = (value[0], value[1])
+        return cls(python, tuple(requirements), parsed)
+
+
+def read_download(folder: Path) -> Download | None:
+    """The record of a download folder, None where there is none this user signed."""
+    try:
+        raw = safe_files.read_bytes(folder / COMPLETE, limit=_RECORD_LIMIT, beneath=folder.parent)
+    except (OSError, ExtforgeError):
+        return None
+    body = verify_signed(raw)
+    return Download.parse(body) if body is not None else None
+
+
+def _open_own(name: str | Path, *, dir_fd: int | None = None, folder: bool = False) -> int | None:
+    """A descriptor of the regular file (or folder) `name`, not a link, when it is this user's and
+    nobody else may write it: then only this user can change what it holds. None otherwise."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if folder else 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    kind = stat.S_ISDIR if folder else stat.S_ISREG
+    if kind(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & _OTHERS_WRITE:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _sha256_of(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(fd, "rb", closefd=False) as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _link_verified(dir_fd: int, name: str, sha256: str, size: int, dest: Path) -> bool:
+    """Link the wheel `name` of the folder dir_fd (one of this user's that nobody else can write)
+    as dest, if it is this user's own file and its bytes are the sha256 recorded for it."""
+    fd = _open_own(name, dir_fd=dir_fd)
+    if fd is None:
+        return False
+    try:
+        if os.fstat(fd).st_size != size or _sha256_of(fd) != sha256:
+            return False
+        os.link(name, dest, src_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False  # e.g. another admin's file (protected_hardlinks): the wheel is fetched instead
+    finally:
+        os.close(fd)
+    return True
+
+
+def share_wheels(wheel_dir: Path, store: Path, digests: dict[str, str]) -> int:
+    """Make each wheel of a request folder (name: its sha256) a hard link into one store kept by
+    sha256, so requests that share wheels (the same torch with and without extras: 3-4 GB of
+    nvidia wheels) keep one copy on disk. A store entry is linked in only from a folder of this
+    user's that nobody else can write, its bytes hashed again. Returns the bytes this freed."""
     freed = 0
     paths.mark_used(wheel_dir)
-    for wheel in sorted(wheel_dir.glob("*.whl")):
-        kept = store / sha256_file(wheel) / wheel.name  # memoized: no re-read of 3 GB per run
-        if wheel.stat().st_nlink > 1:
+    for name, sha256 in sorted(digests.items()):
+        wheel, kept = wheel_dir / name, store / sha256 / name
+        st = wheel.lstat()
+        if st.st_nlink > 1:
             paths.mark_used(kept.parent)
             continue  # already in the store
-        if kept.exists():
-            tmp = wheel.with_name(wheel.name + ".link")
+        if not os.path.lexists(kept.parent):
+            kept.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        dir_fd = _open_own(kept.parent, folder=True)
+        if dir_fd is None:
+            continue  # another user's folder under this sha256: the wheel keeps its own copy
+        try:
+            if not os.path.lexists(kept):
+                os.link(wheel, name, dst_dir_fd=dir_fd, follow_symlinks=False)
+                continue
+            tmp = wheel.with_name(name + ".link")
             tmp.unlink(missing_ok=True)
-            os.link(kept, tmp)
-            freed += wheel.stat().st_size
-            os.replace(tmp, wheel)
-        else:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            os.link(wheel, kept)
+            if _link_verified(dir_fd, name, sha256, st.st_size, tmp):
+                freed += st.st_size
+                os.replace(tmp, wheel)
+        finally:
+            os.close(dir_fd)
     return freed
-
-
-# What a download folder was filled for: the key of pip_wheel_dir, readable.
-REQUEST_FILE = "request.json"
-
-
-def _request(requirements: list[str], py_short: str) -> dict[str, Any]:
-    return {"python": py_short, "requirements": sorted(requirements)}
 
 
 def any_python(filename: str) -> bool:
@@ -214,36 +306,36 @@ def any_python(filename: str) -> bool:
     return all(t.abi == "none" and t.interpreter in ("py3", "py2.py3") for t in tags)
 
 
-def lend_shared_wheels(wheel_dir: Path, requirements: list[str], py_short: str) -> list[Path]:
+def lend_shared_wheels(wheel_dir: Path, requirements: list[str], py_short: str) -> dict[str, str]:
     """Link into `wheel_dir`, before pip runs, the any-python wheels that the complete download
     of the same request for another Python holds: pip finds them already downloaded (checked
     against the index's sha256 where the index gives one) and fetches only the rest. Rows A and
-    B (torch 2.9.1 for Python 3.10 and 3.12) share 3.0 of their 4.1 GB. Returns the links made."""
-    wanted = _request(requirements, py_short)
-    lent: list[Path] = []
+    B (torch 2.9.1 for Python 3.10 and 3.12) share 3.0 of their 4.1 GB. Lent only from this
+    user's own downloads, each wheel hashed against their record (~10 s for 3 GB, against
+    downloading it). Returns the wheels lent, with their sha256."""
+    wanted = tuple(sorted(requirements))
+    lent: dict[str, str] = {}
     # One version a project at most: drop_unchosen tells pip's choice by a second wheel.
     projects = {_project(w.name) for w in wheel_dir.glob("*.whl")}
-    for record in sorted(wheel_dir.parent.glob(f"*/{REQUEST_FILE}")):
-        other = record.parent
+    for other in sorted(wheel_dir.parent.iterdir()):
+        dir_fd = None if other == wheel_dir else _open_own(other, folder=True)
+        if dir_fd is None:
+            continue
         try:
-            request = json.loads(record.read_text())
-        except (OSError, ValueError):
-            continue
-        if (other == wheel_dir or not (other / ".complete").exists() or request.get("python") == py_short
-                or request.get("requirements") != wanted["requirements"]):
-            continue
-        for wheel in sorted(other.glob("*.whl")):
-            if any_python(wheel.name) and _project(wheel.name) not in projects:
-                try:
-                    os.link(wheel, wheel_dir / wheel.name)
-                except OSError:
-                    continue  # another admin's file (protected_hardlinks): pip downloads it
-                projects.add(_project(wheel.name))
-                lent.append(wheel_dir / wheel.name)
+            record = read_download(other)
+            if record is None or record.python == py_short or record.requirements != wanted:
+                continue
+            for name, (sha256, size) in sorted(record.wheels.items()):
+                if (any_python(name) and _project(name) not in projects
+                        and _link_verified(dir_fd, name, sha256, size, wheel_dir / name)):
+                    projects.add(_project(name))
+                    lent[name] = sha256
+        finally:
+            os.close(dir_fd)
     return lent
 
 
-def drop_unchosen(wheel_dir: Path, lent: list[Path]) -> None:
+def drop_unchosen(wheel_dir: Path, lent: dict[str, str]) -> None:
     """Remove the lent wheels pip did not take: where this Python's resolution chose another
     version of a project (a dependency newer releases of which need a newer Python), the
     folder holds both, and from_wheels would take the newer."""
@@ -251,9 +343,9 @@ def drop_unchosen(wheel_dir: Path, lent: list[Path]) -> None:
     for wheel in wheel_dir.glob("*.whl"):
         name = _project(wheel.name)
         projects[name] = projects.get(name, 0) + 1
-    for wheel in lent:
-        if projects.get(_project(wheel.name), 0) > 1:
-            wheel.unlink()
+    for name in lent:
+        if projects.get(_project(name), 0) > 1:
+            (wheel_dir / name).unlink()
 
 
 def _project(filename: str) -> str:
@@ -290,12 +382,68 @@ def pip_failure(stderr: str, where: Path) -> ExtforgeError:
     )
 
 
+def _own_request_folder(wheel_dir: Path) -> None:
+    """The request's download folder, made if missing; refused unless it is this user's and
+    nobody else can write it (its wheels become the channel's packages)."""
+    wheel_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd = _open_own(wheel_dir, folder=True)
+    if fd is not None:
+        os.close(fd)
+        return
+    st = wheel_dir.lstat()
+    why = (f"it is owned by {user_name(st.st_uid)}" if st.st_uid != os.geteuid() else
+           f"others can write it (mode {stat.filemode(st.st_mode)})" if stat.S_ISDIR(st.st_mode) else "it is not a folder")
+    raise ExtforgeError(
+        f"refusing to use {wheel_dir}: {why}, not yours alone",
+        "the mirror packages the wheels it finds in its download folder; someone else could have put theirs there",
+        f"remove {wheel_dir} (its wheels are downloaded again) and run again",
+    )
+
+
+def _reusable(wheel_dir: Path, requirements: list[str], py_short: str) -> Download | None:
+    """The folder's record when it is this request's and the folder holds the recorded wheels and
+    no other, each a file of this user's of the recorded size that nobody else can write: then it
+    holds what pip downloaded. None: pip runs."""
+    record = read_download(wheel_dir)
+    if (record is None or (record.python, record.requirements) != (py_short, tuple(sorted(requirements)))
+            or {w.name for w in wheel_dir.glob("*.whl")} != set(record.wheels)):
+        return None
+    for name, (_, size) in record.wheels.items():
+        st = (wheel_dir / name).lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & _OTHERS_WRITE or st.st_size != size:
+            return None
+    return record
+
+
+def _record_download(wheel_dir: Path, requirements: list[str], py_short: str, lent: dict[str, str]) -> Download:
+    """The record of a folder pip just completed: each wheel's sha256 (a lent one's known) and
+    size, its write bits for others cleared (pip under umask 002 leaves them group-writable)."""
+    wheels = {}
+    for wheel in sorted(wheel_dir.glob("*.whl")):
+        foreign = ExtforgeError(f"refusing to mirror {wheel}: it is not a file of yours",
+                                "someone else could have put it into the download folder",
+                                f"remove {wheel_dir} (its wheels are downloaded again) and run again")
+        try:
+            fd = os.open(wheel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            raise foreign from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise foreign
+            if st.st_mode & _OTHERS_WRITE:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_OTHERS_WRITE)
+            wheels[wheel.name] = (lent.get(wheel.name) or _sha256_of(fd), st.st_size)
+        finally:
+            os.close(fd)
+    return Download(py_short, tuple(sorted(requirements)), wheels)
+
+
 def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInputs:
     """`pip download` the requirements for `python` (its native tags) into a folder keyed by the request."""
     interp = Interpreter.from_json(probe(python, dists=False)["python"])
     wheel_dir = pip_wheel_dir(requirements, interp.short)
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    complete = wheel_dir / ".complete"
+    _own_request_folder(wheel_dir)
     # Native tags of the target python, through our own pip (`pip --python`), so that python
     # needs no pip of its own: an explicit --platform list missed wheels tagged only manylinux_2_25.
     cmd = [sys.executable, "-m", "pip", "--python", python, "download", "-q", "--only-binary=:all:",
@@ -305,21 +453,24 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
     with exclusive(wheel_dir.with_name(f"{wheel_dir.name}.lock")):
         # Once a request downloaded completely its folder is reused as is: pip's resolver alone takes
         # seconds, and a warm mirror should not. Deleting the folder asks pip again.
-        if not complete.exists():
+        record = _reusable(wheel_dir, requirements, interp.short)
+        downloaded = record is None
+        if record is None:
             lent = lend_shared_wheels(wheel_dir, requirements, interp.short)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                for wheel in lent:  # a later attempt lends again, knowing what it lent
-                    wheel.unlink(missing_ok=True)
+                for name in lent:  # a later attempt lends again, knowing what it lent
+                    (wheel_dir / name).unlink(missing_ok=True)
                 raise pip_failure(proc.stderr, wheel_dir)
             drop_unchosen(wheel_dir, lent)
-            if taken := [w for w in lent if w.exists()]:
+            if taken := [wheel_dir / n for n in lent if (wheel_dir / n).exists()]:
                 log.info("%d any-python wheels (%.1f GB) taken from another Python's download of this request, "
                          "not downloaded again", len(taken), sum(w.stat().st_size for w in taken) / 1e9)
-        # Also a folder downloaded before the store existed: its copies become links.
-        share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store")
-        (wheel_dir / REQUEST_FILE).write_text(json.dumps(_request(requirements, interp.short)))
-        complete.touch()
+            record = _record_download(wheel_dir, requirements, interp.short, lent)
+        share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store",
+                     {name: sha256 for name, (sha256, _) in record.wheels.items()})
+        if downloaded:
+            safe_files.write_atomic(wheel_dir / COMPLETE, sign(record.body()), mode=0o644)
     inputs = from_wheels(wheel_dir, python)
     inputs.description = f"pip ({' '.join(requirements)})"
     return inputs
