@@ -273,13 +273,17 @@ def make_dirs(path: Path, *, beneath: Path | None = None, mode: int = 0o777) -> 
         os.close(fd)
 
 
-def make_private_dir(path: Path, *, beneath: Path | None = None) -> None:
-    """The folder path, mode 0700, made by this user (created if missing). One that exists is
-    used only if it is a folder (not a link) this user owns that nobody else can write: what
-    extforge later trusts in it (a lock, a journal of what to delete) is then its own."""
+def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool = True) -> None:
+    """The folder path, mode 0700, made by this user (created if missing; with exist_ok False,
+    FileExistsError where anything is there). One that exists is used only if it is a folder
+    (not a link) this user owns that nobody else can write: what extforge later trusts in it (a
+    lock, a journal of what to delete) is then its own."""
     with folder(path.parent, beneath=beneath) as dfd:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path.name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            if not exist_ok:
+                raise
         try:
             fd = os.open(path.name, _DIR | os.O_NOFOLLOW, dir_fd=dfd)
         except OSError as exc:
@@ -431,6 +435,12 @@ def hard_link(src: Path, dest: Path, *, follow: bool = False) -> None:
     linked itself unless `follow` (src is then the caller's, as given)."""
     with folder(src.parent) as sfd, folder(dest.parent) as dfd:
         os.link(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=follow)
+
+
+def symlink(target: str, path: Path, *, beneath: Path | None = None) -> None:
+    """Create the symbolic link path -> target (never over an existing entry)."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        os.symlink(target, path.name, dir_fd=dfd)
 
 
 def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:

@@ -1,5 +1,5 @@
 """Install's byte-compile step: a .pyc Python would take as it is stays, every other module is
-compiled by the environment's own Python, on every core."""
+compiled by the python package's interpreter, on every core."""
 
 import importlib.util
 import os
@@ -45,7 +45,7 @@ def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
     (site / "broken.py").write_text("print 'py2 test data'\n")
     owned.add(f"{SITE}/broken.py")
 
-    written = compile_bytecode(staging, prefix, owned)
+    written = compile_bytecode(staging, prefix, owned, staging / "bin" / "python")
 
     assert _pyc(shipped).stat().st_ino == shipped_ino
     assert _pyc(dated).stat().st_ino != dated_ino

@@ -235,3 +235,14 @@ def pyish_env(sandbox: Sandbox) -> tuple[Path, Path]:
 
 
 from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared with other areas)
+
+
+@pytest.fixture(scope="session")
+def mirror_python() -> Path:
+    """The mirror's `python` package alone (the interpreter running the tests, relocated as
+    `extforge mirror` packages it): the smallest lock with a real python, without torch."""
+    from extforge.mirror.channel import build_job
+    from extforge.mirror.inputs import Interpreter, probe
+    from extforge.mirror.python_pkg import python_job
+
+    return build_job(python_job(Interpreter.from_json(probe(sys.executable, dists=False)["python"]))).path

@@ -1,6 +1,6 @@
 """Install acts only on what it made: a work folder, journal or prefix another user made is
 refused before anything is deleted or linked, a journal its own install did not sign for the
-prefix is refused though the folder is the user's, and the environment's own Python
+prefix is refused though the folder is the user's, and the python package's interpreter
 byte-compiles without running the environment's `.pth` files."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from extforge.channel.install import JOURNAL, WORK
 
 from .conftest import listing
 from .crafted import craft_package, member
-from .pyish import SITE, pyish_package
+from .pyish import pyish_package
 
 
 def _as(peer, *cmd: str) -> None:
@@ -234,35 +234,24 @@ def test_install_refuses_a_prefix_another_user_created(peer_site):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def _venv_package(channel: Path) -> Path:
-    """An environment with a real Python (this host's, copied in, with a pyvenv.cfg that makes
-    the copy's site folder the environment's) and a .pth whose code leaves a mark when run."""
-    python = Path("/usr/bin/python3.11")
-    marker = channel.parent / "pth-ran"
-    return craft_package(channel / "linux-64", "venvish", [
-        member("bin/python", python.read_bytes(), mode=0o755),
-        member("pyvenv.cfg", b"home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\n"),
-        member(f"{SITE}/venvish/__init__.py", b"VALUE = 1\n"),
-        member(f"{SITE}/zz-evil.pth", f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n".encode()),
-    ], subdir="linux-64")
-
-
-def test_byte_compiling_runs_no_pth_file_of_the_environment(sandbox):
+def test_byte_compiling_runs_no_pth_file_of_the_environment(sandbox, mirror_python):
     from extforge.channel.index import reindex
 
-    if not Path("/usr/bin/python3.11").exists():
-        import pytest
-
-        pytest.skip("needs /usr/bin/python3.11 to stand in for an environment's Python")
     channel = sandbox.path("ch")
-    _venv_package(channel)
+    (channel / "linux-64").mkdir()
+    shutil.copy(mirror_python, channel / "linux-64")
+    marker = sandbox.root / "pth-ran"
+    site = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    craft_package(channel / "linux-64", "venvish", [
+        member(f"{site}/venvish/__init__.py", b"VALUE = 1\n"),
+        member(f"{site}/zz-evil.pth", f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n".encode()),
+    ], subdir="linux-64", index={"depends": ["python"]})
     reindex(channel)
     lock = sandbox.lock(channel, "venvish")
     prefix = sandbox.root / "envs" / "v"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     record = json.loads((prefix.parent / f".{prefix.name}.extforge-install.json").read_text())
-    assert any(p.endswith(".pyc") for p in record["written"]), record["written"]  # its Python did compile
-    marker = sandbox.root / "pth-ran"
+    assert f"{site}/venvish/__pycache__/__init__.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc" in record["written"]
     assert not marker.exists()
     # The same Python started as a job starts it runs the .pth: the test could have failed.
     subprocess.run([str(prefix / "bin" / "python"), "-c", "pass"], check=True, env={"PATH": "/usr/bin:/bin"})

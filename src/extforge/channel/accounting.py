@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import ExtforgeError
 from ..safe_files import read_bytes
-from .trust import Expected
+from .trust import PYTHON, Expected, interpreter_path
 
 # Files tools write into a prefix besides the packages' own, and why each is expected.
 TOOL_FILES = {
@@ -69,9 +69,12 @@ def expectations(manifest_entries: dict[str, list[tuple[str, Expected]]], writte
     optional: dict[str, Expected] = {}
     for rel, copies in owners.items():
         if len(copies) > 1:  # rattler keeps one in place and sets the others aside under __clobbers__/<package>/
-            others = [e for e in copies if e.package != expect[rel].package]
-            expect[rel] = expect[rel]._replace(also=tuple(e.package for e in others),
-                                               also_sha256=tuple(e.sha256 for e in others if e.sha256))
+            # A path of python's interpreter holds python's copy only: another package's would run as python.
+            python = next((e for e in copies if e.package == PYTHON and interpreter_path(rel)), None)
+            kept = python or expect[rel]
+            others = [e for e in copies if e.package != kept.package]
+            expect[rel] = kept._replace(also=tuple(e.package for e in others),
+                                        also_sha256=() if python else tuple(e.sha256 for e in others if e.sha256))
             for e in copies:
                 optional[f"{CLOBBERS}/{e.package}/{rel}"] = e
     for rel, (sha, mode) in written.items():

@@ -18,9 +18,13 @@ private trust folder (trust.sign, as verify's record), so a journal this user's 
 write for this prefix (edited, copied from another prefix, signed with another user's key) and
 a staging folder no journal names are refused, with nothing deleted. Every change inside P
 goes through safe_files, anchored at P.
-The environment's own Python runs once, as the installing user, to byte-compile its modules
-(as conda and pixi do), isolated and without site processing: no `.pth` file of the
-environment runs.
+The python package's interpreter runs once, as the installing user, to byte-compile the
+modules (as conda and pixi do), isolated and without site processing, from a folder install
+places itself (P/.extforge/staging-N/.extforge/python): hard links of the python package's own
+files, checked against its manifest, and nothing of the other packages, so no library, module or
+`.pth` file another package puts into the environment is in its reach. A lock where another
+package ships a path of python's interpreter (its executable, libpython, the standard library)
+is refused before anything is linked: rattler could keep that package's copy in place.
 """
 
 from __future__ import annotations
@@ -44,7 +48,19 @@ from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
-from .trust import PackageRef, check_archives, expected_paths, manifests_for, owned_paths, sign, trust_dir, verify_signed
+from .trust import (
+    PYTHON,
+    PackageRef,
+    check_archives,
+    expected_paths,
+    interpreter_clashes,
+    interpreter_path,
+    manifests_for,
+    owned_paths,
+    sign,
+    trust_dir,
+    verify_signed,
+)
 from .verify import VerifyReport, check_files, verify_prefix
 
 
@@ -218,6 +234,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r), r.size or None) for r in records]
     manifests, _ = manifests_for(refs, prefix, local)
     _check_prefix_length(prefix, manifests)
+    _check_interpreter_alone(manifests, lock_path)
     result.timings["fetch_verify"] = time.monotonic() - t
 
     pinned = [Pinned.from_record(r) for r in records]
@@ -246,7 +263,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                 )
         _restore_urls(staging / "conda-meta", originals)
         tb = time.monotonic()
-        written = compile_bytecode(staging, prefix, owned_paths(manifests))
+        written = _byte_compile(staging, prefix, manifests)
         result.timings["bytecode"] = time.monotonic() - tb
         _move_into(staging, prefix)
     finally:
@@ -291,6 +308,61 @@ def _check_prefix_length(prefix: Path, manifests: dict[str, dict]) -> None:
             "which the prefix's path must fit into",
             f"install into a shorter path (at most {limit} characters)",
         )
+
+
+def _check_interpreter_alone(manifests: dict[str, dict], lock_path: Path) -> None:
+    clashes = interpreter_clashes(manifests)
+    if clashes:
+        name, path = clashes[0]
+        more = f" (and {len(clashes) - 1} more path(s) of python's)" if len(clashes) > 1 else ""
+        raise ExtforgeError(
+            f"{name} ships {path}, a file of the python package's interpreter{more}",
+            "rattler may keep that package's copy in place of python's: install would byte-compile with it, and "
+            "every user of the environment would run it as python",
+            f"nothing was installed; drop {name} from the environment in {lock_path.name}, or rebuild it without {path}",
+            exit_code=EXIT_FINDINGS,
+        )
+
+
+def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict]) -> dict[str, list]:
+    """Byte-compile with the python package's interpreter, placed apart from the other packages'
+    files for the time it runs; what compile_bytecode records."""
+    body = manifests.get(PYTHON)
+    if body is None:
+        return {}
+    own = staging / WORK
+    try:
+        safe_files.make_private_dir(own, beneath=prefix, exist_ok=False)
+    except FileExistsError:
+        raise ExtforgeError(f"a package ships {WORK}/, the name of install's own folder in the prefix",
+                            "install places python's interpreter there to byte-compile: that package's files would be "
+                            "in its reach", "nothing was installed; rebuild that package without it",
+                            exit_code=EXIT_FINDINGS) from None
+    try:
+        python = _place_interpreter(staging, own / PYTHON, body, prefix)
+        return compile_bytecode(staging, prefix, owned_paths(manifests), python) if python else {}
+    finally:
+        safe_files.remove(own, beneath=prefix)
+
+
+def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> Path | None:
+    """The python package's interpreter under root: hard links of its files in staging, whose bytes
+    _link_and_check found to be the package's (no other package ships them), and its symbolic links
+    as its payload gives them. Its executable, None if the package has none."""
+    made: set[Path] = set()
+    for path, kind, _sha, _placeholder, _file_mode, _mode, target in body["paths"]:
+        if not interpreter_path(path):
+            continue
+        dest = root / path
+        if dest.parent not in made:
+            safe_files.make_dirs(dest.parent, beneath=prefix)
+            made.add(dest.parent)
+        if kind == "softlink" and target:
+            safe_files.symlink(target, dest, beneath=prefix)
+        elif kind == "hardlink":
+            safe_files.hard_link(staging / path, dest)
+    python = root / "bin" / "python"
+    return python if os.path.lexists(python) else None
 
 
 def _move_into(staging: Path, prefix: Path) -> None:

@@ -11,9 +11,9 @@ admin's, mode 755), each job's user verifies; a co-tenant who can write the pref
 with write access) can neither write the parent folder nor make a file owned by the admin.
 
 Byte code: install compiles every owned .py of the prefix that has no current .pyc (packages
-may ship theirs) with the prefix's own Python and records each .pyc it wrote, sha256 and mode,
-here. Checking a .pyc against its source instead would need the same compiler (the prefix's
-Python, whose marshal output is not byte-stable) on every verify; a planted .pyc can carry its
+may ship theirs) with the python package's interpreter and records each .pyc it wrote, sha256
+and mode, here. Checking a .pyc against its source instead would need the same compiler (that
+interpreter, whose marshal output is not byte-stable) on every verify; a planted .pyc can carry its
 source's header (mtime and size), so the header proves nothing. Compiled at install, Python never needs to write a .pyc, and any other is a finding.
 """
 
@@ -174,19 +174,17 @@ def _still_the_packages(pyc: Path, staging: Path, owned: set[str]) -> bool:
     return pyc.relative_to(staging).as_posix() in owned and pyc.lstat().st_nlink > 1
 
 
-def compile_bytecode(staging: Path, prefix: Path, owned: set[str]) -> dict[str, list]:
-    """Byte-compile the owned .py files on the prefix's import path with the prefix's own Python
-    (code objects name their final path; a .pyc Python would take as it is, shipped by the
-    package or compiled before, is left alone); {relative path: [sha256, mode]} of every .pyc
-    there afterwards."""
-    python = staging / "bin" / "python"
+def compile_bytecode(staging: Path, prefix: Path, owned: set[str], python: Path) -> dict[str, list]:
+    """Byte-compile the owned .py files on the prefix's import path with `python`, the python
+    package's interpreter as install placed it, apart from the files of the other packages (code
+    objects name their final path; a .pyc Python would take as it is, shipped by the package or
+    compiled before, is left alone); {relative path: [sha256, mode]} of every .pyc there afterwards."""
     sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
-    if not sources or not python.exists():
+    if not sources:
         return {}
-    # The environment's own interpreter runs here, as the installing user (conda and pixi do
-    # the same). -I: no PYTHON* variables or user site; -S: no site module, so no `.pth` file
-    # or sitecustomize of the environment runs; -B: Python itself writes nothing besides what
-    # the script compiles.
+    # It runs as the installing user (conda and pixi compile too). -I: no user site, no PYTHON*
+    # variable (none is passed either, nor LD_LIBRARY_PATH); -S: no site module, so no `.pth`
+    # file or sitecustomize runs; -B: Python itself writes nothing besides what the script compiles.
     try:
         subprocess.run(
             [str(python), "-I", "-S", "-B", str(COMPILE_SCRIPT), str(staging), str(prefix)],

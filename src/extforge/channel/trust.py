@@ -362,10 +362,32 @@ def place_noarch_python(body: dict, python: str, prefix: Path) -> dict:
     return {**body, "paths": paths, "sources": sources, "in_prefix": in_prefix}
 
 
+# The package whose interpreter the environment runs, and install byte-compiles with.
+PYTHON = "python"
+
+
+def interpreter_path(path: str) -> bool:
+    """Whether a path of the python package is part of its interpreter: all it ships but its
+    site-packages (the executable, libpython, the standard library it imports)."""
+    return "site-packages" not in path.split("/")
+
+
+def interpreter_clashes(manifests: dict[str, dict]) -> list[tuple[str, str]]:
+    """(package, path) of each path of the python package's interpreter that another package
+    ships too: rattler may keep that package's copy in place, and it would run as python. Other
+    paths may be shared (every nvidia-*-cu12 wheel ships nvidia/__init__.py)."""
+    body = manifests.get(PYTHON)
+    if body is None:
+        return []
+    own = {row[0] for row in body["paths"] if interpreter_path(row[0])}
+    return sorted((name, row[0]) for name, other in manifests.items() if name != PYTHON
+                  for row in other["paths"] if row[0] in own)
+
+
 def python_minor(refs: list[PackageRef]) -> str | None:
     """X.Y of the python among the packages (its file is python-X.Y.Z-build.ext), None without one."""
     for ref in refs:
-        if ref.name == "python":
+        if ref.name == PYTHON:
             version = ref.file_name[len("python-"):].split("-", 1)[0]
             return ".".join(version.split(".")[:2])
     return None

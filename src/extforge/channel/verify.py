@@ -138,7 +138,8 @@ def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tupl
 RACY_NS = 3 * 10**9
 RACY_FINE_NS = 100 * 10**6
 # 4: every entry of the prefix (folders and links too) by its lstat key, for one basis.
-RECORD_SCHEMA = 4
+# 5: a path of python's interpreter that another package ships too holds python's copy only.
+RECORD_SCHEMA = 5
 _CTIME = 2  # index of ctime in a record entry [size, mtime, ctime, inode, mode]
 
 
