@@ -415,22 +415,25 @@ def _reusable(wheel_dir: Path, requirements: list[str], py_short: str) -> Downlo
     return record
 
 
+def _not_yours(wheel: Path) -> ExtforgeError:
+    return ExtforgeError(f"refusing to mirror {wheel}: it is not a file of yours",
+                         "someone else could have put it into the download folder",
+                         f"remove {wheel.parent} (its wheels are downloaded again) and run again")
+
+
 def _record_download(wheel_dir: Path, requirements: list[str], py_short: str, lent: dict[str, str]) -> Download:
     """The record of a folder pip just completed: each wheel's sha256 (a lent one's known) and
     size, its write bits for others cleared (pip under umask 002 leaves them group-writable)."""
     wheels = {}
     for wheel in sorted(wheel_dir.glob("*.whl")):
-        foreign = ExtforgeError(f"refusing to mirror {wheel}: it is not a file of yours",
-                                "someone else could have put it into the download folder",
-                                f"remove {wheel_dir} (its wheels are downloaded again) and run again")
         try:
             fd = os.open(wheel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
-            raise foreign from None
+            raise _not_yours(wheel) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise foreign
+                raise _not_yours(wheel)
             if st.st_mode & _OTHERS_WRITE:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_OTHERS_WRITE)
             wheels[wheel.name] = (lent.get(wheel.name) or _sha256_of(fd), st.st_size)
