@@ -12,11 +12,11 @@ import ast
 
 from test_disk_layer import SRC, check_calls, raw_changes
 
-# The planning and build path. Other readers of shared places are not converted yet and are
-# named in docs/architecture.md ("Files other people write, read"): mirror/inputs.py (request.json of the wheel lending),
+# The planning and build path, and the mirror's download folders. Other readers of shared places
+# are not converted yet and are named in docs/architecture.md ("Files other people write, read"):
 # scaffold.py and sources.py (recipe new, the source cache), cache.py, channel/.
 MODULES = ("cost_store.py", "unit_costs.py", "plan.py", "split_build.py", "build.py", "compile_cache.py", "build_layer.py",
-           "commands/plan.py", "commands/build.py")
+           "commands/plan.py", "commands/build.py", "mirror/inputs.py")
 
 PACKAGE_DATA = "extforge's own package data (importlib.resources), installed with extforge: no other user writes it"
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "
@@ -31,6 +31,12 @@ ALLOWED: dict[str, str] = {
     "build.py::_build_recipe": RECIPE,
     "commands/plan.py::recipe_facts": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",
+    "mirror/inputs.py::probe": "the JSON a python the user named prints on its stdout: no file",
+    "mirror/inputs.py::_open_own": ("opens without following a link or waiting on a FIFO, and keeps the descriptor of a "
+                                    "regular file or folder of this user's that nobody else may write alone"),
+    "mirror/inputs.py::_sha256_of": "hashes a wheel through a descriptor opened and checked as above, never parsed",
+    "mirror/inputs.py::_record_download": ("the wheels pip just wrote into this user's own download folder: opened "
+                                           "without following a link, refused unless this user's, only hashed"),
 }
 
 READ_ATTRS = {"read_text", "read_bytes"}

@@ -19,7 +19,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import paths, safe_files
+from .. import paths, safe_files, shared_read
 from ..channel.accounting import user_name
 from ..channel.trust import sign, verify_signed
 from ..errors import ExtforgeError
@@ -218,8 +218,8 @@ class Download:
 def read_download(folder: Path) -> Download | None:
     """The record of a download folder, None where there is none this user signed."""
     try:
-        raw = safe_files.read_bytes(folder / COMPLETE, limit=_RECORD_LIMIT, beneath=folder.parent)
-    except (OSError, ExtforgeError):
+        raw = shared_read.read_bytes(folder / COMPLETE, limit=_RECORD_LIMIT, own=True, beneath=folder.parent)
+    except (FileNotFoundError, shared_read.Refused):
         return None
     body = verify_signed(raw)
     return Download.parse(body) if body is not None else None
