@@ -373,7 +373,7 @@ def predict_second_build(first_log: str, second_log: str, archs: Sequence[str], 
                          second_archs: Sequence[str], second_threads: int, first_split: str = "",
                          second_split: str = "") -> SecondBuild:
     """The planner's error on a learned recipe: the first build's ninja log (and the build layer's
-    split log beside it) taught to the cost store as `extforge build` teaches it, the second
+    split log beside it) learned as `extforge build` stores it (in memory, not in the store), the second
     build's compile span predicted from that: its units, at the compiles its log ran at once,
     started in the order its log shows (a recipe that takes EXTFORGE_UNIT_ORDER starts them
     longest first, one that does not in setuptools' order), run by run where the build ran ninja

@@ -75,8 +75,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "beside its build log: OUTPUT/logs/NAME-DATE.ninja_log), read against the same cost data")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("FIRST_LOG", "SECOND_LOG"),
                         help="the planner's error on a learned recipe: the second build's compile span predicted from "
-                             "what the first build's ninja log teaches the cost store (a scratch copy, not the site's "
-                             "store), against the span its log measured")
+                             "what the first build's ninja log teaches the planner (as `extforge build` stores it; the "
+                             "site's store is not written), against the span its log measured")
     parser.add_argument("--nvcc-threads", type=option_type(positive_int), default=1,
                         help="the NVCC_THREADS of the build whose log --node-speed-from or --compare (the first) reads")
     parser.add_argument("--second-archs", type=option_type(parse_archs), default=None,
