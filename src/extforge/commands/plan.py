@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# A ninja log of the largest build measured is ~30 KiB; a bigger file is not a build's log.
+# As much as `extforge build` keeps beside its build log (build.keep_beside_log); a ninja log of a
+# few hundred units is well under a megabyte.
 LOG_LIMIT = 64 * 2**20
 
 
