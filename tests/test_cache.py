@@ -139,7 +139,7 @@ NOT_AN_AREA = {"mirror/sha256-memo.json"}
 
 
 def test_every_folder_the_code_writes_under_the_cache_is_an_area():
-    """Each folder the project (code, tests, benches) joins onto cache_root() is listed by
+    """Each folder the project (code, tests, benches, calibration and node tools) joins onto cache_root() is listed by
     `extforge cache`: a folder it does not list is disk a user cannot see or prune."""
     import fnmatch
     import re
@@ -147,7 +147,8 @@ def test_every_folder_the_code_writes_under_the_cache_is_an_area():
     repo = Path(__file__).resolve().parents[1]
     pattern = re.compile(r'cache_root\(\) / f?"([^"{]+)(\{[^"]*)?"(?: / "([^"{]+)")?')
     written = set()
-    for path in [*repo.glob("src/**/*.py"), *repo.glob("tests/**/*.py"), *repo.glob("bench/*.py")]:
+    for path in [*repo.glob("src/**/*.py"), *repo.glob("tests/**/*.py"), *repo.glob("bench/*.py"),
+                 *repo.glob("calibration/*.py"), *repo.glob("node/**/*.py")]:
         for top, templated, sub in pattern.findall(path.read_text()):
             written.add(top + ("*" if templated else "") + (f"/{sub}" if sub else ""))
     assert {"trust-*", "mirror/packages", "audit-torch", "tools", "logs"} <= written, written

@@ -450,7 +450,7 @@ def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[P
 
 def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) -> Path:
     """Copies of a build's files beside its build log, named like it (`<log>.ninja_log`: the
-    units' real seconds, for bench/planner_error.py or a look at the schedule); the output folder."""
+    units' real seconds, for `extforge plan --compare` or a look at the schedule); the output folder."""
     output_dir = log_file.parent.parent
     for src, suffix in files:
         with contextlib.suppress(OSError, ExtforgeError):

@@ -176,21 +176,27 @@ def numbers_for(profile: str, version: str | None = None, units: int | None = No
     like = profiles[DEFAULT_LIKE]
     learned = cost_store.load(profile, version)
     if learned:
-        peak = learned.largest_process_bytes
-        per_job = peak * cost_store.LEARNED_PEAK_MARGIN / GIB if peak else like.per_job_peak_gib
-        costs = learned.costs()
-        busy_seconds = sum(s for s in costs.units.values() if s is not None)
-        # Each extra nvcc thread compiles another arch beside the first: one more largest process.
-        # The ninja log holds the compiles only; setuptools links after it.
-        p = BuildProfile(profile, len(costs.units), per_job, per_job,
-                         busy_seconds / len(costs.units) / max(1, len(learned.archs)), 0.0)
-        version_note = "" if learned.version == version or version is None else f", of version {learned.version}"
-        peak_note = (f"largest compiler process {peak / GIB:.1f} GiB" if peak else
-                     f"no process peak measured, {like.per_job_peak_gib:.1f} GiB per job as {DEFAULT_LIKE}")
-        return Numbers(p, costs, f"{learned.describe()}{version_note}; {peak_note}")
+        return learned_numbers(profile, learned, version)
     p = replace(like, name=profile, translation_units=units or 0, calibration=None)
     return Numbers(p, None, f"default estimate (no measured costs for {profile}: per job as {DEFAULT_LIKE}'s "
                             f"measured units, {cost_store.root()} has none yet)", units_known=bool(units))
+
+
+def learned_numbers(profile: str, learned: cost_store.Learned, version: str | None = None) -> Numbers:
+    """The numbers for a build of `profile` from what a measured build of it taught the cost store."""
+    like = load_profiles()[DEFAULT_LIKE]
+    peak = learned.largest_process_bytes
+    per_job = peak * cost_store.LEARNED_PEAK_MARGIN / GIB if peak else like.per_job_peak_gib
+    costs = learned.costs()
+    busy_seconds = sum(s for s in costs.units.values() if s is not None)
+    # Each extra nvcc thread compiles another arch beside the first: one more largest process.
+    # The ninja log holds the compiles only; setuptools links after it.
+    p = BuildProfile(profile, len(costs.units), per_job, per_job,
+                     busy_seconds / len(costs.units) / max(1, len(learned.archs)), 0.0)
+    version_note = "" if learned.version == version or version is None else f", of version {learned.version}"
+    peak_note = (f"largest compiler process {peak / GIB:.1f} GiB" if peak else
+                 f"no process peak measured, {like.per_job_peak_gib:.1f} GiB per job as {DEFAULT_LIKE}")
+    return Numbers(p, costs, f"{learned.describe()}{version_note}; {peak_note}")
 
 
 def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
@@ -199,7 +205,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
     a unit in 0.7 of the time). Nodes of one kind differ (up to 1.5x between two 16-core H100
     nodes on the same unit), so a site that has one build's ninja log from a node type passes its speed
-    (bench/unit_costs_fit.py prints it) to predict that node type within a few percent.
+    (`extforge plan --node-speed-from LOG` reads it) to predict that node type within a few percent.
     `version`, `units`: the recipe's version and translation units, for a profile extforge does
     not ship (numbers_for). `variant`: the variant's values, for a recipe whose cost data says
     which units a subset key leaves out (unit_costs.in_variant)."""
@@ -327,6 +333,79 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     except ValueError:
         return None
     return round(speed, 3)
+
+
+@dataclass(frozen=True)
+class SecondBuild:
+    """How well a recipe's first build predicts its second (`extforge plan --compare`): the
+    second build's compile span as measured and as the planner predicts it from the first."""
+
+    first_units: int
+    first_jobs: int
+    first_compile_seconds: float
+    units: int
+    runs: int
+    jobs: int
+    measured_seconds: float
+    predicted_seconds: float  # in the order the second build started its units
+    longest_first_seconds: float
+    parts: dict[str, int]  # units the second build compiled as parallel parts, and into how many
+    slots: int  # compiles at once, each part a compile beside those the log shows
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted_seconds - self.measured_seconds) / self.measured_seconds
+
+    def lines(self) -> list[str]:
+        parts = ", ".join(f"{u} in {k}" for u, k in self.parts.items())
+        return [f"first build: {self.first_units} units, {self.first_jobs} at once, compile span "
+                f"{self.first_compile_seconds:.1f} s",
+                f"second build: {self.units} units in {self.runs} ninja run(s), {self.jobs} at once, compile span "
+                f"{self.measured_seconds:.1f} s",
+                f"predicted from the first, in the second's start order: {self.predicted_seconds:.1f} s "
+                f"(longest first: {self.longest_first_seconds:.1f} s)",
+                *([f"second build's units in parallel parts: {parts} ({self.slots} compiles at once)"] if parts else []),
+                f"planner error on second build: {100 * self.error:+.1f}%"]
+
+
+def predict_second_build(first_log: str, second_log: str, archs: Sequence[str], threads: int,
+                         second_archs: Sequence[str], second_threads: int, first_split: str = "",
+                         second_split: str = "") -> SecondBuild:
+    """The planner's error on a learned recipe: the first build's ninja log (and the build layer's
+    split log beside it) learned as `extforge build` stores it (in memory, not in the store), the second
+    build's compile span predicted from that: its units, at the compiles its log ran at once,
+    started in the order its log shows (a recipe that takes EXTFORGE_UNIT_ORDER starts them
+    longest first, one that does not in setuptools' order), run by run where the build ran ninja
+    once per extension; the units its split log names in parts as the planner models them. The
+    measured span is each ninja run's first start to last end, added up; the links are in neither."""
+    try:
+        learned = cost_store.measure("first-build", "0", first_log, tuple(archs), threads, None, first_split)
+    except ValueError as exc:
+        raise ExtforgeError("cannot learn from the first build's ninja log", str(exc),
+                            "pass the .ninja_log a finished build kept beside its build log") from None
+    costs = unit_seconds(learned_numbers("first-build", learned).profile, learned.costs(), len(second_archs),
+                         second_threads)
+    edges = unit_costs.parse_ninja_log(second_log)
+    if not edges:
+        raise ExtforgeError("the second build's ninja log has no finished compile", "there is nothing to predict",
+                            "pass the .ninja_log a finished build kept beside its build log")
+    unknown = [e.unit for e in edges if e.unit not in costs]
+    if unknown:
+        raise ExtforgeError(f"the second build compiled units the first did not: {', '.join(unknown)}",
+                            "the planner predicts a build only from units it has costs for",
+                            "compare two builds of the same recipe, version and variant")
+    runs = unit_costs.ninja_runs(edges) or (tuple(e.unit for e in edges),)
+    parts = cost_store.read_split_log(second_split).parts
+    seconds = {e.unit: costs[e.unit] for e in edges}
+    for unit, k in parts.items():
+        seconds, runs = unit_costs.with_parts(seconds, runs, unit, k)
+    jobs = max(n for _, n in unit_costs.running_counts(edges))
+    slots = jobs + sum(k - 1 for k in parts.values())
+    return SecondBuild(len(learned.units), learned.jobs, learned.compile_seconds, len(edges), len(runs), jobs,
+                       unit_costs.compile_seconds(edges),
+                       unit_costs.runs_makespan(seconds, slots, runs=runs, upstream_order=True),
+                       unit_costs.runs_makespan(seconds, slots, runs=runs), parts, slots)
 
 
 # A speed from fewer finished units is too noisy to predict from (the first to finish are the

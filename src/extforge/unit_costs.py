@@ -9,7 +9,7 @@ Started longest first (LPT; recipe/flash-attn/select_sources.py keeps that order
 setuptools' sort), the tail is short and the wall time is close to sum/jobs.
 
 The data (`data/unit-costs.yaml`) lists each profile's units; a unit's seconds are measured on a
-node (written by bench/build_side_by_side.py, bench/unit_costs_fit.py) or null, in which case a
+node (written by bench/build_side_by_side.py, calibration/unit_costs_fit.py) or null, in which case a
 heuristic weight stands in for it, scaled so the profile's total matches its measured build
 (build-profiles.yaml).
 

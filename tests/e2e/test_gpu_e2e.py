@@ -1,4 +1,4 @@
-"""bench/gpu_e2e, the GPU node pipeline: what its phases share through the work folder, and its
+"""node/gpu_e2e, the GPU node pipeline: what its phases share through the work folder, and its
 pure parts, on any machine (the pipeline itself runs on a GPU node)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "node"))
 
 from gpu_e2e import builds, cli, node, phases, state
 

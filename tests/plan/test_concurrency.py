@@ -16,6 +16,7 @@ from extforge import unit_costs
 from extforge.unit_costs import Concurrency, NinjaEdge, at_reference, fit_concurrency, list_schedule, parse_ninja_log
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+CALIBRATION = Path(__file__).resolve().parents[2] / "calibration"
 
 
 def test_factor_is_one_at_the_reference_and_grows_per_compile() -> None:
@@ -73,12 +74,12 @@ def test_the_slowdown_is_fitted_back_from_two_builds_at_different_concurrency() 
 
 
 def test_shipped_data_is_what_the_fit_makes_of_the_node_logs(tmp_path: Path) -> None:
-    """src/extforge/data/unit-costs.yaml's flash-attn units and slowdown are bench/unit_costs_fit.py's
+    """src/extforge/data/unit-costs.yaml's flash-attn units and slowdown are calibration/unit_costs_fit.py's
     output on bench/data's logs: the 32-core full build (a head-dim-128 build ran beside its tail)
     and a 16-core node's head-dim-128 build."""
     out = tmp_path / "costs.yaml"
-    proc = subprocess.run([sys.executable, str(BENCH / "unit_costs_fit.py"), "--emit-costs", str(out), "--no-record"],
-                          capture_output=True, text=True, cwd=BENCH)
+    proc = subprocess.run([sys.executable, str(CALIBRATION / "unit_costs_fit.py"), "--emit-costs", str(out), "--no-record"],
+                          capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     fitted = YAML(typ="safe").load(out.read_text())["flash-attn"]
     shipped = unit_costs.load("flash-attn")
@@ -113,7 +114,7 @@ def test_a_node_that_compiles_faster_reads_as_its_speed() -> None:
 
 def test_the_fresh_16_core_node_of_the_bench_data_is_faster_than_the_datas() -> None:
     # Run P's node compiled each unit in ~0.7 of the time of the nodes the costs come from; the
-    # planner's error on that build (+45%) is this speed, not the schedule (bench/unit_costs_fit.py).
+    # planner's error on that build (+45%) is this speed, not the schedule (calibration/unit_costs_fit.py).
     data = unit_costs.load("flash-attn")
     assert data and data.concurrency
     log = BENCH / "data" / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
@@ -124,7 +125,7 @@ def test_the_fresh_16_core_node_of_the_bench_data_is_faster_than_the_datas() -> 
 def load_compile_bench():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("compile_concurrency", BENCH / "compile_concurrency.py")
+    spec = importlib.util.spec_from_file_location("compile_concurrency", CALIBRATION / "compile_concurrency.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

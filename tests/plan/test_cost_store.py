@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import run_extforge
 from extforge import cost_store, plan, unit_costs
 from extforge.build import build_environment
 from extforge.cli import main
@@ -271,20 +272,64 @@ def test_a_real_ninja_log_of_two_runs(tmp_path: Path) -> None:
     assert all(e.start_ms >= first_end for e in edges if e.run == 1)
 
 
-def test_bench_prints_the_planners_error_on_a_second_build(tmp_path: Path) -> None:
+def test_plan_compare_prints_the_planners_error_on_a_second_build(tmp_path: Path, own_cost_store: Path) -> None:
+    """`extforge plan --compare FIRST SECOND`, from the installed package: the old code had it
+    only as bench/planner_error.py, which the package lacks (its `extforge plan` refused
+    --compare, exit 2). The first log is learned as `extforge build` learns it, never into the
+    site's store."""
     first, second = tmp_path / "first.ninja_log", tmp_path / "second.ninja_log"
     first.write_text(ninja_log(UNITS, 2))
     # The second build on a machine 10% slower, its units started longest first.
     second.write_text(ninja_log({u: UNITS[u] * 1.1 for u in sorted(UNITS, key=lambda u: -UNITS[u])}, 2))
-    out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
-                         capture_output=True, text=True, check=True).stdout
-    assert "planner error on second build: -9.1%" in out and "in the second's start order: 410.0 s" in out
+    r = run_extforge("plan", "--compare", str(first), str(second))
+    assert r.returncode == 0, r.stderr
+    assert "planner error on second build: -9.1%" in r.stderr and "in the second's start order: 410.0 s" in r.stderr
+    assert not own_cost_store.exists()
     # A build of four ninja runs (torch-scatter's extensions), the second 20% slower: run by run.
     first.write_text(ninja_log(SCATTER, 16, runs=4))
     second.write_text(ninja_log({u: s * 1.2 for u, s in SCATTER.items()}, 16, runs=4))
-    out = subprocess.run([sys.executable, str(BENCH / "planner_error.py"), str(first), str(second)],
-                         capture_output=True, text=True, check=True).stdout
-    assert "in 4 ninja run(s), 3 at once" in out and "planner error on second build: -16.7%" in out
+    r = run_extforge("plan", "--compare", str(first), str(second))
+    assert "in 4 ninja run(s), 3 at once" in r.stderr and "planner error on second build: -16.7%" in r.stderr
+    # docs/benchmarks.md's figure: causal-conv1d on 2 cores, its backward unit in two parts, each
+    # build's split log beside its ninja log.
+    logs = BENCH / "data" / "2026-11-28-dev-2cores-causal-conv1d-parts"
+    r = run_extforge("plan", "--compare", f"{logs}.ninja_log", f"{logs}-second.ninja_log", "--json")
+    out = json.loads(r.stdout)
+    assert out["parts"] == {"causal_conv1d_bwd": 2} and out["slots"] == 3
+    assert (round(out["predicted_seconds"], 1), round(out["measured_seconds"], 1), round(100 * out["error"], 1)) == (
+        384.8, 404.2, -4.8)
+
+
+def test_plan_compare_says_in_one_line_what_it_cannot_predict(tmp_path: Path) -> None:
+    first, other, empty = tmp_path / "first.ninja_log", tmp_path / "other.ninja_log", tmp_path / "empty.ninja_log"
+    first.write_text(ninja_log(UNITS, 2))
+    other.write_text(ninja_log({"causal_conv1d": 60.0, "flash_api": 30.0}, 2))
+    empty.write_text("# ninja log v5\n")
+    for args, error in [((first, other), "error: the second build compiled units the first did not: flash_api"),
+                        ((empty, first), "error: cannot learn from the first build's ninja log"),
+                        ((first, empty), "error: the second build's ninja log has no finished compile"),
+                        ((first, tmp_path / "missing.ninja_log"), "error: cannot read")]:
+        r = run_extforge("plan", "--compare", *map(str, args))
+        assert r.returncode == 2 and error in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_plan_node_speed_from_a_builds_ninja_log(tmp_path: Path, own_cost_store: Path) -> None:
+    """`extforge plan --node-speed-from LOG` plans at the speed a build on the node type showed
+    (the old code pointed `--help` at bench/unit_costs_fit.py, which the package lacks)."""
+    learn(tmp_path)
+    log = tmp_path / "second.ninja_log"
+    log.write_text(ninja_log({u: UNITS[u] * 1.2 for u in plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).unit_order}, 2))
+    args = ["plan", "--profile", "causal-conv1d", "--archs", "90", "--cores", "2", "--memory", "23G"]
+    r = run_extforge(*args, "--node-speed-from", str(log), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["node_speed"] == 1.2
+    assert out["plan"]["expected_wall_seconds"] == plan.plan_build(node(2, 23), "causal-conv1d", ("90",),
+                                                                   node_speed=1.2).expected_wall_seconds
+    r = run_extforge(*args, "--node-speed-from", str(log))
+    assert f"node speed from {log}: 1.2 " in r.stderr
+    r = run_extforge("plan", "--profile", "never-built", "--node-speed-from", str(log))
+    assert r.returncode == 2 and "error: cannot read a node speed from" in r.stderr and "no per-unit costs" in r.stderr
 
 
 def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) -> None:

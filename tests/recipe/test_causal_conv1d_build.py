@@ -2,7 +2,7 @@
 any site builds it: recipe/causal-conv1d is `extforge recipe new`'s recipe, the layer does the
 rest. Upstream's setup.py compiles for 9 archs and downloads a prebuilt wheel unless told not
 to; its backward unit is most of the build. The GPU side (upstream's tests against the installed
-package) runs on a node: bench/node_extensions.sh."""
+package) runs on a node: node/extensions.sh."""
 
 from __future__ import annotations
 

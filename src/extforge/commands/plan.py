@@ -66,9 +66,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="plan this variant, as `extforge build --variant` builds it (repeatable): a subset's units "
                         "where the cost data says which it builds (e.g. fa3_head_dims=128, flash_attn_head_dims=128)")
-    parser.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
-                        help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
-                             "build's ninja log on it (bench/unit_costs_fit.py --log LOG prints it)")
+    speed = parser.add_mutually_exclusive_group()
+    speed.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
+                       help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
+                            "build on it (`extforge build` prints it at its end; --node-speed-from reads it from a log)")
+    speed.add_argument("--node-speed-from", type=Path, metavar="NINJA_LOG",
+                       help="plan at the speed this node type showed in a build's ninja log (the build keeps it "
+                            "beside its build log: OUTPUT/logs/NAME-DATE.ninja_log), read against the same cost data")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("FIRST_LOG", "SECOND_LOG"),
+                        help="the planner's error on a learned recipe: the second build's compile span predicted from "
+                             "what the first build's ninja log teaches the planner (as `extforge build` stores it; the "
+                             "site's store is not written), against the span its log measured")
+    parser.add_argument("--nvcc-threads", type=option_type(positive_int), default=1,
+                        help="the NVCC_THREADS of the build whose log --node-speed-from or --compare (the first) reads")
+    parser.add_argument("--second-archs", type=option_type(parse_archs), default=None,
+                        help="--compare: the second build's archs (default: the first's, --archs)")
+    parser.add_argument("--second-nvcc-threads", type=option_type(positive_int), default=None,
+                        help="--compare: the second build's NVCC_THREADS (default: the first's, --nvcc-threads)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,16 +101,23 @@ def run(args: argparse.Namespace) -> int:
     variant = parse_variant_overrides(args.variant)
     head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip()) or variant_head_dims(variant)
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
+    archs = args.archs or tuple(variant_archs(variant)) or archs or DEFAULT_ARCHS
+    if args.compare:
+        return compare(args, archs)
     profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
     with cost_store.recipe_costs(engine.find_recipe(args.recipe).parent) if args.recipe else contextlib.nullcontext():
-        plan = plan_build(machine, profile, args.archs or tuple(variant_archs(variant)) or archs or DEFAULT_ARCHS,
-                          head_dims, args.node_speed,
+        speed = node_speed_from(args.node_speed_from, profile, archs, args.nvcc_threads) if args.node_speed_from \
+            else args.node_speed
+        plan = plan_build(machine, profile, archs, head_dims, speed,
                           version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:
-        emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(),
+        emit_json({"plan": dataclasses.asdict(plan), "env": plan.env(), "node_speed": speed,
                    "slurm": dataclasses.asdict(slurm) | {"sbatch_args": slurm.sbatch_args()}})
         return EXIT_OK
+    if args.node_speed_from:
+        console.print(f"node speed from {args.node_speed_from}: {speed} (this node type's compile seconds per second "
+                      "of the cost data)", markup=False)
     gib = 1024**3
     spread = (f" ({minutes(plan.wall_range_seconds[0])} to {minutes(plan.wall_range_seconds[1])} on the nodes "
               "measured so far)" if plan.wall_range_seconds else "")
@@ -116,4 +137,57 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         for reason in plan.reasons:
             console.print(f"  - {reason}", markup=False)
+    return EXIT_OK
+
+
+# As much as `extforge build` keeps beside its build log (build.keep_beside_log); a ninja log of a
+# few hundred units is well under a megabyte.
+LOG_LIMIT = 64 * 2**20
+
+
+def read_log(path: Path) -> str:
+    """A build's ninja log (or the split log beside it), bounded: it may lie in a shared output folder."""
+    from .. import safe_files
+
+    try:
+        return safe_files.read_bytes(path, limit=LOG_LIMIT).decode(errors="replace")
+    except OSError as exc:
+        raise ExtforgeError(f"cannot read {path}", exc.strerror or str(exc),
+                            "pass the .ninja_log a build kept beside its build log (OUTPUT/logs/NAME-DATE.ninja_log)") from None
+
+
+def split_log(ninja_log: Path) -> str:
+    """The build layer's split log that `extforge build` keeps beside a ninja log, or ''."""
+    beside = ninja_log.with_name(ninja_log.name.removesuffix(".ninja_log") + ".split.log")
+    return read_log(beside) if beside.is_file() else ""
+
+
+def node_speed_from(log: Path, profile: str, archs: tuple[str, ...], threads: int) -> float:
+    """This node type's speed against `profile`'s costs, from the ninja log of a build on it."""
+    from .. import cost_store
+    from ..plan import build_node_speed, numbers_for
+
+    speed = build_node_speed(profile, read_log(log), archs, threads, split=cost_store.read_split_log(split_log(log)).parts)
+    if speed is None:
+        numbers = numbers_for(profile)
+        why = (f"the planner has no per-unit costs for {profile}: {numbers.source}" if numbers.costs is None
+               else f"the log names none of {profile}'s units")
+        raise ExtforgeError(f"cannot read a node speed from {log}", why,
+                            "pass the ninja log of a build of the recipe you plan (RECIPE or --profile)")
+    return speed
+
+
+def compare(args: argparse.Namespace, archs: tuple[str, ...]) -> int:
+    """`--compare FIRST SECOND`: the planner's error on the second build, predicted from the first."""
+    from ..plan import predict_second_build
+
+    first, second = args.compare
+    result = predict_second_build(read_log(first), read_log(second), archs, args.nvcc_threads,
+                                  args.second_archs or archs, args.second_nvcc_threads or args.nvcc_threads,
+                                  split_log(first), split_log(second))
+    if args.json:
+        emit_json(dataclasses.asdict(result) | {"first": str(first), "second": str(second), "error": result.error})
+        return EXIT_OK
+    first_line, second_line, *rest = result.lines()
+    console.print("\n".join([f"{first_line} ({first})", f"{second_line} ({second})", *rest]), markup=False)
     return EXIT_OK

@@ -5,9 +5,9 @@
 # `mamba` env, install, verify, then upstream's tests (a deterministic sample) and a tiny random
 # Mamba model's forward and greedy generation in the installed prefix.
 #
-#   bench/node_extensions.sh start [SECONDS]   copy the tree to $XF_WORK, start the chain in the
-#                                               background, then poll up to SECONDS
-#   bench/node_extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
+#   node/extensions.sh start [SECONDS]   copy the tree to $XF_WORK, start the chain in the
+#                                         background, then poll up to SECONDS
+#   node/extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
 # To share a node with other work, start it under `taskset -c CPUS` and with CUDA_VISIBLE_DEVICES.
 # XF_ONLY=RECIPE: that extension alone (its envs/gpu-node env and tests); with XF_SECOND=1, its
 # build twice instead, the second planned from the first (the planner's error), nothing installed.
@@ -60,8 +60,7 @@ run_chain() {
             step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" --no-test || return
             step "plan-$XF_ONLY-second" "${xf[@]}" plan "recipe/$XF_ONLY"
             step "build-$XF_ONLY-second" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$XF_WORK/out2" --no-test || return
-            step "planner-error-$XF_ONLY" "$PY" bench/planner_error.py "$out"/logs/*.ninja_log "$XF_WORK"/out2/logs/*.ninja_log \
-                --recipe "$XF_ONLY"
+            step "planner-error-$XF_ONLY" "${xf[@]}" plan --compare "$out"/logs/*.ninja_log "$XF_WORK"/out2/logs/*.ninja_log
             return
         fi
         step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" || return
@@ -93,7 +92,7 @@ run_chain() {
     step test-mamba-selective-scan "${pt[@]}" "$tests/mamba-v2.3.2.post1/tests/ops/test_selective_scan.py"
     EXTFORGE_SAMPLE_EVERY=1 step test-torch-scatter "${pt[@]}" "$tests/pytorch_scatter-2.1.2/test"
     test_gsplat
-    step mamba-tiny-model "$XF_WORK/env/bin/python" bench/mamba_tiny.py
+    step mamba-tiny-model "$XF_WORK/env/bin/python" node/mamba_tiny.py
 }
 
 publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channel, then envs/gpu-node's ENV
@@ -104,7 +103,7 @@ publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channe
     step verify "${xf[@]}" verify "$XF_WORK/env" --env "$env" --lock "$XF_WORK/pixi.lock" "${maps[@]}"
     mkdir -p "$XF_WORK/upstream-tests"
     # Upstream's test files, run from outside any source tree so the installed packages are imported.
-    export PYTHONPATH="$XF_WORK/repo/bench" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
+    export PYTHONPATH="$XF_WORK/repo/node" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
     pt=("$XF_WORK/env/bin/python" -m pytest -q -p pytest_sample -p no:cacheprovider)
 }
 

@@ -2,7 +2,7 @@
 """Fit flash-attn's per-unit compile costs and the concurrency slowdown from build logs, and say
 what the planner then predicts for the builds measured on the node.
 
-  bench/unit_costs_fit.py [--log NINJA_LOG ...] [--reference 16] [--emit-costs FILE] [--no-record]
+  calibration/unit_costs_fit.py [--log NINJA_LOG ...] [--reference 16] [--emit-costs FILE] [--no-record]
 
 The first --log gives every unit's seconds; each further one shares units with it at another
 number of compiles at once, which fits the slowdown per extra compile (unit_costs.Concurrency).
@@ -20,15 +20,18 @@ import json
 import sys
 from pathlib import Path
 
-from _record import append_section
 from ruamel.yaml import YAML
+
+# _record: how the bench scripts append their results to docs/benchmarks-history.md.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _record import append_section
 
 from extforge import unit_costs
 from extforge.plan import load_profiles
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
-# The slowdown measured on one node (bench/compile_concurrency.py): the same unit 32 and 16 at once.
+# The slowdown measured on one node (calibration/compile_concurrency.py): the same unit 32 and 16 at once.
 SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
 # A build whose node speed is measured but whose units the costs leave out: they come from a node
 # of another speed (16 compiles at once, yet faster than 13 on run J's node).
@@ -156,7 +159,7 @@ def main() -> int:
             YAML().dump(entry, fh)
     if not args.no_record:
         append_section([f"## Unit costs and the concurrency slowdown, fitted from build logs ({dt.date.today()})", "",
-                        f"`bench/unit_costs_fit.py` on {', '.join(p.name for p in logs)} (bench/data/README.md), "
+                        f"`calibration/unit_costs_fit.py` on {', '.join(p.name for p in logs)} (bench/data/README.md), "
                         "on the development machine (no build):", "", *out])
     return 0
 

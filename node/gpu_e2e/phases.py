@@ -455,7 +455,7 @@ def upstream_fa3_shards(run: Run, python: str, env: dict[str, str], hopper: Path
     (SIGINT: pytest still prints its counts) after `seconds`."""
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or [
         str(i) for i in range(max(1, len(gpu_facts()["gpus"].splitlines())))]
-    sample_env = env | {"PYTHONPATH": str(REPO / "bench")}
+    sample_env = env | {"PYTHONPATH": str(REPO / "node")}
     t0, procs = time.monotonic(), []
     for i, (selection, every) in enumerate(FA3_UPSTREAM_SHARDS):
         log = run.work / "logs" / f"fa3-upstream-{i}.log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How much slower one flash-attn unit compiles when more compile at once, on one node.
 
-  bench/compile_concurrency.py SDIST [--unit NAME] [--levels 32,16,1] [--arch 90] [--budget S]
+  calibration/compile_concurrency.py SDIST [--unit NAME] [--levels 32,16,1] [--arch 90] [--budget S]
                                [--torch-include DIR ...] [--json-out FILE]
 
 The planner's concurrency slowdown (data/unit-costs.yaml `concurrency`) was fitted from builds on
