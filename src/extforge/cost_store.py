@@ -33,7 +33,7 @@ import re
 import resource
 import socket
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,12 +281,21 @@ def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvc
         part_limits={u: n for u, n in split.limits.items() if u in units and n > 1})
 
 
-def save(entry: Learned, store: Path | None = None) -> Learned:
+def save(entry: Learned, store: Path | None = None, cached: Collection[str] = ()) -> Learned | None:
     """Write `entry` atomically (readers on other nodes see the old entry or the new one),
     unless it measured compile-cache hits against a stored real build; the larger of the two
-    largest processes is kept."""
+    largest processes is kept. `cached`: the units the compile cache said it served (a copy of
+    ~1 s, not a compile): they keep their stored seconds, and one never compiled is not learned.
+    None where nothing was compiled and nothing is stored."""
     path = entry_path(entry.recipe, entry.version, store)
     old = _read(path)
+    if cached:
+        stored = old.units if old else {}
+        if all(u in cached for u in entry.units):
+            log.info("%s %s: build costs not stored (every unit came from the compile cache)", entry.recipe, entry.version)
+            return old
+        entry = dataclasses.replace(entry, units={u: stored[u] if u in cached else s for u, s in entry.units.items()
+                                                  if u not in cached or u in stored})
     if old and entry.seconds_per_arch() < CACHE_HIT_SHARE * old.seconds_per_arch():
         log.info("%s %s: build costs not stored (%.0f s of compiles per arch against %.0f s stored: compile-cache hits)",
                  entry.recipe, entry.version, entry.seconds_per_arch(), old.seconds_per_arch())
@@ -310,16 +319,18 @@ def largest_child_process_bytes(build_env: Mapping[str, str]) -> int | None:
 
 
 def learn_from_build(recipe: str, version: str, ninja_log: Path | None, archs: Sequence[str],
-                     build_env: Mapping[str, str], split_log: Path | None = None) -> Learned | None:
-    """After a successful build: its ninja log becomes `recipe`'s costs at `version`. A build
-    without a log (no ninja: a pure-Python or CMake package) or a store that cannot be written
-    is said in the log, never a failed build: the package is already made."""
+                     build_env: Mapping[str, str], split_log: Path | None = None,
+                     cached: Collection[str] = ()) -> Learned | None:
+    """After a successful build: its ninja log becomes `recipe`'s costs at `version`, but for the
+    units the compile cache served (`cached`: save). A build without a log (no ninja: a
+    pure-Python or CMake package) or a store that cannot be written is said in the log, never a
+    failed build: the package is already made."""
     if ninja_log is None:
         return None
     try:
         entry = measure(recipe, version, read_log(ninja_log), archs, int(build_env.get("NVCC_THREADS", "1")),
                         largest_child_process_bytes(build_env), read_log(split_log))
-        return save(entry)
+        return save(entry, cached=cached)
     except (ExtforgeError, OSError, ValueError) as exc:
         log.warning("build costs of %s %s not stored: %s", recipe, version, exc)
         return None

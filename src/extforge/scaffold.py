@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 import email.parser
 import io
+import itertools
 import json
 import lzma
+import posixpath
 import re
 import tarfile
 import tomllib
@@ -91,6 +93,7 @@ class SetupFacts:
     find_exclude: list[str] | None = None  # packages=find_packages(exclude=...): its patterns
     archs: list[str] = field(default_factory=list)  # sm_XX of -gencode/-arch flags setup.py passes itself
     switches: list[str] = field(default_factory=list)  # environment variables it reads to build (X_FORCE_BUILD)
+    globbed: list[str] = field(default_factory=list)  # folders whose sources it globs (`glob.glob(osp.join(d, "*.cpp"))`)
     unnamed: int = 0  # extension calls whose name setup.py computes
     undecided: list[str] = field(default_factory=list)
 
@@ -109,6 +112,7 @@ class SdistFacts:
     top_level: list[str] | None = None  # setuptools' egg-info/top_level.txt: the names the package installs
     setup: SetupFacts | None = None
     undecided: list[str] = field(default_factory=list)
+    compiled: list[str] = field(default_factory=list)  # the archive's C/C++/CUDA sources, below its top folder
 
 
 def source_url(name: str, filename: str) -> str:
@@ -234,8 +238,9 @@ def _count(path: Path, count: int) -> None:
 def archive_files(path: Path) -> dict[str, bytes]:
     """The sdist's small text files we read (PKG-INFO, setup.py, pyproject.toml, setuptools'
     egg-info requires.txt and top_level.txt) by path below its top folder, each at most
-    MAX_MEMBER, and the names of its __init__.py at depth two (their text is not read); nothing
-    is extracted to disk."""
+    MAX_MEMBER, and the names of its __init__.py at depth two and of its compiled sources
+    (their text is not read: empty; the sources are counted where setup.py globs them);
+    nothing is extracted to disk."""
     wanted = re.compile(r"^[^/]+/(PKG-INFO|setup\.py|pyproject\.toml|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
     out: dict[str, bytes] = {}
     try:
@@ -243,9 +248,9 @@ def archive_files(path: Path) -> dict[str, bytes]:
             with zipfile.ZipFile(path) as z:
                 _count(path, len(z.infolist()))
                 for info in z.infolist():
-                    if not wanted.match(name := info.filename):
+                    if not wanted.match(name := info.filename) and not _named(name):
                         continue
-                    if name.endswith("/__init__.py"):
+                    if _named(name):
                         out[name.split("/", 1)[1]] = b""
                         continue
                     with z.open(info) as stream:
@@ -254,13 +259,60 @@ def archive_files(path: Path) -> dict[str, bytes]:
             with tarfile.open(path) as tar:
                 for count, member in enumerate(tar, 1):
                     _count(path, count)
-                    if member.isfile() and wanted.match(name := member.name) and (f := tar.extractfile(member)):
-                        out[name.split("/", 1)[1]] = (b"" if name.endswith("/__init__.py")
-                                                      else _member(path, name, member.size, f.read))
+                    if member.isfile() and _named(name := member.name):
+                        out[name.split("/", 1)[1]] = b""
+                    elif member.isfile() and wanted.match(name) and (f := tar.extractfile(member)):
+                        out[name.split("/", 1)[1]] = _member(path, name, member.size, f.read)
     except _UNREADABLE as exc:
         raise ExtforgeError(f"cannot read the sdist {path}", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
                             "pass a whole .tar.gz or .zip source distribution (a download cut short is truncated)") from None
     return out
+
+
+def _compiled(name: str) -> bool:
+    return PurePosixPath(name).suffix in COMPILED
+
+
+def _named(member: str) -> bool:
+    """A member whose name alone is read: an __init__.py at depth two, a compiled source below the top folder."""
+    return bool(re.fullmatch(r"[^/]+/[^/]+/__init__\.py", member)) or ("/" in member and _compiled(member))
+
+
+def _path(node: ast.AST, names: Mapping[str, str]) -> str | None:
+    """A folder or file pattern setup.py builds from literals: "csrc", a name bound to one,
+    `os.path.join(...)` of such, `os.path.dirname(__file__)` (setup.py's own folder, "."); None
+    where it computes more."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.Call) and not node.keywords:
+        if _call_name(node) == "dirname" and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node)):
+            return "."
+        parts = [_path(a, names) for a in node.args]
+        if _call_name(node) == "join" and parts and all(p is not None for p in parts):
+            return posixpath.join(*(p for p in parts if p is not None))
+    return None
+
+
+def _globbed(tree: ast.AST) -> list[str]:
+    """The folders of the patterns setup.py hands `glob.glob`/`glob.iglob`, as paths below the
+    sdist's top folder (names bound anywhere in the file to one path, so a function's own
+    `extensions_dir = osp.join("csrc")` counts)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _path(node.value, names)
+            # A name bound to two paths names neither.
+            if value is not None and names.setdefault(node.targets[0].id, value) != value:
+                names[node.targets[0].id] = "\0"
+    folders = []
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        if _call_name(call) in ("glob", "iglob") and call.args and (pattern := _path(call.args[0], names)) \
+                and "\0" not in pattern:
+            fixed = itertools.takewhile(lambda part: not any(c in part for c in "*?["), pattern.split("/"))
+            folders.append(posixpath.normpath("/".join(fixed) or "."))
+    return sorted(set(folders))
 
 
 def _literal(node: ast.AST | None, names: Mapping[str, object]) -> object:
@@ -339,6 +391,7 @@ def _read_setup_py(text: str) -> SetupFacts:
                 facts.find_exclude = _strings(_literal(exclude, names)) or []
             elif packages is not None:
                 facts.packages = _strings(_literal(packages, names))
+    facts.globbed = _globbed(tree)
     facts.archs = sorted(set(re.findall(r"(?:code|arch)=(?:sm|compute)_(\d+a?)", text)), key=lambda a: int(a.rstrip("a")))
     facts.switches = sorted(set(re.findall(r"[\"']([A-Z][A-Z0-9_]*_(?:FORCE_BUILD|SKIP_CUDA_BUILD))[\"']", text)))
     return facts
@@ -370,6 +423,7 @@ def read_sdist(path: Path) -> SdistFacts:
                        None),
         setup=read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else None,
         undecided=unread,
+        compiled=sorted(p for p in files if _compiled(p)),
     )
     egg_requires = next((t.decode(errors="replace") for p, t in files.items() if p.endswith(".egg-info/requires.txt")), "")
     for where, found in (("PKG-INFO", meta.get_all("Requires-Dist")),
@@ -584,7 +638,7 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
              (("summary", facts.summary), ("homepage", facts.homepage), ("license", facts.license))}
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
     return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, about["summary"],
-                    about["homepage"], about["license"], tuple(archs), translation_units(setup), undecided)
+                    about["homepage"], about["license"], tuple(archs), translation_units(setup, facts.compiled), undecided)
 
 
 def _about(key: str, value: str | None, undecided: list[str]) -> str | None:
@@ -598,12 +652,30 @@ def _about(key: str, value: str | None, undecided: list[str]) -> str | None:
     return value
 
 
-def translation_units(setup: SetupFacts | None) -> int | None:
+def translation_units(setup: SetupFacts | None, compiled: Sequence[str] = ()) -> int | None:
     """The compiles a build runs (the planner's unit count), where setup.py lists every
-    extension's sources; None where it computes any."""
-    if not setup or not setup.extensions or setup.unnamed or any(e.sources is None for e in setup.extensions):
+    extension's sources, or globs them: then the sdist's `compiled` sources below the folders it
+    globs (torch-scatter's and torch-cluster's `glob.glob(osp.join(extensions_dir, '*.cpp'))`
+    with the `cpu/` and `cuda/` files each main file pulls in), and any it lists beside them;
+    None where it computes them otherwise."""
+    if not setup:
         return None
-    return sum(PurePosixPath(s).suffix in COMPILED for e in setup.extensions for s in e.sources or ())
+    if setup.globbed:
+        listed = {posixpath.normpath(s) for e in setup.extensions for s in e.sources or () if _compiled(s)}
+        found = listed | {f for f in compiled if any(d == "." or f.startswith(f"{d}/") for d in setup.globbed)}
+        return len(found) or None
+    if not setup.extensions or setup.unnamed or any(e.sources is None for e in setup.extensions):
+        return None
+    return sum(_compiled(s) for e in setup.extensions for s in e.sources or ())
+
+
+def sdist_units(sdist: Path) -> int | None:
+    """translation_units of an sdist's setup.py; None where it cannot be read or counted."""
+    try:
+        facts = read_sdist(sdist)
+    except ExtforgeError:
+        return None
+    return translation_units(facts.setup, facts.compiled)
 
 
 def parse_requirement(text: str) -> tuple[str, str]:

@@ -36,7 +36,9 @@ LINK = 0  # the part number of the link job
 # A Slurm array's default MaxArraySize is 1001; more parts than units compile nothing.
 MAX_PARTS = 10_000
 ASSIGNMENT_FILE = "assignment.tsv"
-NOTES = ("units", "ccache-stats.log")
+# ccache's per-call counters (CCACHE_STATSLOG), beside the launcher's notes.
+STATS_LOG = "ccache-stats.log"
+NOTES = ("units", STATS_LOG)
 NOTES_LIMIT = 64 * 2**20  # a line per compile
 _COUNT = re.compile(r"[0-9]{1,9}")
 
@@ -159,13 +161,30 @@ def read_outcome(state_dir: Path) -> Outcome:
                 out.seconds[words[1]] = int(words[3])
             elif words[0] == "skipped" and len(words) == 3:
                 out.skipped[words[1]] = int(words[2])
-    # ccache's stats_log: "# SOURCE" and then one counter per line for each call.
-    for line in _notes(state_dir / "ccache-stats.log"):
-        if line in ("direct_cache_hit", "preprocessed_cache_hit"):
-            out.cache_hits += 1
-        elif line == "cache_miss":
-            out.cache_misses += 1
+    for _, verdict in read_verdicts(state_dir):
+        out.cache_hits += verdict == "hit"
+        out.cache_misses += verdict == "miss"
     return out
+
+
+def read_verdicts(state_dir: Path) -> list[tuple[str, str]]:
+    """ccache's verdict on each compile of the variant built, from its stats log in `state_dir`
+    (this user's own file, as the launcher's notes)."""
+    return compile_verdicts("\n".join(_notes(state_dir / STATS_LOG)))
+
+
+def compile_verdicts(stats_log: str) -> list[tuple[str, str]]:
+    """Each compiler call of ccache's stats log (`# SOURCE`, then one counter per line): its
+    source and "hit", "miss" or "" (a call ccache did not cache: a link, an unsupported option)."""
+    calls: list[tuple[str, str]] = []
+    for line in stats_log.splitlines():
+        if line.startswith("# "):
+            calls.append((line[2:], ""))
+        elif calls and line in ("direct_cache_hit", "preprocessed_cache_hit"):
+            calls[-1] = (calls[-1][0], "hit")
+        elif calls and line == "cache_miss" and not calls[-1][1]:
+            calls[-1] = (calls[-1][0], "miss")
+    return calls
 
 
 def clear_notes(state_dir: Path) -> None:

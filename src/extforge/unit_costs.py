@@ -370,6 +370,19 @@ def compile_seconds(edges: Sequence[NinjaEdge]) -> float:
     return round(sum(hi - lo for lo, hi in spans.values()) / 1000, 1)
 
 
+def cache_hits(verdicts: Iterable[tuple[str, str]]) -> set[str]:
+    """The units a build took from the compile cache, as NinjaEdge.unit names them, by ccache's
+    verdict on each call (split_build.read_verdicts): the n-th call on a source is its n-th compile."""
+    seen = collections.Counter[str]()
+    hits = set()
+    for source, verdict in verdicts:
+        name = unit_name(source)
+        seen[name] += 1
+        if verdict == "hit":
+            hits.add(name + (f"@{seen[name]}" if seen[name] > 1 else ""))
+    return hits
+
+
 def unit_seconds(edges: Iterable[NinjaEdge]) -> dict[str, float]:
     return {e.unit: round(e.seconds, 1) for e in edges}
 

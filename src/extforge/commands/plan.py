@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
 import re
 from pathlib import Path
 
@@ -41,10 +40,9 @@ def recipe_facts(recipe: Path) -> tuple[str | None, tuple[str, ...], int | None]
     units = None
     with contextlib.suppress(ExtforgeError):
         spec = sources.read_spec(recipe_file)
-        root = Path(os.environ["EXTFORGE_SOURCES"]) if os.environ.get("EXTFORGE_SOURCES") else None
-        sdist = sources.stored_path(spec, root)
+        sdist = sources.stored_path(spec, sources.build_root())
         if spec.is_sdist and sdist.is_file():
-            units = scaffold.translation_units(scaffold.read_sdist(sdist).setup)
+            units = scaffold.sdist_units(sdist)
     return cost_store.recipe_version(recipe_file.read_text()), archs, units
 
 
