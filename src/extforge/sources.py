@@ -3,7 +3,10 @@
 A networked machine runs `extforge sources fetch`; each file lands at
 `<root>/sha256/<hex>/<filename>` (root: `--dest`, e.g. shared storage, or
 `cache_root()/sources`). Recipes list `file://${EXTFORGE_SOURCES}/sha256/<hex>/<filename>` as
-their first source URL, so a build node with EXTFORGE_SOURCES=<root> never needs the network.
+their first source URL. `extforge build` renders them with EXTFORGE_SOURCES set to the root it
+reads ($EXTFORGE_SOURCES, else the default that `sources fetch` fills) and fetches what that
+root lacks into it first (`for_build`), so rattler-build reads every source from there and
+never downloads one; a build node whose root holds them never needs the network.
 Archives no index serves (git archives of upstream trees, e.g. FlashAttention-3's hopper/) come
 from a folder the site already holds (`--from DIR`), checked against the same sha256.
 """
@@ -20,6 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import downloads, engine, paths, safe_files
 from .channel.hashing import sha256_file
@@ -51,8 +55,17 @@ class SourceSpec:
         return stem.replace("-", "_").lower() == f"{self.name}_{self.version}".replace("-", "_").lower()
 
 
+ENV = "EXTFORGE_SOURCES"
+
+
 def default_root() -> Path:
     return paths.cache_root() / "sources"
+
+
+def build_root() -> Path:
+    """The source cache a build reads: $EXTFORGE_SOURCES, else the one `sources fetch` fills by default."""
+    env = os.environ.get(ENV)
+    return Path(env).expanduser().absolute() if env else default_root()
 
 
 def stored_path(spec: SourceSpec, root: Path | None = None) -> Path:
@@ -82,16 +95,32 @@ def source_sections(recipe_text: str) -> str:
 
 
 def read_specs(recipe: Path, channels: Sequence[str] = ()) -> list[SourceSpec]:
-    """Every url source of a v1 recipe: its context, package and source sections rendered (jinja
-    in URLs) with its own variant file and, when given, the channels' variants."""
+    """Every url source of a v1 recipe (at least one): its context, package and source sections
+    rendered (jinja in URLs) with its own variant file and, when given, the channels' variants."""
+    path = _recipe_file(recipe)
+    variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
+    config = engine.load_variant_files([*variant_files[:1], *channel_files([channel_url(c) for c in channels])])
+    found = url_specs(recipe, config)
+    if not found:
+        raise _unverified(path, "no url source with")
+    return found
+
+
+def _unverified(path: Path, what: str) -> ExtforgeError:
+    return ExtforgeError(f"{path} has {what} a sha256",
+                         "the source cache stores files by their sha256 and refuses unverified downloads",
+                         "give every url source of the recipe a sha256: `source: {url: ..., sha256: ...}`")
+
+
+def url_specs(recipe: Path, config: Any) -> list[SourceSpec]:
+    """Every url source of a v1 recipe (none for a recipe of local folders): its context, package
+    and source sections rendered under `config` (a rattler_build VariantConfig)."""
     path = _recipe_file(recipe)
     if not path.is_file():
         raise ExtforgeError(f"no recipe at {path}", fix="pass a recipe directory or recipe.yaml")
-    variant_files = [p for p in (path.parent / "variants-offline.yaml", path.parent / "variants.yaml") if p.is_file()]
     with tempfile.TemporaryDirectory(prefix="extforge-sources-") as tmp:
         part = Path(tmp) / "recipe.yaml"
         safe_files.write_atomic(part, source_sections(path.read_text()).encode())
-        config = engine.load_variant_files([*variant_files[:1], *channel_files([channel_url(c) for c in channels])])
         try:
             rendered = [v.recipe.to_dict() for v in engine.render(part, config, target_platform="linux-64")]
         except BaseException as exc:
@@ -101,16 +130,41 @@ def read_specs(recipe: Path, channels: Sequence[str] = ()) -> list[SourceSpec]:
                                 "fix the recipe (a url source needs its sha256: 64 hex digits)") from exc
     d = rendered[0]
     found = list({json.dumps(s, sort_keys=True): s for r in rendered for s in r.get("source", []) if "url" in s}.values())
-    unverified = [s for s in found if not s.get("sha256")]
-    if not found or unverified:
-        raise ExtforgeError(
-            f"{path} has {'a url source without' if unverified else 'no url source with'} a sha256",
-            "the source cache stores files by their sha256 and refuses unverified downloads",
-            "give every url source of the recipe a sha256: `source: {url: ..., sha256: ...}`",
-        )
+    if any(not s.get("sha256") for s in found):
+        raise _unverified(path, "a url source without")
     name, version = d["package"]["name"], str(d["package"]["version"])
     return [SourceSpec(name, version, tuple(s["url"]) if isinstance(s["url"], list) else (s["url"],),
                        s["sha256"].lower()) for s in found]
+
+
+def for_build(recipe: Path, config: Any, root: Path) -> list[tuple[SourceSpec, Path]]:
+    """Every url source of the recipe under the build's variant `config` and its file in the
+    source cache `root`, fetched there (verified) where missing, for a build whose recipe is
+    rendered with EXTFORGE_SOURCES=`root`: its first URL must then name that file, else
+    rattler-build would download the source itself."""
+    with engine.environment({ENV: str(root)}):
+        specs = url_specs(recipe, config)
+    out = []
+    fill = f"extforge sources fetch {_recipe_file(recipe).parent} --dest {root}"
+    for spec in specs:
+        stored = stored_path(spec, root)
+        if spec.urls[0] not in (f"file://{stored}", stored.as_uri()):
+            raise ExtforgeError(
+                f"{_recipe_file(recipe)}: its source {spec.urls[0]} would be downloaded by rattler-build during the build",
+                "extforge fetches every source itself (verified by its sha256) into the source cache, and the build "
+                "reads it from there: an offline build node cannot download",
+                f"list the source cache's file first under `url:`: `file://${{{{ env.get(\"{ENV}\", "
+                f"default=\"/nonexistent\") }}}}/sha256/{spec.sha256}/{spec.filename}` (as `extforge recipe new` writes it)",
+            )
+        try:
+            out.append((spec, fetch(spec, root)[0]))
+        except OSError as exc:
+            raise ExtforgeError(f"cannot store {spec.filename} in the source cache {root}", str(exc),
+                                f"point {ENV} at a source cache you can write, or fill it with `{fill}` as its owner") from exc
+        except ExtforgeError as exc:
+            raise ExtforgeError(exc.what, exc.why, f"run `{fill}` on a machine with network (--from DIR for archives "
+                                "no index serves)" + ("" if root == default_root() else f", then build with {ENV}={root}")) from exc
+    return out
 
 
 def read_spec(recipe: Path) -> SourceSpec:

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json({"sources": [{"path": str(t), "sha256": s.sha256, "how": how} for s, t, how in fetched],
                    "sources_root": str(root)})
     else:
-        console.print("\n".join(f"{t} ({how})" for _, t, how in fetched)
-                      + f"\nbuild nodes: export EXTFORGE_SOURCES={root}", markup=False, soft_wrap=True)
+        where = ("`extforge build` on this machine reads it as it is" if root == sources.build_root() else
+                 f"`extforge build` reads it with EXTFORGE_SOURCES={root} (export it on the build nodes)")
+        console.print("\n".join(f"{t} ({how})" for _, t, how in fetched) + f"\n{where}", markup=False, soft_wrap=True)
     return EXIT_OK
