@@ -63,7 +63,7 @@ def main() -> int:
             if at > last_logged:
                 continue  # past what the partial log holds
             progress = replay(header, edges, machine, at)
-            if progress is None or progress.remaining_seconds is None:
+            if progress is None or progress.remaining_seconds is None or progress.node_speed is None:
                 rows.append(f"| {what} | {at:.0f} | {progress.done if progress else 0} | - | - | {end + link:.0f} | - |")
                 continue
             predicted = at + progress.remaining_seconds

@@ -11,8 +11,9 @@ import os
 import re
 import shlex
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from . import (
     paths,
     plan,
     safe_files,
+    scaffold,
     shared_read,
+    sources,
     split_build,
     stopping,
     unit_costs,
@@ -38,6 +41,7 @@ from .cache import make_room
 from .channel.index import index_channel
 from .channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
 from .cuda_rule import missing_toolkit
+from .engine import environment
 from .errors import ExtforgeError
 from .explain import explain_text
 from .stamp import run_requirements, stamp_package
@@ -90,15 +94,18 @@ def build_environment(
     variants: Mapping[str, list[str]],
     profile: str,
     split: split_build.Split | None = None,
+    units: int | None = None,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
-    longest-first unit order and units to split, a compile cache (which a split build must have)."""
+    longest-first unit order and units to split, a compile cache (which a split build must have).
+    `units`: the translation units the sdist's setup.py names, for a recipe planned by the default estimate."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # Every recipe: a shipped profile, what the site's cost store learned, else a conservative estimate.
     env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
-                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text), variant=variants).env()
+                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text), units=units,
+                           variant=variants).env()
     # No compile cache is no reason to fail a build, it only makes rebuilds slower; but the parts
     # of a split build hand their objects to the link job through it.
     try:
@@ -132,20 +139,6 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
     return {"NVCC_THREADS": "1",
             "EXTFORGE_COMPILER_LAUNCHER": split_build.launcher(split, compile_cache.cache_tool(cache), state_dir,
                                                                assignment_file)}
-
-
-@contextlib.contextmanager
-def environment(extra: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def render_in(env: Mapping[str, str], recipe_file: Path, matrix: Matrix) -> list[Any]:
@@ -385,23 +378,42 @@ def split_log_in(work_dirs: Sequence[Path]) -> Path | None:
     return next((f for w in work_dirs if (f := w / "work" / ".extforge" / "split.log").is_file()), None)
 
 
+# ninja's status line as pip -v passes it through: `[k/N] <command>` as each of the run's N edges ends.
+NINJA_STATUS = re.compile(r"^\w+:\s*\[(\d+)/(\d+)\]\s")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a variant's build was planned from, so its progress is measured against the same plan."""
+
+    profile: str
+    variants: Mapping[str, list[str]]
+    version: str | None = None
+    units: int | None = None  # the sdist's translation units, for the default estimate
+
+
 @contextlib.contextmanager
-def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile: str,
-                     variants: Mapping[str, list[str]], interval: float = 10.0) -> Iterator[None]:
-    """While the body runs (one variant's build), note on `sink` at most every `interval` s how
-    far its compile has come and the time left at the speed this machine shows
-    (plan.build_progress): the long step of a flash-attn build is otherwise one silent
+def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], planned: Planned,
+                     on_progress: Callable[[plan.BuildProgress], None] | None = None,
+                     interval: float = 10.0) -> Iterator[None]:
+    """While the body runs (one variant's build), note at most every `interval` s how far its
+    compile has come (plan.build_progress: units done of the plan's, the ninja run of the
+    build's, the time left), to the build log and to `on_progress` (else the sink's screen), for
+    every recipe whose build runs ninja: the long step of a build is otherwise one silent
     "running build script" of 8-25 minutes. It runs from the sink's log callback, as ninja and
-    nvcc print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
-    if not plan.numbers_for(profile).costs:
-        yield
-        return
-    machine_now, archs, head_dims = machine.detect(), variant_archs(variants) or plan.DEFAULT_ARCHS, variant_head_dims(variants)
+    the compilers print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
+    machine_now = machine.detect()
+    archs, head_dims = variant_archs(planned.variants) or plan.DEFAULT_ARCHS, variant_head_dims(planned.variants)
     log: Path | None = None
     last = ""
+    seen, status = len(sink.lines), None
 
     def report() -> None:
-        nonlocal log, last
+        nonlocal log, last, seen, status
+        for line in sink.lines[seen:]:
+            if m := NINJA_STATUS.match(line):
+                status = (int(m[1]), int(m[2]))
+        seen = len(sink.lines)
         # Looked for until found: the variant's work folder appears once its build has started.
         log = log or ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
         # ninja creates its log when it starts and appends a line as each unit ends; a report
@@ -409,12 +421,21 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
         with contextlib.suppress(ExtforgeError, OSError, ValueError):
             if log is None:
                 return
-            progress = plan.build_progress(machine_now, profile, archs, head_dims, cost_store.read_log(log),
-                                           time.time() - log.stat().st_mtime, variants)
-            line = progress.describe() if progress else ""
-            if line and line != last:
-                sink.note(line)
+            written = log.stat().st_mtime
+            # torch writes build.ninja beside the log before each ninja run (setuptools: one per
+            # extension): written after the last unit ended, a run started that no unit ended yet.
+            ninja_file = log.with_name("build.ninja")
+            new_run = ninja_file.is_file() and ninja_file.stat().st_mtime > written
+            progress = plan.build_progress(machine_now, planned.profile, archs, head_dims,
+                                           cost_store.read_log(log), time.time() - written,
+                                           planned.variants, planned.version, planned.units, status, new_run)
+            line = progress.describe()
+            if line != last:
+                sink.note(line, screen=on_progress is None)
                 last = line
+            # Every time: the screen decides what it shows (a line it held back comes later).
+            if on_progress is not None:
+                on_progress(progress)
 
     sink.tick, sink.tick_every = report, interval
     try:
@@ -424,17 +445,26 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], profile
 
 
 def measured_node_speed(profile: str, work_dirs: Sequence[Path], variants: Mapping[str, list[str]],
-                        env: Mapping[str, str], split_log: Path | None) -> float | None:
+                        env: Mapping[str, str], split_log: Path | None, cached: Collection[str] = ()) -> float | None:
     """This machine's compile speed in the build just done, read from ninja's log in its work
-    folder before the folder is removed (`extforge plan --node-speed` for the next build here)."""
+    folder before the folder is removed (`extforge plan --node-speed` for the next build here),
+    on the units it compiled: those the compile cache served (`cached`) time a copy."""
     log = ninja_log_in(work_dirs)
     if log is None:
         return None
     with contextlib.suppress(ExtforgeError, OSError, ValueError):
         return plan.build_node_speed(profile, cost_store.read_log(log),
                                      variant_archs(variants) or plan.DEFAULT_ARCHS, int(env.get("NVCC_THREADS", "1")),
-                                     split=cost_store.read_split_log(cost_store.read_log(split_log)).parts)
+                                     split={*cost_store.read_split_log(cost_store.read_log(split_log)).parts, *cached})
     return None
+
+
+def cache_hit_units(state_dir: Path) -> set[str]:
+    """The units the compile cache served in the variant just built, by ccache's stats log
+    (none known through sccache, which keeps none)."""
+    with contextlib.suppress(OSError, ExtforgeError):
+        return unit_costs.cache_hits(split_build.read_verdicts(state_dir))
+    return set()
 
 
 def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
@@ -481,17 +511,20 @@ def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[
 
 
 def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = None,
-                 notes: list[str] | None = None) -> list[BuiltPackage]:
+                 notes: list[str] | None = None,
+                 on_progress: Callable[[plan.BuildProgress], None] | None = None) -> list[BuiltPackage]:
     """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages
-    it made; a split build's part makes none. What a part or a link job did is added to `notes`.
+    it made; a split build's part makes none. What a part or a link job did is added to `notes`;
+    how far each compile has come goes to `on_progress` (else `on_step`, as a line).
     Planned from the site's costs for the recipe, else those its folder ships."""
     recipe_file = engine.find_recipe(options.recipe)
-    with cost_store.recipe_costs(recipe_file.parent):
-        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes)
+    with cost_store.recipe_costs(recipe_file.parent), tempfile.TemporaryDirectory(prefix="extforge-build-") as private:
+        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes, on_progress, Path(private))
 
 
 def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[str], None] | None,
-                  notes: list[str]) -> list[BuiltPackage]:
+                  notes: list[str], on_progress: Callable[[plan.BuildProgress], None] | None,
+                  private: Path) -> list[BuiltPackage]:
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
     # 25-minute compile the working directory may be gone, so it is imported before the build.
     import rattler  # noqa: F401
@@ -517,13 +550,24 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     merged, files = matrix.values, matrix.files
     recipe_text = recipe_file.read_text()
     profile = options.profile or recipe_file.parent.name
+    # Every url source from the source cache, fetched into it (verified) where it lacks one: the
+    # recipe is rendered to read it there, so rattler-build never downloads.
+    source_root = sources.build_root()
+    local_sources = sources.for_build(recipe_file, matrix.config(), source_root)
+    units = next((n for spec, path in local_sources if spec.is_sdist and (n := scaffold.sdist_units(path))), None)
+    planned = Planned(profile, merged, cost_store.recipe_version(recipe_text), units)
     bld = output_dir / "bld"
     split, split_state = options.split, split_build.state_dir(bld)
-    env = build_environment(recipe_text, urls, merged, profile, split)
+    env = build_environment(recipe_text, urls, merged, profile, split, units)
     if split:
         env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
+    elif "CCACHE_DIR" in env:
+        # ccache's verdict on every compile (a split build's launcher sets its own), in a folder
+        # of this build alone: the planner learns only the units compiled, never a cache hit's copy.
+        env["CCACHE_STATSLOG"] = str(private / split_build.STATS_LOG)
+    verdicts = split_state if split else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
-    rendered = render_in(env, recipe_file, matrix)
+    rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
     make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
     log_dir = output_dir / "logs"
     log_dir.mkdir(exist_ok=True)
@@ -547,10 +591,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             tests_before = set(rattler_test_envs(output_dir))
             if uses_layer:
                 build_layer.write_settings(output_dir, layer_settings)
-            if split:
-                split_build.clear_notes(split_state)
+            split_build.clear_notes(verdicts)
             try:
-                with progress_reports(sink, bld, before, profile, merged), stop.engine():
+                with progress_reports(sink, bld, before, planned, on_progress), stop.engine():
                     # A part's module is placeholders: nothing to test.
                     result = engine.build_variant(variant, output_dir, urls, sink, keep_build=True,
                                                   test=options.test and not (split and not split.is_link))
@@ -593,14 +636,15 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 finish_part(split, split_state, work_dirs, packages, fh, notes)
                 continue
             split_log = split_log_in(work_dirs)
-            speed = measured_node_speed(profile, work_dirs, merged, env, split_log)
+            cached = cache_hit_units(verdicts)
+            speed = measured_node_speed(profile, work_dirs, merged, env, split_log, cached)
             if split:
                 # A link job's log times cache hits, not compiles: it teaches the cost store nothing.
                 report_link(split, split_state, fh, notes)
             else:
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,
-                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log)
+                                            variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log, cached)
                 keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log, ".split.log")])
             for pkg in packages:
                 pkg.node_speed = speed

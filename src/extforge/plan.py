@@ -314,13 +314,15 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
 
 
 def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads: int,
-                     load: Sequence[tuple[float, float]] = (), split: Collection[str] = ()) -> float | None:
+                     load: Sequence[tuple[float, float]] = (), split: Collection[str] = (),
+                     version: str | None = None) -> float | None:
     """How fast the machine of a finished build compiled against the planner's costs for it
     (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
     log does not show, see unit_costs.at_reference); None without costs for the profile or units
     to compare. A unit split in two is left out (its first half bears the unit's name), and so
-    is one the build layer compiled as parallel parts (`split`: its edge times the longest)."""
-    numbers = numbers_for(profile)
+    is one the build layer compiled as parallel parts (`split`: its edge times the longest), and
+    any unit the caller names there for another reason (a compile-cache hit times a copy)."""
+    numbers = numbers_for(profile, version)
     costs = numbers.costs
     if not costs or not costs.concurrency:
         return None
@@ -415,49 +417,74 @@ MIN_UNITS_FOR_SPEED = 3
 
 @dataclass(frozen=True)
 class BuildProgress:
-    """A running build's compile step, from its ninja log: units done of the plan's, the speed
-    this machine shows on them, and the time left if the rest goes at that speed."""
+    """A running build's compile step, from its ninja log: units done of the plan's, the ninja run
+    compiling now (setuptools runs one per extension, one after another), the speed this machine
+    shows on the units done, and the time left."""
 
     done: int
-    total: int
+    total: int | None  # the plan's units (None: the plan could not count them)
     elapsed_seconds: float  # since ninja started
     node_speed: float | None = None
     remaining_seconds: int | None = None
+    run: int = 1  # the ninja run compiling now
+    runs: int | None = 1  # how many the build runs (None: not known until it ends)
+    run_units: tuple[int, int] | None = None  # ninja's own [k/N] of this run, where it printed one
 
     def describe(self) -> str:
-        head = f"compiling: {self.done} of {self.total} units"
-        if self.node_speed is None or self.remaining_seconds is None:
-            return head
-        left = f"~{minutes(self.remaining_seconds)} left" if self.remaining_seconds else "finishing"
-        return f"{head}, {left} (this machine: {self.node_speed:.2f}x the planner's unit costs)"
+        parts = []
+        if self.run > 1 or (self.runs or 1) > 1:
+            parts.append(f"ninja run {self.run}" + (f" of {self.runs}" if self.runs and self.run <= self.runs else ""))
+        if self.total:
+            parts.append(f"units {self.done}/{self.total}")
+        else:
+            parts.append(f"{self.done} units done" + (f" ({self.run_units[0]}/{self.run_units[1]} of this run)"
+                                                     if self.run_units else ""))
+        if self.remaining_seconds is not None:
+            parts.append(f"~{minutes(self.remaining_seconds)} left" if self.remaining_seconds else "finishing")
+        speed = f" (this machine: {self.node_speed:.2f}x the planner's unit costs)" if self.node_speed else ""
+        return f"compiling: {', '.join(parts)}{speed}"
 
 
 def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_dims: tuple[int, ...],
-                   ninja_log: str, log_age_seconds: float, variant: Mapping[str, object] | None = None) -> BuildProgress | None:
-    """Where a build planned by `plan_build(machine, profile, archs, head_dims)` stands, from its
-    ninja log so far, written `log_age_seconds` ago (the log is appended as each unit ends); None
-    without per-unit costs for the profile. The time left is the plan's schedule again at the
-    measured speed, which predicted whole builds within 4% on 16 and 32 cores
-    (docs/benchmarks.md), less the time already spent."""
-    base = plan_build(machine, profile, tuple(archs), head_dims, variant=variant)
-    if not base.unit_order:
-        return None
+                   ninja_log: str, log_age_seconds: float, variant: Mapping[str, object] | None = None,
+                   version: str | None = None, units: int | None = None,
+                   run_units: tuple[int, int] | None = None, new_run: bool = False) -> BuildProgress:
+    """Where a build planned by `plan_build(machine, profile, archs, head_dims, version=version,
+    units=units, variant=variant)` stands, from its ninja log so far, written `log_age_seconds`
+    ago (ninja appends a line as each unit ends; several runs share one log, each on its own
+    clock). The time left is the plan's less the time spent until MIN_UNITS_FOR_SPEED units are
+    done; then, with per-unit costs, the plan's schedule again at the speed measured on them,
+    which predicted whole builds within 4% on 16 and 32 cores (docs/benchmarks.md); without,
+    the rest of the units at the pace of those done. `run_units`: ninja's last `[k/N]` line;
+    `new_run`: a ninja run started after the last unit the log shows (torch rewrote build.ninja)."""
+    base = plan_build(machine, profile, tuple(archs), head_dims, version=version, units=units, variant=variant)
+    numbers = numbers_for(profile, version, units)
+    costs = numbers.costs
     edges = unit_costs.parse_ninja_log(ninja_log)
-    total = len(base.unit_order)
+    total = len(base.unit_order) if base.unit_order else numbers.profile.translation_units if numbers.units_known else None
     elapsed = max((e.end_ms for e in edges), default=0) / 1000 + max(0.0, log_age_seconds)
-    progress = BuildProgress(len(edges), total, elapsed)
-    if len(edges) < MIN_UNITS_FOR_SPEED:
+    done = len(edges)
+    progress = BuildProgress(done, total, elapsed, run=max((e.run for e in edges), default=0) + 1 + (new_run and done > 0),
+                             runs=(len(costs.runs) or 1) if costs else None, run_units=None if new_run else run_units)
+    if total is None:
         return progress
+    planned = replace(progress, remaining_seconds=max(0, int(round(base.expected_wall_seconds - elapsed))))
+    if done < MIN_UNITS_FOR_SPEED:
+        return planned
+    if not costs:
+        return replace(progress, remaining_seconds=max(0, int(round(elapsed * (total - done) / done))))
     # The log shows only finished units; the ones still compiling slowed them too. ninja keeps
     # every job slot busy while units wait, so after the i-th unit ends min(jobs, total - i) run.
     t0 = min(e.start_ms for e in edges) / 1000
     ends = sorted(e.end_ms / 1000 - t0 for e in edges)
     load = [(0.0, float(min(base.max_jobs, total)))] + [(t, float(min(base.max_jobs, total - i)))
                                                          for i, t in enumerate(ends, 1)]
-    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load, split=dict(base.unit_parts))
+    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load, split=dict(base.unit_parts),
+                             version=version)
     if not speed:
-        return progress
-    expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed, variant=variant).expected_wall_seconds
+        return planned
+    expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed, version=version, units=units,
+                          variant=variant).expected_wall_seconds
     return replace(progress, node_speed=speed, remaining_seconds=max(0, int(round(expected - elapsed))))
 
 

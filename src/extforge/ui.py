@@ -88,3 +88,43 @@ def progress(transient: bool = True) -> Progress:
         transient=transient,
         disable=not console.is_terminal,
     )
+
+
+class LiveLine:
+    """One line saying where a long step stands: redrawn in place on a terminal; where stderr is
+    no terminal (a log file, a CI job, a Slurm job's output), printed as a plain line when its
+    `key` changes (a ninja run starting) and otherwise at most every `plain_every` seconds;
+    nothing when `quiet` (--json)."""
+
+    def __init__(self, title: str, *, quiet: bool = False, plain_every: float = 30.0):
+        self.title, self.quiet, self.plain_every = title, quiet, plain_every
+        self._bar: Progress | None = None
+        self._task: Any = None
+        self._key: object = None
+        self._printed: float | None = None
+        self._last = ""
+
+    def __enter__(self) -> LiveLine:
+        if not self.quiet and console.is_terminal:
+            self._bar = progress()
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.title, total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+    def show(self, message: str, key: object = None) -> None:
+        if self.quiet or message == self._last:
+            return
+        if self._bar is not None:
+            # Redrawn at once: rattler-build holds the GIL while it builds, so the bar's own
+            # refresh thread waits until it is done.
+            self._bar.update(self._task, description=message[:100], refresh=True)
+            self._last = message
+            return
+        now = time.monotonic()
+        if self._printed is None or key != self._key or now - self._printed >= self.plain_every:
+            console.print(message, markup=False, highlight=False, soft_wrap=True)
+            self._key, self._printed, self._last = key, now, message

@@ -209,10 +209,10 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
     """The compile of a flash-attn build reports units done and the time left while it runs, from
     rattler-build's log callback (it holds the GIL while building: no thread of ours would run),
     read from the log ninja appends to in the variant's work folder, which appears after the
-    build started; to the screen and the build log. A recipe without unit costs reports nothing."""
+    build started; to the screen and the build log."""
     from types import SimpleNamespace
 
-    from extforge.build import progress_reports
+    from extforge.build import Planned, progress_reports
     from extforge.engine import LogSink
     from extforge.plan import load_profiles, unit_seconds
     from extforge.unit_costs import load
@@ -227,7 +227,7 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
         sink = LogSink(fh, screen.append)
         line = SimpleNamespace(level="info", message="[10/73] nvcc ...")
         variants = {"flash_attn_cuda_archs": ["90"]}
-        with progress_reports(sink, bld, before, "flash-attn", variants, interval=0):
+        with progress_reports(sink, bld, before, Planned("flash-attn", variants), interval=0):
             sink.on_log(line)
             assert screen == []
             temp = bld / "rattler-build_flash-attn_2" / "work" / "build" / "temp.linux-x86_64-cpython-312"
@@ -240,9 +240,7 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
             sink.on_log(line)
             sink.on_log(line)  # the same estimate is not said twice
         sink.on_log(line)  # nor after the variant's build
-        with progress_reports(sink, bld, set(), "demo-ext", variants, interval=0):
-            sink.on_log(line)
-        with progress_reports(sink, bld, set(), "flash-attn", variants, interval=3600):
+        with progress_reports(sink, bld, set(), Planned("flash-attn", variants), interval=3600):
             sink.on_log(line)  # at most one report an interval: the last was moments ago
-    assert len(screen) == 1 and screen[0].startswith("compiling: 10 of 73 units, ~") and "0.80x" in screen[0]
+    assert len(screen) == 1 and screen[0].startswith("compiling: units 10/73, ~") and "0.80x" in screen[0]
     assert f"== {screen[0]}" in (tmp_path / "build.log").read_text().splitlines()

@@ -294,7 +294,7 @@ def test_build_exits_1_when_a_package_fails_its_audit(tmp_path, monkeypatch, cap
 
     built = [BuiltPackage(tmp_path / f"demo-ext-0.1.0-x{i}_0.conda", "demo-ext", "0.1.0", f"x{i}_0", "linux-64", v)
              for i, v in enumerate(verdicts)]
-    monkeypatch.setattr(extforge.build, "build_recipe", lambda options, on_step=None, notes=None: built)
+    monkeypatch.setattr(extforge.build, "build_recipe", lambda options, on_step=None, notes=None, on_progress=None: built)
     assert main(["build", str(DEMO), "-c", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == code
     assert capsys.readouterr().err.count("\nbuilt ") == len(verdicts)
 

@@ -342,5 +342,7 @@ def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) 
     partial = "".join(line + "\n" for line in full.splitlines() if "causal_conv1d_update.o" not in line)
     progress = plan.build_progress(node(2, 23), "causal-conv1d", ("90",), (), partial, 0.0)
     assert progress is not None and (progress.done, progress.total) == (3, 4) and progress.node_speed == 1.2
-    assert progress.describe().startswith("compiling: 3 of 4 units, ~18 s left (this machine: 1.20x")
-    assert plan.build_progress(node(2, 23), "never-built", ("90",), (), partial, 0.0) is None
+    assert progress.describe().startswith("compiling: units 3/4, ~18 s left (this machine: 1.20x")
+    # A recipe never built has no unit count here: the units done alone.
+    assert plan.build_progress(node(2, 23), "never-built", ("90",), (), partial, 0.0).describe() == \
+        "compiling: 3 units done"

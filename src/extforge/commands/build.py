@@ -102,12 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from .. import ui
     from ..build import build_recipe
 
-    with ui.step(f"building {args.recipe}", quiet=args.json), ui.progress() as bar:
-        task = bar.add_task("rattler-build", total=None)
-        # Redrawn at once: rattler-build holds the GIL while it builds, so the bar's own refresh
-        # thread waits until it is done.
+    with ui.step(f"building {args.recipe}", quiet=args.json), ui.LiveLine("rattler-build", quiet=args.json) as live:
         notes: list[str] = []
-        built = build_recipe(opts, on_step=lambda msg: bar.update(task, description=msg[:80], refresh=True), notes=notes)
+        built = build_recipe(opts, on_step=lambda msg: live.show(msg, key=msg), notes=notes,
+                             on_progress=lambda p: live.show(p.describe(), key=p.run))
     if args.json:
         ui.emit_json({"output_dir": str(args.output_dir.resolve()), "packages": [p.to_json() for p in built], "split": notes})
     else:
