@@ -145,10 +145,12 @@ LOG_LIMIT = 64 * 2**20
 
 def read_log(path: Path) -> str:
     """A build's ninja log (or the split log beside it), bounded: it may lie in a shared output folder."""
-    from .. import safe_files
+    from .. import shared_read
 
     try:
-        return safe_files.read_bytes(path, limit=LOG_LIMIT).decode(errors="replace")
+        return shared_read.read_text(path, limit=LOG_LIMIT)
+    except shared_read.Refused:
+        raise
     except OSError as exc:
         raise ExtforgeError(f"cannot read {path}", exc.strerror or str(exc),
                             "pass the .ninja_log a build kept beside its build log (OUTPUT/logs/NAME-DATE.ninja_log)") from None
