@@ -53,13 +53,14 @@ class PeerSite:
     peers: tuple[Peer, ...]
     python: str
 
-    def run(self, peer: Peer, *args: str, umask: int = 0o022) -> subprocess.CompletedProcess:
+    def run(self, peer: Peer, *args: str, umask: int = 0o022, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """`extforge ARGS` as `peer`; `env` adds to or replaces its environment (a shared EXTFORGE_CACHE)."""
         home = self.root / f"home-{peer.name}"
         if not home.exists():
             home.mkdir()
             os.chown(home, peer.uid, peer.gid)
         site_packages = sysconfig.get_paths()["purelib"]
-        env = {
+        environ = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(home),
             "USER": peer.name,
@@ -67,10 +68,11 @@ class PeerSite:
             "EXTFORGE_CACHE": str(home / "cache"),
             # the indexer runs in a child interpreter: it must find rattler too
             "PYTHONPATH": site_packages,
+            **(env or {}),
         }
         cmd = ["setpriv", f"--reuid={peer.uid}", f"--regid={peer.gid}", "--init-groups", "--inh-caps=-all", "--",
                self.python, "-c", _PEER_MAIN, f"{umask:o}", site_packages, *args]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=self.root, timeout=300)
+        return subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=self.root, timeout=300)
 
     def shared_folder(self, name: str) -> Path:
         """A folder as docs/site-admin.md sets one up: group-owned, setgid, group-writable."""

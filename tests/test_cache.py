@@ -146,15 +146,21 @@ def test_every_folder_the_code_writes_under_the_cache_is_an_area():
 
     repo = Path(__file__).resolve().parents[1]
     pattern = re.compile(r'cache_root\(\) / f?"([^"{]+)(\{[^"]*)?"(?: / "([^"{]+)")?')
+    # A user's own folders: <name> (or <name>-<uid>, in another user's cache root), <name>-<uid>.
+    per_user = re.compile(r'\b(own_area|private_dir)\("([^"]+)"')
     written = set()
     for path in [*repo.glob("src/**/*.py"), *repo.glob("tests/**/*.py"), *repo.glob("bench/*.py"),
                  *repo.glob("calibration/*.py"), *repo.glob("node/**/*.py")]:
-        for top, templated, sub in pattern.findall(path.read_text()):
+        text = path.read_text()
+        for top, templated, sub in pattern.findall(text):
             written.add(top + ("*" if templated else "") + (f"/{sub}" if sub else ""))
+        for kind, name in per_user.findall(text):
+            written |= {f"{name}-*"} | ({name} if kind == "own_area" else set())
     assert {"trust-*", "mirror/packages", "audit-torch", "tools", "logs"} <= written, written
     rels = [a.rel for a in cache.AREAS]
     unlisted = {w for w in written - NOT_AN_AREA
-                if not any(fnmatch.fnmatch(w, rel) or w.startswith(rel + "/") or rel.startswith(w + "/") for rel in rels)}
+                if not any(fnmatch.fnmatch(w, rel) or w.startswith(rel + "/") or rel.startswith(w + "/")
+                           or ("/" in rel and fnmatch.fnmatch(w, rel.split("/", 1)[0])) for rel in rels)}
     assert not unlisted, f"cache folders no area lists: {unlisted}"
 
 
@@ -239,3 +245,36 @@ def test_a_bad_min_free_is_refused_with_the_fix(tmp_path: Path, monkeypatch):
         monkeypatch.setenv(cache.MIN_FREE_ENV, bad)
         proc = _cli(t["root"])
         assert proc.returncode == 2 and "EXTFORGE_CACHE_MIN_FREE=20" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_pruning_never_removes_a_published_channel(tmp_path: Path, monkeypatch, caplog):
+    """A channel published under the cache (scripts/demo's mirror in `channels/`) was an area
+    like any other: room-making on a short disk and `cache --prune` deleted it, naming nothing,
+    and every env that installs from it broke."""
+    t = _tree(tmp_path)
+    channel = _entry(t["root"] / "channels", "mirror-torch2.14.1", MIB, 30)
+    (channel / "noarch").mkdir()
+    (channel / "noarch" / "repodata.json").write_text("{}")
+    os.utime(channel, (time.time() - 30 * DAY,) * 2)
+    monkeypatch.setenv(cache.MIN_FREE_ENV, "1e9")
+    with caplog.at_level("WARNING", logger="extforge"):
+        room = cache.make_room(t["root"], "a test")
+    assert room is not None and channel.is_dir() and not t["old_pkg"].exists()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "kept: the published channel(s) mirror-torch2.14.1 in" in message and "never removed" in message, message
+    done = _cli(t["root"], "--prune", "0")
+    assert done.returncode == 0 and channel.is_dir(), done.stderr
+    assert "channels" in done.stderr and "listed only, never pruned" in done.stderr.split("channels", 1)[1].splitlines()[0]
+    refused = _cli(t["root"], "--prune", "0", "--area", "channels")
+    assert refused.returncode == 2 and "cannot be pruned by age" in refused.stderr and channel.is_dir()
+
+
+def test_a_prune_of_nan_or_infinite_days_is_refused(tmp_path: Path):
+    """`--prune nan` and `--prune inf` were taken: no entry's age compares with them, so the
+    prune removed nothing and said it removed 0 entries unused for nan days."""
+    t = _tree(tmp_path)
+    for bad in ("nan", "inf", "Infinity"):
+        proc = _cli(t["root"], "--prune", bad)
+        assert proc.returncode == 2 and f"--prune {bad} is not a number of days" in proc.stderr, proc.stderr
+        assert "pass --prune 0" in proc.stderr and "Traceback" not in proc.stderr
+    assert t["old_pkg"].exists()

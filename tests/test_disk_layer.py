@@ -32,7 +32,6 @@ ALLOWED: dict[str, str] = {
     "cli.py::_run": "opens /dev/null to stand in for a closed stdout",
     "audit/packaging.py::_extract_members": SCRATCH + "; members checked by archive.py's budget and tar's data filter first",
     "audit/packaging.py::_extract_wheel": SCRATCH + "; member names checked by archive.unsafe_reason first",
-    "channel/trust.py::trust_dir": "creates the user's private trust folder and refuses it unless it is theirs and 0700",
     "channel/trust.py::_secret": "inside the private trust folder trust_dir checked (0700, the user's own)",
     "channel/trust.py::write_signed": "inside the private trust folder trust_dir checked (0700, the user's own)",
     "wheel/make.py::_extract": SCRATCH + "; members checked by archive.py's path rule and budget and tar's data filter first",

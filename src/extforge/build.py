@@ -305,7 +305,7 @@ def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str],
         return parse_error
     if output_dir is not None and (cannot_test := untestable(exc, urls, recipe_file, log_file, output_dir)):
         return cannot_test
-    full = low_disk([log_file.parent, paths.rattler_cache_dir()])
+    full = low_disk([log_file.parent, paths.rattler_cache_dir(create=False)])
     if full:
         lines = [*lines, full]
     elif failed_solve(exc):

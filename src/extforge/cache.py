@@ -31,10 +31,13 @@ class Area:
     name: str
     rel: str  # folder under the cache root whose children are the entries (a glob: one folder per user)
     what: str
-    # Listed only: entries that a prune by age would break (a user's HMAC secret) or that their
-    # own tool sizes and evicts (the compiler cache).
+    # Listed only: entries that a prune by age would break (a user's HMAC secret, a channel
+    # others install from) or that their own tool sizes and evicts (the compiler cache).
     prunable: bool = True
 
+
+# A published channel is served to others, who cannot tell that it went: never pruned.
+CHANNELS = Area("channels", "channels", "channels published under the cache (scripts/demo's mirror)", prunable=False)
 
 AREAS = (
     Area("mirror-packages", "mirror/packages", "conda packages built by `extforge mirror`"),
@@ -42,16 +45,17 @@ AREAS = (
     Area("wheel-requests", "mirror/wheels", "pip download folders (hard links into mirror-wheels)"),
     Area("toolkits", "toolkits", "CUDA toolkits fetched for the mirror"),
     Area("audit-targets", "audit-targets", "pinned torch environments the audit resolves against"),
-    Area("package-store", "pkgs", "package archives checked by `extforge install`"),
-    Area("rattler", "rattler/pkgs", "rattler's extracted packages (build and install environments)"),
+    # pkgs-<uid>, rattler-<uid>: a user's own in a cache root of another user's (paths.own_area).
+    Area("package-store", "pkgs*", "package archives checked by `extforge install`"),
+    Area("rattler", "rattler*/pkgs", "rattler's extracted packages (build and install environments)"),
     Area("sources", "sources/sha256", "recipe sources, by sha256"),
     Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
     Area("mirror-work", "mirror/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
     Area("unit-costs", "unit-costs", "compile costs learned from this machine's builds, per recipe and version (the planner's)"),
-    Area("channels", "channels", "channels kept under the cache (scripts/demo's mirror)"),
+    CHANNELS,
     Area("audit-torch", "audit-torch", "unpacked torch wheels the test suite and the audit bench audit against"),
     Area("test-tools", "tools", "tools the test suite installs once (conda-lock's environment)"),
-    Area("logs", "logs", "crash logs (the newest 20 are kept)"),
+    Area("logs", "logs*", "crash logs (each user's newest 20 are kept)"),
     Area("compile", "compile", "the compiler cache (ccache/sccache; sized and evicted by that tool)", prunable=False),
     Area("trust", "trust-*", "install and verify's trusted manifests and secret, one private folder per user",
          prunable=False),
@@ -67,6 +71,13 @@ class Entry:
     # The cache root: nothing below it is followed when the entry is removed (an area folder
     # that someone replaced by a link to elsewhere must not lead the prune there).
     root: Path
+    owner: int  # uid
+
+    @property
+    def mine(self) -> bool:
+        """Whether this user may remove it: in a cache shared by several users, another user's
+        entry is theirs to prune (root's cleanup aside)."""
+        return self.owner == os.geteuid() or os.geteuid() == 0
 
 
 PRUNING = ".pruning-"
@@ -207,10 +218,11 @@ def scan(root: Path, areas: Iterable[Area] = AREAS, sizes: bool = True) -> Itera
             if not _is_entry(path):
                 continue
             try:
-                used = 0.0 if path.name.startswith(PRUNING) else path.lstat().st_mtime
+                st = path.lstat()
             except OSError:
                 continue
-            yield Entry(area.name, path, used, _disk_bytes(path, seen) if sizes else 0, root)
+            used = 0.0 if path.name.startswith(PRUNING) else st.st_mtime
+            yield Entry(area.name, path, used, _disk_bytes(path, seen) if sizes else 0, root, st.st_uid)
 
 
 def unused(entries: Iterable[Entry], now: float, days: float) -> list[Entry]:
@@ -273,6 +285,7 @@ class Room:
     floor: int  # min_free()
     removed: list[Entry]
     freed: int  # measured on the disk
+    published: list[Path]  # channels under the cache, kept whatever the shortfall
 
     def describe(self, root: Path, purpose: str) -> str:
         gib = human_size
@@ -288,6 +301,10 @@ class Room:
             text += f"no cache entry unused for {IN_USE_S // 60} minutes frees space (each is linked from elsewhere)"
         if self.free_before + self.freed < self.target:
             text += "; still short: free space on that disk or point EXTFORGE_CACHE at a bigger one"
+            if self.published:
+                text += (f" (kept: the published channel(s) {', '.join(p.name for p in self.published)} in "
+                         f"{self.published[0].parent}, never removed: others install from them; remove one by hand "
+                         "once nobody does)")
         return text
 
 
@@ -303,16 +320,17 @@ def make_room(root: Path, purpose: str, need: int = 0) -> Room | None:
     if free >= target:
         return None
     cutoff = time.time() - IN_USE_S
-    candidates = sorted((e for e in scan(root, [a for a in AREAS if a.prunable], sizes=False) if e.last_used <= cutoff),
-                        key=lambda e: e.last_used)
+    candidates = sorted((e for e in scan(root, [a for a in AREAS if a.prunable], sizes=False)
+                         if e.last_used <= cutoff and e.mine), key=lambda e: e.last_used)
     doomed, _ = eviction_plan(candidates, target + HEADROOM - free)
     removed = []
     for entry in doomed:
         try:
             remove(entry)
         except (OSError, ExtforgeError):
-            continue  # another user's entry in a shared cache: theirs to prune
+            continue  # what it holds is not all ours to delete (another user's files in it): it stays
         removed.append(entry)
-    room = Room(free, target, floor, removed, file_system(str(root))[1] - free)
+    published = [e.path for e in scan(root, [CHANNELS], sizes=False)]
+    room = Room(free, target, floor, removed, file_system(str(root))[1] - free, published)
     logging.getLogger("extforge").warning(room.describe(root, purpose))
     return room

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import os
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ from typing import NoReturn
 
 from . import __version__, safe_files
 from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError, from_os_error
-from .paths import cache_root
+from .paths import cache_root, own_area
 from .ui import console, emit_json, setup_logging
 
 # Order is the order `extforge --help` lists them in: the pipeline first, diagnostics last.
@@ -179,22 +180,34 @@ CRASH_LOGS_KEPT = 20
 
 
 def _crash_log(argv: Sequence[str], exc: BaseException) -> str:
-    """Write the traceback to the cache's logs folder (the newest CRASH_LOGS_KEPT are kept),
-    private to this user (it names their paths). The cache may be shared: a link planted at
-    `logs` or at a log's name is refused, not written through."""
+    """Write the traceback to the cache's logs folder (own_area: this user's own in another
+    user's cache root), private to this user (it names their paths), keeping the newest
+    CRASH_LOGS_KEPT of this user's logs. The cache may be shared: a link planted at `logs` or at a
+    log's name is refused, not written through, and what others put there (links, files named
+    as logs of a later date) is neither counted nor removed."""
     try:
-        logs = cache_root() / "logs"
-        root = logs.parent
+        logs = own_area("logs")
+        root = cache_root()
         path = logs / f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         safe_files.make_dirs(logs, beneath=root)
         text = f"extforge {__version__}: {' '.join(argv)}\n" + "".join(traceback.format_exception(exc))
         safe_files.write_atomic(path, text.encode(), mode=0o600, beneath=root)
-        old = sorted(n for n in safe_files.names(logs, beneath=root) if n.startswith("crash-") and n.endswith(".log"))
-        for name in old[:-CRASH_LOGS_KEPT]:
+        with safe_files.folder(logs, beneath=root) as dfd:
+            mine = sorted(n for n in os.listdir(dfd) if n.startswith("crash-") and n.endswith(".log") and n != path.name
+                          and _own_regular_file(n, dfd))
+        for name in mine[:max(0, len(mine) + 1 - CRASH_LOGS_KEPT)]:
             safe_files.remove(logs / name, beneath=root)
     except (OSError, ExtforgeError) as err:
         return f"(no log: {err}; run with -vv)"
     return str(path)
+
+
+def _own_regular_file(name: str, dfd: int) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 if __name__ == "__main__":

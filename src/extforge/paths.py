@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -11,7 +14,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ExtforgeError
-from .safe_files import remove_quietly, touch
+from .safe_files import folder, make_dirs, make_private_dir, not_private_why, remove_quietly, touch
+
+
+def _stores_no_files(path: Path) -> bool:
+    """Whether path (or its nearest existing folder) is on a kernel interface such as /proc or
+    /sys, a file system of no blocks that takes no new files."""
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        return os.statvfs(here).f_blocks == 0
+    except OSError:
+        return False
 
 
 def cache_root() -> Path:
@@ -30,27 +45,89 @@ def cache_root() -> Path:
         if path.exists() and not path.is_dir():
             raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is not a folder", "extforge keeps its cache's folders there",
                                 "point it at a folder (it is created if missing) or unset it")
+        if _stores_no_files(path):
+            raise ExtforgeError(f"$EXTFORGE_CACHE={env!r} is on a file system that stores no files",
+                                "it is a kernel interface (like /proc or /sys), where extforge cannot keep its cache's folders",
+                                "point it at a folder on a disk (e.g. $HOME/.cache/extforge) or unset it")
         return path
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "extforge"
 
 
-def rattler_cache_dir() -> Path:
-    """Package cache for rattler installs and rattler-build environments.
+_warned: set[Path] = set()
+
+
+def private_dir(name: str, *, create: bool = True) -> Path:
+    """This user's own folder `<name>-<uid>` under the cache root (mode 0700, made by this user),
+    created if missing (with `create`; else where it is or would be).
+
+    In a cache several users share, another user may have put a folder, link or file under that
+    name first, and in a sticky folder (as /tmp is) nobody but its owner can remove it: then a
+    folder `<name>-<uid>.<random>` of this user's is used instead (a warning names the squatted
+    name once), and found again by every later run, so what is kept there (a secret) stays. A
+    folder of this user's that others may write is refused: `chmod 700` is its owner's to run."""
+    root = cache_root()
+    uid = os.geteuid()
+    first = root / f"{name}-{uid}"
+    try:
+        with folder(root) as dfd:
+            found = {n: os.stat(n, dir_fd=dfd, follow_symlinks=False) for n in os.listdir(dfd)
+                     if n == first.name or n.startswith(first.name + ".")}
+    except FileNotFoundError:
+        found = {}
+    private = sorted(n for n, st in found.items() if not_private_why(st) is None)
+    if private:
+        return root / private[0]  # `first` sorts before its fallbacks
+    if not create:
+        return first
+    squatted = first.name in found and (found[first.name].st_uid != uid or not stat.S_ISDIR(found[first.name].st_mode))
+    chosen = root / f"{first.name}.{secrets.token_hex(8)}" if squatted else first
+    try:
+        make_dirs(root)
+        make_private_dir(chosen, beneath=root, own_group=True)  # one of this user's with loose modes is refused here
+    except OSError as exc:
+        raise ExtforgeError(f"cannot create {chosen}: {exc.strerror}",
+                            "extforge keeps what only you may change (installs' package caches, the manifests it "
+                            "trusts) in a folder of your own under its cache root",
+                            "point EXTFORGE_CACHE at a folder you can write, or ask its owner to let you") from None
+    if squatted and first not in _warned:
+        _warned.add(first)
+        logging.getLogger("extforge").warning(
+            "%s is not yours (owner uid %d; someone who can write %s put it there): using %s instead; an admin can "
+            "remove %s", first, found[first.name].st_uid, root, chosen, first)
+    return chosen
+
+
+def own_area(name: str, *, create: bool = True) -> Path:
+    """Where this user keeps the cache area `name` that it hard-links or extracts into its own
+    environments: the shared `<cache>/<name>` in a cache root of its own (the usual case), its
+    private_dir in another user's (a site's shared cache), so that no user's environment holds
+    another user's files and no user needs write access to another's folder."""
+    root = cache_root()
+    try:
+        owner = root.stat().st_uid
+    except FileNotFoundError:
+        owner = os.geteuid()  # made by this run
+    return root / name if owner == os.geteuid() else private_dir(name, create=create)
+
+
+def rattler_cache_dir(*, create: bool = True) -> Path:
+    """Package cache for rattler installs and rattler-build environments (own_area: a user's
+    environments hard-link its files).
 
     rattler-build otherwise extracts into ~/.cache/rattler (5 GB for a torch build env);
     keeping it under our cache root makes one knob control all of extforge's disk use.
     """
     env = os.environ.get("RATTLER_CACHE_DIR")
-    return Path(env) if env else cache_root() / "rattler"
+    return Path(env) if env else own_area("rattler", create=create)
 
 
-def rattler_pkgs_dir() -> Path:
+def rattler_pkgs_dir(*, create: bool = True) -> Path:
     """Where packages are extracted: rattler-build's layout under RATTLER_CACHE_DIR. py-rattler's
     install takes the extraction folder itself; given rattler_cache_dir() it would keep a second
     copy of every torch (~5 GB) beside rattler-build's."""
-    return rattler_cache_dir() / "pkgs"
+    return rattler_cache_dir(create=create) / "pkgs"
 
 
 def mark_used(path: Path) -> None:

@@ -273,14 +273,19 @@ def make_dirs(path: Path, *, beneath: Path | None = None, mode: int = 0o777) -> 
         os.close(fd)
 
 
-def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool = True) -> None:
+def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool = True, own_group: bool = False) -> None:
     """The folder path, mode 0700, made by this user (created if missing; with exist_ok False,
     FileExistsError where anything is there). One that exists is used only if it is a folder
     (not a link) this user owns that nobody else can write: what extforge later trusts in it (a
-    lock, a journal of what to delete) is then its own."""
+    lock, a journal of what to delete) is then its own. With `own_group`, a new one takes this
+    user's group, not a setgid parent's: files made in it and hard-linked elsewhere (a package
+    cache's into an environment) carry the group their user would give them, not the shared
+    cache's."""
     with folder(path.parent, beneath=beneath) as dfd:
+        created = False
         try:
             os.mkdir(path.name, 0o700, dir_fd=dfd)
+            created = True
         except FileExistsError:
             if not exist_ok:
                 raise
@@ -291,6 +296,9 @@ def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool 
                 raise _private_refusal(path, "it is a symbolic link or not a folder") from None
             raise
         try:
+            if own_group and created and os.fstat(fd).st_gid != os.getegid():
+                os.fchown(fd, -1, os.getegid())
+                os.fchmod(fd, 0o700)  # the setgid bit it inherited goes too
             why = not_private_why(os.fstat(fd))
         finally:
             os.close(fd)

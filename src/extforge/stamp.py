@@ -3,7 +3,8 @@
 `extforge build` stamps what it built so `extforge verify` can admit a node from the
 installed prefix alone. The file is added to the package payload and listed in
 info/paths.json and info/files like any other file, so conda and rattler install,
-verify and remove it normally. What the record proves a node needs (`run_requirements`: its
+verify and remove it normally. Stamping also takes the builder's own folders out of
+info/about.json. What the record proves a node needs (`run_requirements`: its
 glibc, its CUDA driver) also goes into info/index.json's depends, so the channel's repodata
 carries it and a solve for nodes that lack it fails at lock time.
 """
@@ -128,6 +129,8 @@ class _Stamp:
                       "size_in_bytes": len(data)}
 
     def patch(self, name: str, content: bytes) -> bytes:
+        if name == "info/about.json":
+            return _without_build_paths(content)
         if name == "info/index.json":
             index = json.loads(content)
             named = {d.split()[0] for d in index.get("depends", []) if d.strip()}
@@ -145,7 +148,25 @@ class _Stamp:
         return ("\n".join(sorted([*lines, self.relpath])) + "\n").encode()
 
 
-_PATCHED = ("info/index.json", "info/paths.json", "info/files")
+def _local(channel: object) -> bool:
+    return isinstance(channel, str) and channel.startswith(("file:", "/", "~"))
+
+
+def _without_build_paths(content: bytes) -> bytes:
+    """about.json without the channels the build read from the builder's own disk (rattler-build
+    lists `file:///home/…/mirror/`): those name nothing a user of the package can reach, tell
+    everyone the builder's folders, and make the same build differ from one folder to the next."""
+    try:
+        about = json.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(about, dict) or not any(map(_local, about.get("channels") or [])):
+        return content
+    about["channels"] = [c for c in about["channels"] if not _local(c)]
+    return (json.dumps(about, indent=2, sort_keys=True) + "\n").encode()
+
+
+_PATCHED = ("info/index.json", "info/paths.json", "info/files", "info/about.json")
 
 
 def _copy_tar(src: tarfile.TarFile, dst: tarfile.TarFile, stamp: _Stamp, *, add_payload: bool) -> None:

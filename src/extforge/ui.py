@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -16,11 +17,41 @@ from typing import Any
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+# Colours (SGR) in a compiler's log: dropped, they only style the text.
+_COLOUR = re.compile(r"\x1b\[[0-9;:]*m")
+# Every other control character (C0 but newline and tab, DEL, C1, the bidirectional overrides),
+# ESC starting a title, clipboard (OSC 52) or clear-screen sequence among them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """text with its terminal controls shown instead of obeyed: colour sequences removed, every
+    other control character written as its escape (`\\x1b`), newlines and tabs kept. What extforge
+    prints comes partly from files others wrote (a build log, a package's name, a channel's file
+    names), and a raw escape sequence there could retitle the terminal, write to the clipboard,
+    clear the screen or rewrite a line already printed."""
+    text = _COLOUR.sub("", text.replace("\r\n", "\n"))
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class _Console(Console):
+    """A rich console that prints every string through `printable`: one place for all of it."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(printable(text), **kwargs)
+
+
+class _PrintableFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
 
 # Lines are never broken by rich: piped through `tee` or into a file it would wrap at 80 columns
 # inside paths and package names, and a copied path would be broken; a terminal wraps long
 # lines itself and copies them whole.
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = _Console(stderr=True, highlight=False, soft_wrap=True)
 if not console.is_terminal:
     console.width = 4096  # tables (status, verify --slurm) keep their natural width: no cell wraps
 log = logging.getLogger("extforge")
@@ -44,7 +75,9 @@ def setup_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = (RichHandler(console=console, show_time=False, show_path=False, markup=False)
                if console.is_terminal else PlainHandler())
-    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
+    # RichHandler renders a record's text itself, past the console's render_str.
+    handler.setFormatter(_PrintableFormatter("%(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     log.setLevel(level)
 
 

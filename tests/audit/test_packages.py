@@ -98,6 +98,25 @@ def _members(pkg: Path) -> dict[str, bytes]:
     return out
 
 
+def test_a_stamped_package_names_no_folder_of_the_build_machine_in_about_json(elfs, tmp_path):
+    """rattler-build lists the channels a build read in info/about.json, a local one as
+    `file:///<the builder's folder>/`: every package extforge built told its users the build
+    machine's folders, and the same build in another folder gave another package."""
+    from channel.conftest import build_package
+    from extforge import engine
+
+    engine.prepare_environment()
+    about = {}
+    for where in ("one", "two"):
+        pkg = build_package(tmp_path / where / "build", "tiny-about")
+        assert str(tmp_path).encode() in _members(pkg)["info/about.json"]  # what rattler-build writes
+        report = audit_target(pkg, against=elfs["v1"])
+        stamp_package(pkg, report.to_stamp(pkg))
+        about[where] = _members(pkg)["info/about.json"]
+        assert str(tmp_path).encode() not in about[where] and json.loads(about[where])["channels"] == []
+    assert about["one"] == about["two"]
+
+
 def test_stamping_on_several_threads_writes_the_same_files(elfs, tmp_path):
     """The payload is recompressed on several threads (one thread took 42 s for the full
     flash-attn package): the files inside must not depend on how many."""

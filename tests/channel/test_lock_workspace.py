@@ -82,6 +82,19 @@ def test_a_first_lock_of_one_env_holds_pixis_default_too(tiny_packages, tmp_path
     assert set(locked) == {"default", "b"} and locked["default"] == []
 
 
+def test_the_environment_yml_of_an_empty_environment_lists_no_dependencies(tiny_packages, tmp_path):
+    """pixi's `default` of a workspace whose features are all named is empty; its
+    environment.yml said `dependencies:` with nothing after it, a null that conda 26.7 warns it
+    will reject (and conda's next release rejects)."""
+    ws = _workspace(tmp_path, tiny_packages)
+    proc = _lock_cli(ws)
+    assert proc.returncode == 0, proc.stderr
+    empty = YAML(typ="safe").load((ws / "envs" / "default.environment.yml").read_text())
+    assert empty["dependencies"] == [] and empty["channels"] == [(tmp_path / "ch").as_uri()]
+    full = YAML(typ="safe").load((ws / "envs" / "b.environment.yml").read_text())
+    assert [d.split("=")[0] for d in full["dependencies"]] == ["tiny-05"]
+
+
 def test_concurrent_lock_runs_serialize(tiny_packages, tmp_path):
     ws = _workspace(tmp_path, tiny_packages)
     runs = [subprocess.Popen([*EXTFORGE, "lock", "--manifest", str(ws / "pixi.toml"), *(["--env", "b"] if i % 2 else [])],

@@ -174,3 +174,21 @@ def test_links_fifos_and_devices_in_a_subdir_are_never_served_or_opened(peer_sit
         ("linux-64", "s-1.0-h0_0.conda"), ("noarch", "fifo-1.0-h0_0.conda"), ("noarch", "secret-1.0-h0_0.conda"),
         ("noarch", "zero-1.0-h0_0.conda")])
     assert result["log_repaired"] == []  # never logged as published either
+
+
+def test_publish_makes_a_missing_channel_folder_every_member_can_publish_into(peer_site, tiny_packages):
+    """`publish --channel DIR` with DIR missing made it under the publisher's umask (drwxr-sr-x in
+    the site's setgid folder), saying nothing: the next member of the group could not publish
+    ("cannot write …/.extforge-publish.lock"). It is made as the channel rules make a subdir,
+    with the group bits of the site folder above it, and the publish says so."""
+    site = peer_site
+    first, second = site.peers
+    pkgs = site.readable_copy(tiny_packages.distinct[3:5], "pkgs-created")
+    channel = site.shared_folder("site-channels") / "team" / "main"
+    proc = site.run(first, "publish", str(pkgs[0]), "--channel", str(channel), "--no-audit", umask=0o077)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(channel.stat().st_mode) == stat.S_IMODE(channel.parent.stat().st_mode) == 0o2775
+    assert f"created the channel folder {channel} (drwxrwsr-x): it did not exist" in " ".join(proc.stderr.split())
+    proc = site.run(second, "publish", str(pkgs[1]), "--channel", str(channel), "--no-audit")
+    assert proc.returncode == 0 and "created the channel folder" not in proc.stderr, proc.stderr
+    assert _indexed(channel) == {p.name for p in pkgs}

@@ -59,3 +59,42 @@ def test_only_the_tail_is_matched() -> None:
     early = "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
     assert explain_text(early + "x" * TAIL_BYTES).recognised is False
     assert explain_text("x" * TAIL_BYTES + early).recognised is True
+
+
+# A log line that a known signature matches, wrapped in what a hostile log carries: a window
+# title, a clipboard write (OSC 52), a clear-screen and a cursor move that erases the line above.
+ESCAPES = "\x1b]0;owned\x07\x1b]52;c;ZWNobyBvd25lZA==\x07\x1b[2J\x1b[1A\x1b[2K\u202e"
+
+
+def test_terminal_escapes_from_a_log_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """explain echoed the log's matching line as it was: its escape sequences retitled the
+    terminal, wrote the clipboard and cleared the screen of whoever ran it."""
+    log = tmp_path / "build.log"
+    log.write_text(f"{ESCAPES}ImportError: /x/ext.so: undefined symbol: _ZN3c104impl3fooEv{ESCAPES}\n")
+    out = explain("--file", str(log))
+    assert out.returncode == 0 and out.stderr.startswith("undefined-symbol"), out.stderr
+    assert not any(c in out.stderr for c in "\x1b\x07\u202e"), repr(out.stderr)
+    assert r"seen:  \x1b]0;owned\x07\x1b]52;c;ZWNobyBvd25lZA==\x07\x1b[2J\x1b[1A\x1b[2K\u202eImportError" in out.stderr
+    # From a pipe, in JSON: escaped by JSON itself.
+    piped = run_extforge("explain", "--json", input=log.read_text(), timeout=60)
+    assert "\x1b" not in piped.stdout and "\\u001b]0;owned" in piped.stdout
+
+
+def test_every_line_extforge_prints_shows_control_characters() -> None:
+    """The console is the one place: errors, warnings and step lines naming what others wrote (a
+    package's file name in a channel, a path) pass through it as well as explain's evidence."""
+    from extforge import ui
+    from extforge.errors import ExtforgeError
+
+    ui.setup_logging(0)
+    ui.console.begin_capture()
+    try:
+        ui.log.warning("not served: %s", f"noarch/{ESCAPES}x.conda")
+        ui.console.print(ExtforgeError(f"cannot read {ESCAPES}", "why", "fix").render(), markup=False)
+        with ui.step(f"publish {ESCAPES}"):
+            pass
+    finally:
+        text = ui.console.end_capture()
+    assert not any(c in text for c in "\x1b\x07\u202e"), repr(text)
+    assert text.count(r"\x1b]0;owned\x07") == 4 and "[2J" in text
+    assert ui.printable("a\tb\nc\r\nd\x1b[1;31me\x1b[0m") == "a\tb\nc\nde"  # tabs, newlines kept; colours dropped

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from extforge.archive import check_package
 from extforge.mirror.channel import _build_with_rattler, build_jobs, place
 from extforge.mirror.recipes import PackageJob, bytecode_spec
 from extforge.mirror.wheels import console_script
@@ -178,3 +179,66 @@ def test_a_python_that_cannot_compile_is_one_clear_error(tmp_path: Path, monkeyp
     assert "could not package demo-pkg 1.0" in str(err.value) and "byte code could not be compiled" in err.value.why
     assert str(tmp_path / "gone" / "python3") in (err.value.fix or "")
     assert not list((tmp_path / "cache").rglob("*.conda"))  # nothing half-made kept
+
+
+def _licensed_wheel(tmp_path: Path, metadata: str, files: dict[str, str]) -> Path:
+    whl = tmp_path / "lic_pkg-2.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("lic_pkg/__init__.py", "X = 2\n")
+        zf.writestr("lic_pkg-2.0.dist-info/METADATA", "Metadata-Version: 2.4\nName: lic-pkg\nVersion: 2.0\n" + metadata
+                    + "\nA long description that is no licence.\n")
+        for name, text in files.items():
+            zf.writestr(f"lic_pkg-2.0.dist-info/{name}", text)
+    return whl
+
+
+def _dist_package(tmp_path: Path, wheel: Path) -> tuple[dict, dict[str, bytes], Path]:
+    from extforge.mirror.inputs import Artifact, Interpreter
+    from extforge.mirror.wheels import dist_job
+
+    interp = Interpreter(platform.python_version(), sys.executable, sys.base_prefix, "", "", "", "", "", False)
+    job = dist_job(Artifact("lic-pkg", "lic-pkg", "2.0", [], ["py3-none-any"], wheel=wheel), [], interp)
+    (built,) = build_jobs([job], None, None, workers=1)
+    _, info = _read_conda(built.path)
+    return json.loads(info["info/index.json"]), info, built.path
+
+
+def test_a_distributions_licence_and_licence_files_come_from_its_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every package the mirror made of a wheel said `license: LicenseRef-upstream` and carried
+    no licence file, though the wheels declare their licence (License-Expression, License or
+    classifiers) and ship its text (PEP 639's dist-info/licenses/, or LICENSE in dist-info)."""
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    wheel = _licensed_wheel(tmp_path, "License-Expression: Apache-2.0 OR BSD-2-Clause\nLicense-File: LICENSE\n"
+                            "Classifier: License :: OSI Approved :: MIT License\n",
+                            {"licenses/LICENSE": "apache or bsd", "licenses/third_party/zlib/LICENSE": "zlib",
+                             "COPYING": "old style", "RECORD": "", "licenses/../../escape": "never"})
+    index, info, package = _dist_package(tmp_path, wheel)
+    assert index["license"] == json.loads(info["info/about.json"])["license"] == "Apache-2.0 OR BSD-2-Clause"
+    assert {k: v for k, v in info.items() if k.startswith("info/licenses/")} == {
+        "info/licenses/LICENSE": b"apache or bsd", "info/licenses/third_party/zlib/LICENSE": b"zlib",
+        "info/licenses/COPYING": b"old style"}
+    check_package(package)  # the package path rule publish and install apply
+    # Older metadata: the License field, else the licence classifiers; markup or several lines are no licence.
+    for metadata, want in (("License: BSD\nClassifier: License :: OSI Approved :: BSD License\n", "BSD"),
+                           ("License: line one\n  line two\nClassifier: License :: OSI Approved :: BSD License\n"
+                            "Classifier: License :: Other/Proprietary License\n", "BSD License OR Other/Proprietary License"),
+                           ("License: ${{ evil }}\n", "LicenseRef-upstream")):
+        (tmp_path / "lic_pkg-2.0-py3-none-any.whl").unlink()
+        index, _, _ = _dist_package(tmp_path, _licensed_wheel(tmp_path, metadata, {}))
+        assert index["license"] == want, metadata
+
+
+def test_an_installed_distributions_licence_files_are_found_without_following_links(tmp_path: Path):
+    from extforge.mirror.licenses import installed_license
+
+    dist_info = tmp_path / "site" / "lic_pkg-2.0.dist-info"
+    (dist_info / "licenses" / "sub").mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Name: lic-pkg\nLicense-Expression: MIT\n\nbody\n")
+    (dist_info / "licenses" / "LICENSE").write_text("mit")
+    (dist_info / "licenses" / "sub" / "NOTICE").write_text("notice")
+    (dist_info / "LICENSE.txt").write_text("old style")
+    (dist_info / "licenses" / "passwd").symlink_to("/etc/passwd")
+    (dist_info / "RECORD").write_text("")
+    assert installed_license(dist_info) == ("MIT", [[str(dist_info / "licenses" / "LICENSE"), "LICENSE"],
+                                                    [str(dist_info / "LICENSE.txt"), "LICENSE.txt"],
+                                                    [str(dist_info / "licenses" / "sub" / "NOTICE"), "sub/NOTICE"]])

@@ -183,6 +183,30 @@ def test_a_bad_cache_setting_is_one_line(sandbox, value):
     assert _json_error(res)["error"].startswith(f"$EXTFORGE_CACHE={value!r} is "), res.output
 
 
+def test_a_cache_on_a_kernel_interface_is_one_line(sandbox, pyish_env):
+    """`EXTFORGE_CACHE=/proc/self` passed as a folder: install then failed unexpectedly
+    (FileNotFoundError: '/proc/self/pkgs'), its crash log refused too."""
+    lock, _ = pyish_env
+    for value in ("/proc/self", "/proc/self/cache", "/sys/kernel"):
+        res = sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / "q"), "--lock", str(lock),
+                          env={"EXTFORGE_CACHE": value}, expect=2)
+        res.refused(f"$EXTFORGE_CACHE={value!r} is on a file system that stores no files", "point it at a folder on a disk")
+    assert not (sandbox.root / "envs" / "q").exists()
+
+
+def test_verify_of_a_missing_path_or_a_file_says_so(sandbox, pyish_env):
+    """verify of a path that does not exist, or of a plain file, said "P is not a conda
+    environment: it has no conda-meta folder", as if the path were an environment's folder."""
+    lock, prefix = pyish_env
+    missing = sandbox.root / "envs" / "typo"
+    sandbox.run("verify", str(missing), "--env", "default", "--lock", str(lock), expect=2).refused(
+        f"{missing} does not exist", "pass the folder given to `extforge install --prefix`")
+    a_file = prefix / "lib" / "libpyish.so"
+    res = sandbox.run("verify", str(a_file), expect=2).refused(f"{a_file} is a file, not an environment's folder")
+    assert "conda-meta" not in res.output
+    sandbox.run("verify", str(prefix), "--env", "default", "--lock", str(lock), expect=0)
+
+
 def test_manifest_platforms_and_pypi_dependencies_are_checked(sandbox):
     ws = sandbox.path("ws-bad")
     head = '[workspace]\nname = "t"\nchannels = ["x"]\n'

@@ -69,13 +69,40 @@ def test_a_crash_log_is_never_written_through_a_planted_link(tmp_path: Path, mon
     where = cli._crash_log(["build"], RuntimeError("boom"))
     assert where.startswith("(no log: refusing to create") and "symbolic link" in where, where
     assert sorted(p.name for p in victim_dir.iterdir()) == ["keep"]
-    # A real folder: the log is written, private to its user, and old ones beyond the kept
-    # number go; a link at an old log's name is removed as a link, its target untouched.
+    # A real folder: the log is written, private to its user; a link at an old log's name is
+    # no log of this user's: neither counted nor removed, its target untouched.
     (cache / "logs").unlink()
     (cache / "logs").mkdir()
     for i in range(cli.CRASH_LOGS_KEPT):
         (cache / "logs" / f"crash-2000010{i:02d}.log").symlink_to(victim_dir / "keep")
     where = cli._crash_log(["build"], RuntimeError("boom"))
     assert stat.S_IMODE(Path(where).stat().st_mode) == 0o600
-    assert len(list((cache / "logs").iterdir())) == cli.CRASH_LOGS_KEPT
+    assert len(list((cache / "logs").iterdir())) == cli.CRASH_LOGS_KEPT + 1
     assert (victim_dir / "keep").read_text() == "precious"
+
+
+def test_planted_logs_named_for_a_later_date_never_delete_the_real_crash_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The crash-log rotation kept the newest 20 names in `logs/`: links (or, as root, another
+    user's files) named `crash-2099….log` planted there made every real log the oldest, deleted
+    as soon as it was written, and the error line named a log that was gone."""
+    cache = tmp_path / "cache"
+    logs = cache / "logs"
+    logs.mkdir(parents=True)
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs")
+    for i in range(cli.CRASH_LOGS_KEPT + 5):
+        (logs / f"crash-2099{i:04d}-000000-1.log").symlink_to(target)
+    if os.geteuid() == 0:  # another user's regular files too
+        for i in range(5):
+            (logs / f"crash-2098{i:04d}-000000-1.log").write_text("theirs")
+            os.chown(logs / f"crash-2098{i:04d}-000000-1.log", 65534, 65534)
+    own = [logs / f"crash-2000{i:04d}-000000-1.log" for i in range(cli.CRASH_LOGS_KEPT)]
+    for path in own:
+        path.write_text("mine")
+    planted = {p.name for p in logs.iterdir()} - {p.name for p in own}
+    monkeypatch.setenv("EXTFORGE_CACHE", str(cache))
+    where = Path(cli._crash_log(["build"], RuntimeError("boom")))
+    assert where.parent == logs and "RuntimeError: boom" in where.read_text()
+    # This user's newest 20 stay (the new one and 19 before it); what others put there stays.
+    assert {p.name for p in logs.iterdir()} == planted | {where.name} | {p.name for p in own[1:]}
+    assert target.read_text() == "theirs"

@@ -90,7 +90,7 @@ def test_trust_folder_others_can_write_is_refused(sandbox, pyish_env):
     trust = sandbox.cache / f"trust-{os.getuid()}"
     os.chmod(trust, 0o770)
     res = _verify(sandbox, prefix, "--env", "default", "--lock", str(lock), expect=2)
-    res.refused(f"{trust} is not private to this user", code=2)
+    res.refused(f"refusing to use {trust}: its mode is drwxrwx---, not drwx------", code=2)
 
 
 def test_files_no_package_owns_on_the_import_path_are_reported(sandbox, pyish_env):

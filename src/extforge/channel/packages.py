@@ -13,7 +13,7 @@ from typing import Any
 
 from ..downloads import Limits, TooBig, download, fetch, local_path
 from ..errors import ExtforgeError
-from ..paths import cache_root, mark_used
+from ..paths import mark_used, own_area
 from ..safe_files import hard_link, make_dirs, remove, rename, temp_name
 from .hashing import default_threads, digest_file, digests_file
 from .mirrors import Mirrors
@@ -42,7 +42,9 @@ def read_prefix_records(prefix: Path) -> list[dict]:
 
 
 def store_dir() -> Path:
-    return cache_root() / "pkgs"
+    """The package archives this user's installs checked (paths.own_area: in a cache root of
+    another user's, a folder of this user's own)."""
+    return own_area("pkgs")
 
 
 def locked_records(lock_path: Path, env: str, platform: str = "linux-64") -> list:

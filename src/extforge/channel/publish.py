@@ -19,6 +19,7 @@ import getpass
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -70,6 +71,7 @@ class PublishResult:
     ignored: list[str] = field(default_factory=list)  # "subdir/file: why": files in the channel not served
     # "swapped: …", "deleted: …": published files changed or removed since the publish log recorded them
     changed_behind: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)  # the channel folder (and the folders above it) this run made
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -312,7 +314,7 @@ def publish(
         return result
 
     root = Path(where).resolve()
-    make_dirs(root)
+    result.created = [str(p) for p in _make_channel_folder(root)]
     planned = [(p, subdir_of[p], sha256_file(p)) for p in packages]
     with channel_lock(root):
         result.leftovers_removed = len(remove_leftovers(root))
@@ -351,6 +353,23 @@ def publish(
             raise
     result.seconds = time.monotonic() - start
     return result
+
+
+def _make_channel_folder(root: Path) -> list[Path]:
+    """Create the channel folder where it is missing; the folders made. Below a setgid folder
+    (a site's group folder, docs/site-admin.md) each new one takes its group bits, so every
+    member can publish into the channel whatever the creator's umask; elsewhere the umask rules."""
+    missing = []
+    here = root
+    while not os.path.lexists(here):
+        missing.append(here)
+        here = here.parent
+    for path in reversed(missing):
+        if os.stat(path.parent).st_mode & stat.S_ISGID:
+            make_dir(path)
+        else:
+            make_dirs(path)
+    return missing[::-1]
 
 
 def _undo(root: Path, copied: list[Path], made: list[Path], log_size: int | None, had_log: bool) -> None:

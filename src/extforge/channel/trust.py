@@ -4,7 +4,8 @@ A prefix (often on NFS, writable by a group) holds conda-meta records that anyon
 write the prefix can rewrite, so file hashes never come from there. They come from each
 package's own `info/paths.json`, read from an archive whose sha256 matched the lock, and are
 kept as a *manifest* keyed by that sha256 in a folder private to the user
-(`<cache>/trust-<uid>`, mode 0700, refused when anyone else could write it). Files whose prefix
+(`<cache>/trust-<uid>`, mode 0700, refused when anyone else could write it; one another user
+put under that name is passed by for a `trust-<uid>.<random>` of the user's). Files whose prefix
 placeholder the installer rewrote get their expected in-prefix sha256 computed here, the way
 rattler rewrites them, from the archive's original bytes (once per package and prefix).
 
@@ -21,7 +22,6 @@ import hmac
 import json
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +32,7 @@ from typing import Literal, NamedTuple
 from .. import archive as archive_rules
 from ..archive import check_package, package_tars
 from ..errors import ExtforgeError
-from ..paths import cache_root
+from ..paths import private_dir
 from .hashing import default_threads, sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
@@ -57,17 +57,9 @@ class PackageRef:
 
 
 def trust_dir() -> Path:
-    """The user's private folder for manifests, records and the HMAC secret."""
-    d = cache_root() / f"trust-{os.getuid()}"
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = d.lstat()  # lstat: a symlink planted in a shared cache is not followed
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ExtforgeError(
-            f"{d} is not private to this user (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})",
-            "install and verify keep the package manifests they trust there; others could forge them",
-            f"remove {d} (it is rebuilt from the packages) or make it yours with mode 700",
-        )
-    return d
+    """The user's private folder for manifests, records and the HMAC secret (paths.private_dir:
+    one another user planted under its name in a shared cache is passed by, not obeyed)."""
+    return private_dir("trust")
 
 
 def _secret(d: Path) -> bytes:

@@ -296,6 +296,10 @@ def verify_prefix(
     except (OSError, RuntimeError) as exc:  # 3.11 raises RuntimeError for a symlink loop
         raise ExtforgeError(f"prefix {prefix} cannot be resolved", str(exc), "pass the environment's folder, "
                             "not a path through symbolic-link loops") from None
+    if not prefix.is_dir():
+        what = "is a file, not an environment's folder" if prefix.exists() else "does not exist"
+        raise ExtforgeError(f"{prefix} {what}", "verify checks the folder an environment was installed into",
+                            "pass the folder given to `extforge install --prefix`")
     report = VerifyReport(prefix=prefix)
     records = read_prefix_records(prefix)
     t = report.lap("conda-meta records", start)
@@ -326,7 +330,7 @@ def verify_prefix(
     record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
     basis = record_basis(prefix, locked, written, record_names)
     previous, trusted, hashed_files = ({}, set(), 0) if rehash else _load_snapshot(prefix, basis)
-    cache = receipt.cache if receipt is not None and receipt.cache else str(rattler_pkgs_dir())
+    cache = receipt.cache if receipt is not None and receipt.cache else str(rattler_pkgs_dir(create=False))
     linked = {p.name: f"{cache}/{name}" for p, name in zip(locked, record_names, strict=True)}
     acc = Accounting(written, record_names, basis, previous, trusted, hashed_files, linked)
     t = report.lap("record of the last clean run", t)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 from pathlib import Path
 
 from ..errors import EXIT_OK, ExtforgeError
@@ -88,6 +90,10 @@ def publish_channel(args: argparse.Namespace) -> dict:
     with step(f"publish {len(args.packages)} package(s) to {args.channel}", quiet=args.json):
         result = publish(args.packages, args.channel, allow_audit_failure=args.allow_audit_failure, audit=not args.no_audit, upstream=args.upstream)
     if not args.json:
+        if result.created:
+            mode = stat.filemode(os.stat(result.created[-1]).st_mode)
+            console.print(f"  created the channel folder {result.created[-1]} ({mode}): it did not exist",
+                          markup=False, soft_wrap=True)
         if result.log_repaired:
             console.print(f"  publish log repaired: {len(result.log_repaired)} package file(s) in the channel had no entry "
                           f"(a publish killed mid-way, or files put there by another tool): {', '.join(result.log_repaired)}",

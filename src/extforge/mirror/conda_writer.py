@@ -90,6 +90,15 @@ def _members(job: PackageJob, zips: list[zipfile.ZipFile]) -> list[_Member]:
     return [out[k] for k in sorted(out)]
 
 
+def _licenses(job: PackageJob, zips: list[zipfile.ZipFile]) -> list[_Member]:
+    """The distribution's licence files (licenses.py found them), as info/licenses/ members."""
+    m = job.manifest
+    out = [_Member(f"info/licenses/{name}", 0o644, zips[i].getinfo(member).file_size, wheel=i, member=member)
+           for i, w in enumerate(m.get("wheels", [])) for member, name in w.get("licenses", [])]
+    out += [_Member(f"info/licenses/{name}", 0o644, os.stat(src).st_size, src=src) for src, name in m.get("license_files", [])]
+    return out
+
+
 def _compiled(job: PackageJob, members: list[_Member], zips: list[zipfile.ZipFile], staging: Path) -> list[_Member]:
     """The .pyc of the package's modules (recipes.bytecode_spec), compiled in `staging` from the
     bytes the package carries."""
@@ -224,6 +233,11 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
                 _json_member(tar, "info/paths.json", {"paths": paths, "paths_version": 1}, mtime)
                 if exports:
                     _json_member(tar, "info/run_exports.json", exports, mtime)
+                for member in _licenses(job, zips):
+                    info = tarfile.TarInfo(member.path)
+                    info.size, info.mode, info.mtime = member.size, member.mode, mtime
+                    with _open(member, zips) as raw:
+                        tar.addfile(info, raw)
     finally:
         for zf in zips:
             zf.close()

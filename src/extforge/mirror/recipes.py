@@ -50,7 +50,9 @@ class PackageJob:
     `manifest` is the _stage.py manifest: `wheels` (installed like pip does), `files`
     ([src, dst, flags]: s = rewrite a python shebang, t = rewrite the old prefix in text,
     r = set RUNPATH to $ORIGIN/../lib, L = keep a symlink), `symlinks`, `texts` (generated
-    files; @PREFIX@ is replaced), `prefix_rewrite` and `bytecode` (bytecode_spec).
+    files; @PREFIX@ is replaced), `prefix_rewrite` and `bytecode` (bytecode_spec); and for
+    conda_writer, which alone writes a distribution's package, its licence files for
+    info/licenses/: a wheel's `licenses` ([member, name]) or `license_files` ([src, name]).
     `identity` is what the inputs' content hashes to (artifact sha256s, file stats).
     """
 
@@ -118,7 +120,10 @@ class PackageJob:
             "symlinks": self.manifest.get("symlinks", []),
             "format": self.package_format,
             "relocate": self.relocate,
-            "writer": hashlib.sha256(CONDA_WRITER.read_bytes()).hexdigest() if self.written_directly else "rattler-build",
+            # The licence goes into the direct writer's packages alone (a distribution's metadata).
+            "writer": [hashlib.sha256(CONDA_WRITER.read_bytes()).hexdigest(), self.about_license,
+                       [w.get("licenses", []) for w in self.manifest.get("wheels", [])], self.manifest.get("license_files", [])]
+            if self.written_directly else "rattler-build",
         }
         if bytecode := self.manifest.get("bytecode"):
             # Packages without Python modules keep their keys (and their cached builds).

@@ -90,5 +90,5 @@ def as_pytorch(job: PackageJob, facts: TorchFacts, py_short: str, *, numpy: bool
         # it on an older driver, where it fails only at the first kernel launch.
         job.depends.append(f"__cuda >={facts.cuda.split('.')[0]}")
     job.summary = f"PyTorch {facts.version} (from the torch distribution, repackaged by extforge mirror)"
-    job.license = "BSD-3-Clause"
+    job.license = job.license or "BSD-3-Clause"  # its wheel's own metadata first (2.14: six licences, AND-ed)
     return job

@@ -12,6 +12,7 @@ from ._stage import wheel_member_target
 from .deps import Dependency, conda_name, conda_version, python_abi_pin, python_pin
 from .hashing import sha256_file, stat_identity
 from .inputs import Artifact, Interpreter
+from .licenses import installed_license, wheel_license
 from .recipes import PackageJob, bytecode_spec
 
 CONSOLE_SCRIPT = """#!@PREFIX@/{python}
@@ -97,11 +98,13 @@ def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> Pack
     manifest: dict = {"python": interp.python_rel, "bytecode": bytecode_spec(interp.executable, interp.version)}
     if art.wheel is not None:
         stem = _dist_info_stem(art.wheel)
+        license, files = wheel_license(art.wheel, stem)
         wheel = {
             "path": str(art.wheel),
             "data_dir": f"{stem}.data",
             "site": interp.site_rel,
             "include": f"include/python{interp.short}/{art.display_name}",
+            "licenses": files,
         }
         manifest["wheels"] = [wheel]
         manifest["texts"] = [
@@ -112,6 +115,8 @@ def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> Pack
         size = art.wheel.stat().st_size * 2
     else:
         files = installed_files(art, interp)
+        assert art.installed is not None
+        license, manifest["license_files"] = installed_license(Path(art.installed["dist_info"]))
         manifest["files"] = files
         identity = stat_identity(files)
         size = sum(os.lstat(f[0]).st_size for f in files)
@@ -124,5 +129,6 @@ def dist_job(art: Artifact, deps: list[Dependency], interp: Interpreter) -> Pack
         identity=identity,
         size_hint=size,
         summary=f"{art.display_name} {art.version} (Python distribution repackaged by extforge mirror)",
+        license=license or "",
         relocate=False,
     )
