@@ -79,7 +79,7 @@ def test_prefix_that_is_a_file(sandbox, locked_env):
     afile.write_text("not a prefix\n")
     with sandbox.unchanged_outside():
         sandbox.run("install", "default", "--prefix", str(afile), "--lock", str(lock)).refused("is a file, not a folder", code=2)
-        sandbox.run("verify", str(afile)).refused("is not a conda environment", code=2)
+        sandbox.run("verify", str(afile)).refused("is a file, not an environment's folder", code=2)
 
 
 def test_yaml_error_in_variants(sandbox):
