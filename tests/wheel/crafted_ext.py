@@ -52,16 +52,22 @@ def torch_package(dest: Path) -> Path:
 
 def extension_package(dest: Path, module: bytes, *, depends: list[str] = DEPENDS, audit: bytes | None = None,
                       module_name: str = MODULE, extra: list[Member] = (),  # type: ignore[assignment]
-                      version: str = "1.0") -> Path:
+                      version: str = "1.0", site: str = SITE, egg_info: bool = False) -> Path:
+    """demo-x as a build's `pip install .` leaves it in `site` (a Debian python's pip:
+    local/lib/python3.11/dist-packages), with its audit stamp; `egg_info`: as a pip older than
+    23.1 without `wheel` installs it (setup.py install)."""
+    info = ([member(f"{site}/demo_x-1.0-py3.11.egg-info/{name}", data) for name, data in (
+                ("PKG-INFO", METADATA), ("SOURCES.txt", b"setup.py\n"), ("installed-files.txt", b"../demo_x/__init__.py\n"),
+                ("dependency_links.txt", b"\n"), ("top_level.txt", b"demo_x\n"))]
+            if egg_info else
+            [member(f"{site}/demo_x-1.0.dist-info/{name}", data) for name, data in (
+                ("METADATA", METADATA), ("RECORD", b"demo_x/__init__.py,,\n"), ("INSTALLER", b"pip\n"),
+                ("direct_url.json", b'{"url": "file:///build/work"}'), ("top_level.txt", b"demo_x\n"))])
     members = [
-        member(f"{SITE}/demo_x/__init__.py", b"from . import _C\n"),
-        member(f"{SITE}/demo_x/{module_name}", module, 0o755),
-        member(f"{SITE}/demo_x/__pycache__/__init__.cpython-311.pyc", b"\x00"),
-        member(f"{SITE}/demo_x-1.0.dist-info/METADATA", METADATA),
-        member(f"{SITE}/demo_x-1.0.dist-info/RECORD", b"demo_x/__init__.py,,\n"),
-        member(f"{SITE}/demo_x-1.0.dist-info/INSTALLER", b"pip\n"),
-        member(f"{SITE}/demo_x-1.0.dist-info/direct_url.json", b'{"url": "file:///build/work"}'),
-        member(f"{SITE}/demo_x-1.0.dist-info/top_level.txt", b"demo_x\n"),
+        member(f"{site}/demo_x/__init__.py", b"from . import _C\n"),
+        member(f"{site}/demo_x/{module_name}", module, 0o755),
+        member(f"{site}/demo_x/__pycache__/__init__.cpython-311.pyc", b"\x00"),
+        *info,
         member("share/extforge/audit/demo-x.json", stamp() if audit is None else audit),
         *extra,
     ]

@@ -9,8 +9,10 @@ import csv
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -86,6 +88,54 @@ def test_the_same_package_gives_the_same_wheel_bytes(tmp_path: Path) -> None:
     second = wheel_from_conda(package, tmp_path / "b", env)
     assert first.sha256 == second.sha256
     assert first.path.read_bytes() == second.path.read_bytes()
+
+
+@pytest.mark.parametrize("how", ["debian", "legacy"])
+def test_a_debian_pythons_or_a_legacy_install_gives_the_same_wheel(tmp_path: Path, how: str) -> None:
+    """debian: on a GPU node the mirrored python is the distribution's, whose pip installs into
+    local/lib/python3.X/dist-packages; the old code refused it (no lib/python3.X/site-packages), so
+    no node build had a wheel. legacy: Debian 12's pip 23.0 without `wheel` installs with setup.py
+    (an .egg-info); the old code copied that .egg-info into the wheel beside its .dist-info, two
+    metadata of one project in the venv, and wrote a METADATA without the build's summary."""
+    env = torch_env(tmp_path)
+    module = extension(tmp_path, env)
+    plain = wheel_from_conda(extension_package(tmp_path / "a", module), tmp_path / "wa", env)
+    kwargs: dict = {"site": "local/lib/python3.11/dist-packages"} if how == "debian" else {"egg_info": True}
+    other = wheel_from_conda(extension_package(tmp_path / "b", module, **kwargs), tmp_path / "wb", env)
+    assert not [n for n in _members(other.path) if ".egg-info" in n]
+    assert (other.path.name, other.sha256) == (plain.path.name, plain.sha256)
+
+
+def test_publish_wheels_runs_from_a_source_tree(tmp_path: Path) -> None:
+    """As scripts/gpu-e2e runs extforge on a node: its modules from src/ on PYTHONPATH, its
+    dependencies from a `pip install --target` tree, no extforge distribution installed. The old
+    code read its version for the wheel's Generator line from that distribution's metadata and
+    died with PackageNotFoundError."""
+    from extforge import __version__
+    from extforge.channel.index import index_channel
+
+    channel = tmp_path / "torch-channel"
+    torch_package(channel)
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    depends = [d for d in DEPENDS if not d.startswith("__")]
+    package = extension_package(tmp_path / "pkg", extension(tmp_path, env), depends=depends)
+    deps = tmp_path / "site"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if "extforge" not in entry.name.lower() and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    # The checkout's src/ without the extforge.egg-info an editable install leaves there (git ignores it).
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "extforge").symlink_to(Path(__file__).resolve().parents[2] / "src" / "extforge")
+    proc = subprocess.run([sys.executable, "-S", "-m", "extforge", "publish", str(package), "--wheels", str(tmp_path / "index"),
+                           "--upstream", str(channel), "--json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{deps}"})
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(proc.stdout)["wheels"]["wheels"]
+    with zipfile.ZipFile(tmp_path / "index" / entry["file"]) as zf:
+        assert f"Generator: extforge ({__version__})" in zf.read(f"{STEM}.dist-info/WHEEL").decode()
 
 
 def _auditwheel_verdict(wheel: Path) -> dict:

@@ -1,8 +1,9 @@
 """A wheel from a conda package extforge built and audited: the same compiled files, no second compile.
 
-The package's `lib/pythonX.Y/site-packages` becomes the wheel's root and its `.dist-info` (pip's,
-from the build script's `pip install .`) the wheel's, with the version, requirements and RECORD
-rewritten; the package's other files (the audit stamp, the build record under `share/`) go to
+The package's `lib/pythonX.Y/site-packages` (on a Debian python, where its pip installs,
+`local/lib/pythonX.Y/dist-packages`) becomes the wheel's root and its `.dist-info` (pip's, from the
+build script's `pip install .`) the wheel's, with the version, requirements and RECORD rewritten;
+the package's other files (the audit stamp, the build record under `share/`) go to
 `<name>.data/data/`, which pip installs relative to the venv as conda did relative to the prefix.
 Each ELF file's search path is rewritten to where a pip venv keeps the libraries it needs, the
 way pip's torch arranges its own (`$ORIGIN/../torch/lib`, `$ORIGIN/../nvidia/cu13/lib`: DT_RPATH,
@@ -33,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from .. import __version__
 from ..archive import PackageCheck, PackageMeta, package_tars
 from ..audit.elf import ELF_MAGIC, open_elf
 from ..channel.hashing import sha256_file
@@ -47,6 +49,10 @@ from .requirements import TorchPin, cuda_toolkit, local_label, requires_dist, to
 DRIVER_LIBRARIES = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
 # pip's installer records these of the build's own install; the wheel gets its own or none.
 _INSTALL_RECORDS = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "WHEEL", "METADATA"})
+# A pip older than 23.1 without `wheel` installs the legacy way (setup.py install): an .egg-info
+# whose PKG-INFO is the METADATA, and records of the install and the build a wheel has no use for.
+_LEGACY_RECORDS = frozenset({"PKG-INFO", "installed-files.txt", "SOURCES.txt", "dependency_links.txt", "requires.txt",
+                             "not-zip-safe"})
 _EXTENSION = re.compile(r"\.(cpython-(\d)(\d+)[^.]*|abi3)\.so$")
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 METADATA_LIMIT = 16 << 20
@@ -123,12 +129,20 @@ class _Layout:
         return {name: path for name, path in self.files.items() if _is_elf(path)}
 
 
-def _site_packages(package: Path, root: Path) -> str:
-    found = sorted(p.relative_to(root).as_posix() for p in root.glob("lib/python3.*/site-packages") if p.is_dir())
+# Where a build's `pip install .` puts the package: site-packages on conda-forge's python; on a
+# Debian/Ubuntu python (one mirrored from a node's venv), pip's default scheme is posix_local.
+SITE_DIRS = ("lib/python3.*/site-packages", "lib/python3.*/dist-packages", "local/lib/python3.*/dist-packages")
+
+
+def _site_packages(package: Path, root: Path) -> tuple[str, str]:
+    """(the payload's site-packages folder, its Python minor "3.12")."""
+    found = sorted(p.relative_to(root).as_posix() for pattern in SITE_DIRS for p in root.glob(pattern)
+                   if p.is_dir() and not p.is_symlink())
     if len(found) != 1:
-        raise _refuse(package, f"it has {'no' if not found else 'more than one'} lib/python3.X/site-packages",
+        raise _refuse(package, f"it has {'no' if not found else 'more than one'} lib/python3.X/site-packages "
+                      "(or a Debian python's dist-packages)",
                       "a wheel installs into one Python's site-packages", "build the package for one Python")
-    return found[0]
+    return found[0], found[0].split("/python", 1)[1].split("/")[0]
 
 
 def _real_file(package: Path, root: Path, path: Path) -> Path:
@@ -158,8 +172,8 @@ def _console_scripts(dist_info: dict[str, Path]) -> set[str]:
 
 
 def _layout(package: Path, root: Path, paths_entries: list[dict]) -> _Layout:
-    site = _site_packages(package, root)
-    layout = _Layout(python=site.split("/")[1].removeprefix("python"))
+    site, python = _site_packages(package, root)
+    layout = _Layout(python=python)
     payload = sorted(p for p in root.rglob("*") if not p.is_dir() and p.relative_to(root).parts[0] != "info")
     for path in payload:
         rel = path.relative_to(root).as_posix()
@@ -170,11 +184,11 @@ def _layout(package: Path, root: Path, paths_entries: list[dict]) -> _Layout:
         parts = inner.split("/")
         if "__pycache__" in parts or inner.endswith(".pyc"):
             continue  # pip compiles byte code at install, for the venv's own paths
-        if parts[0].endswith(".dist-info"):
+        if parts[0].endswith((".dist-info", ".egg-info")):
             name = "/".join(parts[1:])
-            if name == "METADATA":
+            if name == ("METADATA" if parts[0].endswith(".dist-info") else "PKG-INFO"):
                 layout.metadata = _real_file(package, root, path).read_text(errors="replace")[:METADATA_LIMIT]
-            elif name not in _INSTALL_RECORDS:
+            elif name not in _INSTALL_RECORDS | _LEGACY_RECORDS:
                 layout.dist_info[name] = _real_file(package, root, path)
             continue
         layout.files[inner] = _real_file(package, root, path)
@@ -413,7 +427,7 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
                                    requires_dist(depends, torch))
         generated = {name: path.read_bytes() for name, path in layout.dist_info.items()}
         generated["METADATA"] = meta_bytes
-        generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({metadata.version('extforge')})\n"
+        generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({__version__})\n"
                               f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
         dist_info = f"{stem}.dist-info"
         files = {**layout.files, **{f"{stem}.data/data/{rel}": path for rel, path in layout.data.items()}}
