@@ -20,11 +20,13 @@ METADATA = (b"Metadata-Version: 2.1\nName: demo-x\nVersion: 1.0\nSummary: a craf
             b"Provides-Extra: test\nRequires-Dist: pytest; extra == \"test\"\n\nThe long description.\n")
 
 
-def torch_env(tmp: Path) -> Path:
-    """A prefix holding torch's and CUDA's libraries where pip's torch keeps them."""
+def torch_env(tmp: Path, version: str = "2.14.1+cu130") -> Path:
+    """A prefix holding torch's and CUDA's libraries where pip's torch keeps them, and its version.py."""
     site = tmp / "torch-env" / SITE
     gxx_so(site / "torch" / "lib", "libc10.so")
     gxx_so(site / "nvidia" / "cu13" / "lib", "libcudart.so.13")
+    cuda = version.partition("+cu")[2]
+    (site / "torch" / "version.py").write_text(f"__version__ = '{version}'\ncuda: str = '{cuda[:-1]}.{cuda[-1]}'\n")
     return tmp / "torch-env"
 
 

@@ -35,7 +35,7 @@ from extforge.audit.elf import open_elf
 from extforge.errors import ExtforgeError
 from extforge.wheel.make import wheel_from_conda
 from extforge.wheel.manylinux import Need, platform_tag
-from extforge.wheel.requirements import Dep, TorchPin, pep440, requires_dist, torch_pin
+from extforge.wheel.requirements import Dep, TorchPin, held_torch, pep440, requires_dist, torch_dep, torch_pin
 from security.crafted import gxx_so, member
 
 STEM = "demo_x-1.0+cu130torch2.14cxx11abiTRUE"
@@ -187,6 +187,28 @@ def test_a_limited_api_module_gets_the_abi3_tag(tmp_path: Path) -> None:
     assert (wheel.tag, wheel.requires_python) == ("cp311-abi3-manylinux_2_5_x86_64", ">=3.11")
 
 
+def test_a_stable_abi_package_gives_a_wheel_for_its_range(tmp_path: Path) -> None:
+    """flash-attn-3 requires `pytorch >=2.9 cuda13*` (torch's stable C ABI, an .abi3.so): its wheel
+    requires `torch>=2.9`, is labelled with its toolkit alone and served from the row of the torch
+    it was made against; the audit holds that label to a venv's CUDA. The old code refused every
+    range (`pins no exact torch`), so FA3 had no wheel, and read no label without a torch part."""
+    from extforge.audit import audit_target
+
+    env = torch_env(tmp_path)
+    depends = [d for d in ["pytorch >=2.9 cuda13*", *DEPENDS[2:]] if not d.startswith("__")]
+    package = extension_package(tmp_path / "pkg", extension(tmp_path, env, name="_C.abi3.so"), module_name="_C.abi3.so",
+                                depends=depends)
+    wheel = wheel_from_conda(package, tmp_path / "out", env)
+    # No torch in the label; the C++ ABI the audit stamp proved stays.
+    assert (wheel.version, wheel.torch.row) == ("1.0+cu130cxx11abiTRUE", "torch2.14.1-cu130")
+    assert wheel.path.name == "demo_x-1.0+cu130cxx11abiTRUE-cp311-abi3-manylinux_2_5_x86_64.whl"
+    assert "Requires-Dist: torch>=2.9\n" in _members(wheel.path)[f"demo_x-{wheel.version}.dist-info/METADATA"].decode()
+    assert audit_target(wheel.path, against=env).ok
+    other = audit_target(wheel.path, against=torch_env(tmp_path / "cu128", "2.14.1+cu128"))
+    assert [f.message for f in other.errors] == [
+        "demo_x 1.0+cu130cxx11abiTRUE is built with CUDA 13.0 (label cu130); the environment's torch uses CUDA 12.8"]
+
+
 @pytest.mark.parametrize("case, expected", [
     ("failed audit", "its audit verdict is 'fail'"),
     ("no stamp", "it carries no audit stamp"),
@@ -228,11 +250,16 @@ def test_conda_requirements_become_pypi_requirements() -> None:
     assert (pin, pin.row) == (TorchPin("2.14.1", "130"), "torch2.14.1-cu130")
     assert torch_pin(["pytorch ==2.9.1 cpu_py312_h1_0"], "x").row == "torch2.9.1-cpu"
     assert torch_pin([TORCH_PIN.replace("2.14.1", "2.9.1").replace("cuda130", "cuda128")], "x").row == "torch2.9.1-cu128"
-    assert requires_dist([*DEPENDS, "numpy >=1.21,<3", "triton 3.8.*", "packaging", "libstdcxx >=12", "cuda-cudart"], pin) == [
+    assert requires_dist([*DEPENDS, "numpy >=1.21,<3", "triton 3.8.*", "packaging", "libstdcxx >=12", "cuda-cudart"],
+                         torch_dep(DEPENDS, "x")) == [
         "torch==2.14.1", "einops>=0.6", "numpy>=1.21,<3", "triton==3.8.*", "packaging"]
     assert [pep440(Dep.parse(d)) for d in ("x =1.2", "x 1.2.3", "x >=1.0a0,!=1.1", "x *")] == ["==1.2.*", "==1.2.3", ">=1.0a0,!=1.1", ""]
     with pytest.raises(ExtforgeError, match="has no PyPI equivalent"):
         pep440(Dep.parse("x 1.2|1.4"))
+    with pytest.raises(ExtforgeError, match="pins no exact torch"):
+        torch_dep(["pytorch", "python"], "x")
+    assert held_torch("2.11.0 cuda130_py312_h1_0") == held_torch("2.11.0+cu130") == TorchPin("2.11.0", "130")
+    assert held_torch(None) is None
 
 
 def test_build_writes_each_passing_packages_wheel_and_a_refused_one_is_a_finding(tmp_path: Path) -> None:

@@ -37,13 +37,14 @@ from typing import BinaryIO, Literal
 from .. import __version__
 from ..archive import PackageCheck, PackageMeta, package_tars
 from ..audit.elf import ELF_MAGIC, open_elf
+from ..audit.resolve import target_env
 from ..channel.hashing import sha256_file
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
 from ..safe_files import atomic_writer, make_dirs
 from ..stamp import AUDIT_DIR, AuditStamp
 from .manylinux import ARCHES, Need, needs_of, platform_tag, policies
-from .requirements import TorchPin, cuda_toolkit, local_label, requires_dist, torch_pin
+from .requirements import Dep, TorchPin, cuda_toolkit, exact_torch, held_torch, local_label, requires_dist, torch_dep, torch_pin
 
 # The NVIDIA driver's own libraries: every GPU node has them, and no wheel may carry them.
 DRIVER_LIBRARIES = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
@@ -397,16 +398,30 @@ def write_zip(out: BinaryIO, members: list[tuple[str, bytes | Path, int]]) -> No
                             dst.write(chunk)
 
 
+def _torch(package: Path, depends: list[str], dep: Dep, py_tag: str, torch_prefix: Path) -> TorchPin:
+    """The torch whose row serves the wheel: the one the package pins; for a range, which only
+    modules on the stable ABI (`.abi3.so`, no C++ types shared with libtorch) may require, the
+    one in `torch_prefix` (the build's, or the one publish solved from the channel)."""
+    if not py_tag.endswith("-abi3"):
+        return torch_pin(depends, package.name)
+    held = exact_torch(dep) or held_torch(target_env(torch_prefix).torch)
+    if held is None:
+        raise _refuse(package, f"no torch in {torch_prefix} to serve its range ({dep.name} {dep.version})",
+                      "the wheel index has one row per torch", "build or publish it against a channel holding a torch of that range")
+    return held
+
+
 def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux: tuple[int, int] | None = None,
                      beneath: Path | None = None) -> Wheel:
     """Write the wheel of the audited conda `package` into the folder `dest` (through safe_files,
-    anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins."""
+    anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins (for a
+    stable-ABI package's range, the torch whose row the wheel is served from)."""
     package = Path(package)
     with scratch_dir("wheel") as root:
         meta, entries = _extract(package, root)
         stamp = _stamp(package, root, meta.name)
         depends = [str(d) for d in meta.index.get("depends", [])]
-        torch = torch_pin(depends, package.name)
+        dep = torch_dep(depends, package.name)
         arch = ARCHES.get(meta.subdir)
         if arch is None:
             raise _refuse(package, f"its platform {meta.subdir!r} has no manylinux tag", "manylinux wheels are for Linux CPUs",
@@ -414,17 +429,19 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         layout = _layout(package, root, entries)
         about_file = root / "info" / "about.json"
         about = json.loads(about_file.read_text()) if about_file.is_file() else {}
-        label = local_label(cuda_toolkit(depends, meta.build), torch, stamp.cxx11_abi)
+        py_tag, requires_python = python_tag(package, layout.files, layout.python)
+        torch = _torch(package, depends, dep, py_tag, torch_prefix)
+        exact = exact_torch(dep) is not None
+        label = local_label(cuda_toolkit(depends, meta.build), torch if exact else None, stamp.cxx11_abi)
         version = f"{meta.version}{'.' if '+' in meta.version else '+'}{label}"
         # The project's name is pip's (its METADATA's), else the conda package's.
         project = dict(_headers(layout.metadata)[0]).get("Name", meta.name) if layout.metadata else meta.name
         stem = f"{dist_name(project)}-{version}"
         needs = _relink(package, layout, venv_libraries(torch_prefix, layout.python), arch)
-        py_tag, requires_python = python_tag(package, layout.files, layout.python)
         tag = f"{py_tag}-{platform_tag(needs, arch, manylinux)}"
         meta_bytes = metadata_text(layout.metadata, project, version, str(about.get("summary") or ""),
                                    str(about.get("license") or meta.index.get("license") or ""), requires_python,
-                                   requires_dist(depends, torch))
+                                   requires_dist(depends, dep))
         generated = {name: path.read_bytes() for name, path in layout.dist_info.items()}
         generated["METADATA"] = meta_bytes
         generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({__version__})\n"
