@@ -75,8 +75,9 @@ def copy_venv(run: Run, python: str) -> str:
     venv = run.work / "wheel-venv"
     src, dest = shlex.quote(str(source)), shlex.quote(str(venv))
     copied = run.step(f"venv of the node's pip torch (a copy of {source})",
-             f"rm -rf {dest} && {{ cp -al {src} {dest} && echo 'hard links'; }} 2>/dev/null || "
-             f"{{ rm -rf {dest} && cp -a {src} {dest} && echo 'a copy (another file system, or files not ours to link)'; }}")
+                      f"rm -rf {dest} && {{ cp -al {src} {dest} && echo 'hard links'; }} 2>/dev/null || "
+                      f"{{ rm -rf {dest} && cp -a {src} {dest} && echo 'a copy (another file system, or files not ours "
+                      "to link)'; }")
     pyx = str(venv / "bin" / Path(python).name)
     torch = run.step("the venv's torch is its own", [pyx, "-c", "import sys, torch; assert torch.__file__.startswith(sys.prefix), "
                      "torch.__file__; print(torch.__version__, torch.__file__)"], env=client_env())
