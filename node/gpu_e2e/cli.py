@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from . import __doc__ as DOC
+from .carry import prepare as prepare_carry
 from .phases import Options, bundle_results, phase_finish, phase_rebuild, phase_start, phase_wait, symbols_only
 from .state import PHASES, REMEMBERED, REPO, Run, StepFailed, merged_options
+from .wheels import phase_wheels
 
 # Flash-attn's host/run deps and what tests/gpu uses: the distributions of the node's environment
 # that the runtime env needs besides torch's closure.
@@ -34,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(DOC or "").split("\n\n")[0])
     ap.add_argument("phase", choices=PHASES)
     ap.add_argument("--so", type=Path, help="symbols: the extension module to bring back without GPU code")
+    ap.add_argument("--python-version", default="3.12", help="carry: the node python's minor (default 3.12)")
+    ap.add_argument("--sources", type=Path, action="append", default=[], metavar="DIR",
+                    help="carry: a folder holding the source archives no index serves (recipe/flash-attn-3's); repeatable")
     ap.add_argument("--work", type=Path, default=Path("/tmp/extforge-e2e"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/extforge-e2e/out")))
     ap.add_argument("--budget", type=float, default=520, help="seconds this command waits for background builds, all of them together")
@@ -78,7 +83,8 @@ def options(args: argparse.Namespace, saved: dict[str, Any]) -> Options:
     remembered where this call gives nothing."""
     given = vars(args)
     merged = merged_options({k: given[k] for k in REMEMBERED}, {} if args.phase in ("start", "all") else saved, defaults())
-    rest = {k: v for k, v in given.items() if k not in REMEMBERED and k not in ("phase", "so", "budget")}
+    rest = {k: v for k, v in given.items()
+            if k not in REMEMBERED and k not in ("phase", "so", "budget", "python_version", "sources")}
     return Options(**merged, **rest, deadline=time.monotonic() + args.budget)
 
 
@@ -91,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "symbols":
         args.out.mkdir(parents=True, exist_ok=True)
         print(symbols_only(args.so, args.out))
+        return 0
+    if args.phase == "carry":
+        prepare_carry(args.python_version, args.sources)
         return 0
     # Each call's output folder starts empty: restore the summary so far from the work folder.
     run = Run(args.work, args.out)
@@ -111,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             phase_wait(run, o)
         if args.phase in ("finish", "all"):
             phase_finish(run, o)
+        if args.phase in ("wheels", "all"):
+            phase_wheels(run, o)
         if args.phase in ("rebuild", "all"):
             phase_rebuild(run, o)
     except StepFailed as failed:

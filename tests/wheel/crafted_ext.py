@@ -20,11 +20,13 @@ METADATA = (b"Metadata-Version: 2.1\nName: demo-x\nVersion: 1.0\nSummary: a craf
             b"Provides-Extra: test\nRequires-Dist: pytest; extra == \"test\"\n\nThe long description.\n")
 
 
-def torch_env(tmp: Path) -> Path:
-    """A prefix holding torch's and CUDA's libraries where pip's torch keeps them."""
+def torch_env(tmp: Path, version: str = "2.14.1+cu130") -> Path:
+    """A prefix holding torch's and CUDA's libraries where pip's torch keeps them, and its version.py."""
     site = tmp / "torch-env" / SITE
     gxx_so(site / "torch" / "lib", "libc10.so")
     gxx_so(site / "nvidia" / "cu13" / "lib", "libcudart.so.13")
+    cuda = version.partition("+cu")[2]
+    (site / "torch" / "version.py").write_text(f"__version__ = '{version}'\ncuda: str = '{cuda[:-1]}.{cuda[-1]}'\n")
     return tmp / "torch-env"
 
 
@@ -52,16 +54,22 @@ def torch_package(dest: Path) -> Path:
 
 def extension_package(dest: Path, module: bytes, *, depends: list[str] = DEPENDS, audit: bytes | None = None,
                       module_name: str = MODULE, extra: list[Member] = (),  # type: ignore[assignment]
-                      version: str = "1.0") -> Path:
+                      version: str = "1.0", site: str = SITE, egg_info: bool = False) -> Path:
+    """demo-x as a build's `pip install .` leaves it in `site` (a Debian python's pip:
+    local/lib/python3.11/dist-packages), with its audit stamp; `egg_info`: as a pip older than
+    23.1 without `wheel` installs it (setup.py install)."""
+    info = ([member(f"{site}/demo_x-1.0-py3.11.egg-info/{name}", data) for name, data in (
+                ("PKG-INFO", METADATA), ("SOURCES.txt", b"setup.py\n"), ("installed-files.txt", b"../demo_x/__init__.py\n"),
+                ("dependency_links.txt", b"\n"), ("top_level.txt", b"demo_x\n"))]
+            if egg_info else
+            [member(f"{site}/demo_x-1.0.dist-info/{name}", data) for name, data in (
+                ("METADATA", METADATA), ("RECORD", b"demo_x/__init__.py,,\n"), ("INSTALLER", b"pip\n"),
+                ("direct_url.json", b'{"url": "file:///build/work"}'), ("top_level.txt", b"demo_x\n"))])
     members = [
-        member(f"{SITE}/demo_x/__init__.py", b"from . import _C\n"),
-        member(f"{SITE}/demo_x/{module_name}", module, 0o755),
-        member(f"{SITE}/demo_x/__pycache__/__init__.cpython-311.pyc", b"\x00"),
-        member(f"{SITE}/demo_x-1.0.dist-info/METADATA", METADATA),
-        member(f"{SITE}/demo_x-1.0.dist-info/RECORD", b"demo_x/__init__.py,,\n"),
-        member(f"{SITE}/demo_x-1.0.dist-info/INSTALLER", b"pip\n"),
-        member(f"{SITE}/demo_x-1.0.dist-info/direct_url.json", b'{"url": "file:///build/work"}'),
-        member(f"{SITE}/demo_x-1.0.dist-info/top_level.txt", b"demo_x\n"),
+        member(f"{site}/demo_x/__init__.py", b"from . import _C\n"),
+        member(f"{site}/demo_x/{module_name}", module, 0o755),
+        member(f"{site}/demo_x/__pycache__/__init__.cpython-311.pyc", b"\x00"),
+        *info,
         member("share/extforge/audit/demo-x.json", stamp() if audit is None else audit),
         *extra,
     ]

@@ -9,8 +9,10 @@ import csv
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from extforge.audit.elf import open_elf
 from extforge.errors import ExtforgeError
 from extforge.wheel.make import wheel_from_conda
 from extforge.wheel.manylinux import Need, platform_tag
-from extforge.wheel.requirements import Dep, TorchPin, pep440, requires_dist, torch_pin
+from extforge.wheel.requirements import Dep, TorchPin, held_torch, pep440, requires_dist, torch_dep, torch_pin
 from security.crafted import gxx_so, member
 
 STEM = "demo_x-1.0+cu130torch2.14cxx11abiTRUE"
@@ -88,6 +90,54 @@ def test_the_same_package_gives_the_same_wheel_bytes(tmp_path: Path) -> None:
     assert first.path.read_bytes() == second.path.read_bytes()
 
 
+@pytest.mark.parametrize("how", ["debian", "legacy"])
+def test_a_debian_pythons_or_a_legacy_install_gives_the_same_wheel(tmp_path: Path, how: str) -> None:
+    """debian: on a GPU node the mirrored python is the distribution's, whose pip installs into
+    local/lib/python3.X/dist-packages; the old code refused it (no lib/python3.X/site-packages), so
+    no node build had a wheel. legacy: Debian 12's pip 23.0 without `wheel` installs with setup.py
+    (an .egg-info); the old code copied that .egg-info into the wheel beside its .dist-info, two
+    metadata of one project in the venv, and wrote a METADATA without the build's summary."""
+    env = torch_env(tmp_path)
+    module = extension(tmp_path, env)
+    plain = wheel_from_conda(extension_package(tmp_path / "a", module), tmp_path / "wa", env)
+    kwargs: dict = {"site": "local/lib/python3.11/dist-packages"} if how == "debian" else {"egg_info": True}
+    other = wheel_from_conda(extension_package(tmp_path / "b", module, **kwargs), tmp_path / "wb", env)
+    assert not [n for n in _members(other.path) if ".egg-info" in n]
+    assert (other.path.name, other.sha256) == (plain.path.name, plain.sha256)
+
+
+def test_publish_wheels_runs_from_a_source_tree(tmp_path: Path) -> None:
+    """As scripts/gpu-e2e runs extforge on a node: its modules from src/ on PYTHONPATH, its
+    dependencies from a `pip install --target` tree, no extforge distribution installed. The old
+    code read its version for the wheel's Generator line from that distribution's metadata and
+    died with PackageNotFoundError."""
+    from extforge import __version__
+    from extforge.channel.index import index_channel
+
+    channel = tmp_path / "torch-channel"
+    torch_package(channel)
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    depends = [d for d in DEPENDS if not d.startswith("__")]
+    package = extension_package(tmp_path / "pkg", extension(tmp_path, env), depends=depends)
+    deps = tmp_path / "site"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if "extforge" not in entry.name.lower() and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    # The checkout's src/ without the extforge.egg-info an editable install leaves there (git ignores it).
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "extforge").symlink_to(Path(__file__).resolve().parents[2] / "src" / "extforge")
+    proc = subprocess.run([sys.executable, "-S", "-m", "extforge", "publish", str(package), "--wheels", str(tmp_path / "index"),
+                           "--upstream", str(channel), "--json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{deps}"})
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(proc.stdout)["wheels"]["wheels"]
+    with zipfile.ZipFile(tmp_path / "index" / entry["file"]) as zf:
+        assert f"Generator: extforge ({__version__})" in zf.read(f"{STEM}.dist-info/WHEEL").decode()
+
+
 def _auditwheel_verdict(wheel: Path) -> dict:
     """auditwheel's own reading of the wheel, its external libraries left unresolved (no ld paths)."""
     out = subprocess.run([sys.executable, "-m", "auditwheel", "show", "--json", "--ldpaths", "", str(wheel)],
@@ -137,6 +187,28 @@ def test_a_limited_api_module_gets_the_abi3_tag(tmp_path: Path) -> None:
     assert (wheel.tag, wheel.requires_python) == ("cp311-abi3-manylinux_2_5_x86_64", ">=3.11")
 
 
+def test_a_stable_abi_package_gives_a_wheel_for_its_range(tmp_path: Path) -> None:
+    """flash-attn-3 requires `pytorch >=2.9 cuda13*` (torch's stable C ABI, an .abi3.so): its wheel
+    requires `torch>=2.9`, is labelled with its toolkit alone and served from the row of the torch
+    it was made against; the audit holds that label to a venv's CUDA. The old code refused every
+    range (`pins no exact torch`), so FA3 had no wheel, and read no label without a torch part."""
+    from extforge.audit import audit_target
+
+    env = torch_env(tmp_path)
+    depends = [d for d in ["pytorch >=2.9 cuda13*", *DEPENDS[2:]] if not d.startswith("__")]
+    package = extension_package(tmp_path / "pkg", extension(tmp_path, env, name="_C.abi3.so"), module_name="_C.abi3.so",
+                                depends=depends)
+    wheel = wheel_from_conda(package, tmp_path / "out", env)
+    # No torch in the label; the C++ ABI the audit stamp proved stays.
+    assert (wheel.version, wheel.torch.row) == ("1.0+cu130cxx11abiTRUE", "torch2.14.1-cu130")
+    assert wheel.path.name == "demo_x-1.0+cu130cxx11abiTRUE-cp311-abi3-manylinux_2_5_x86_64.whl"
+    assert "Requires-Dist: torch>=2.9\n" in _members(wheel.path)[f"demo_x-{wheel.version}.dist-info/METADATA"].decode()
+    assert audit_target(wheel.path, against=env).ok
+    other = audit_target(wheel.path, against=torch_env(tmp_path / "cu128", "2.14.1+cu128"))
+    assert [f.message for f in other.errors] == [
+        "demo_x 1.0+cu130cxx11abiTRUE is built with CUDA 13.0 (label cu130); the environment's torch uses CUDA 12.8"]
+
+
 @pytest.mark.parametrize("case, expected", [
     ("failed audit", "its audit verdict is 'fail'"),
     ("no stamp", "it carries no audit stamp"),
@@ -178,11 +250,16 @@ def test_conda_requirements_become_pypi_requirements() -> None:
     assert (pin, pin.row) == (TorchPin("2.14.1", "130"), "torch2.14.1-cu130")
     assert torch_pin(["pytorch ==2.9.1 cpu_py312_h1_0"], "x").row == "torch2.9.1-cpu"
     assert torch_pin([TORCH_PIN.replace("2.14.1", "2.9.1").replace("cuda130", "cuda128")], "x").row == "torch2.9.1-cu128"
-    assert requires_dist([*DEPENDS, "numpy >=1.21,<3", "triton 3.8.*", "packaging", "libstdcxx >=12", "cuda-cudart"], pin) == [
+    assert requires_dist([*DEPENDS, "numpy >=1.21,<3", "triton 3.8.*", "packaging", "libstdcxx >=12", "cuda-cudart"],
+                         torch_dep(DEPENDS, "x")) == [
         "torch==2.14.1", "einops>=0.6", "numpy>=1.21,<3", "triton==3.8.*", "packaging"]
     assert [pep440(Dep.parse(d)) for d in ("x =1.2", "x 1.2.3", "x >=1.0a0,!=1.1", "x *")] == ["==1.2.*", "==1.2.3", ">=1.0a0,!=1.1", ""]
     with pytest.raises(ExtforgeError, match="has no PyPI equivalent"):
         pep440(Dep.parse("x 1.2|1.4"))
+    with pytest.raises(ExtforgeError, match="pins no exact torch"):
+        torch_dep(["pytorch", "python"], "x")
+    assert held_torch("2.11.0 cuda130_py312_h1_0") == held_torch("2.11.0+cu130") == TorchPin("2.11.0", "130")
+    assert held_torch(None) is None
 
 
 def test_build_writes_each_passing_packages_wheel_and_a_refused_one_is_a_finding(tmp_path: Path) -> None:

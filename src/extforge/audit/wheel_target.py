@@ -22,7 +22,8 @@ from .resolve import TargetEnv
 
 # PEP 600's legacy aliases of manylinux_2_N.
 _LEGACY_GLIBC = {"manylinux1": "2.5", "manylinux2010": "2.12", "manylinux2014": "2.17"}
-LABEL = re.compile(r"(?:cu(?P<cuda>\d+))?torch(?P<torch>\d+\.\d+)(?:cxx11abi(?P<abi>TRUE|FALSE))?", re.I)
+# A stable-ABI build serves a range of torch: its label names the toolkit (and ABI) alone, `+cu130`.
+LABEL = re.compile(r"(?:cu(?P<cuda>\d+))?(?:torch(?P<torch>\d+\.\d+))?(?:cxx11abi(?P<abi>TRUE|FALSE))?", re.I)
 
 
 def tag_glibc(tags: list[str]) -> str | None:
@@ -58,10 +59,10 @@ def _built_for(version: str | None, requires: list[str]) -> tuple[str | None, st
             spec = str(req.specifier)
     # The label as written (packaging lower-cases it): cxx11abiTRUE is upstream's spelling.
     local = version.partition("+")[2] if version and _release(version) else None
-    label = LABEL.fullmatch(local or "")
+    label = LABEL.fullmatch(local) if local else None
     parts = {k: v for k, v in (label.groupdict() if label else {}).items() if v}
     said = [f"Requires-Dist: torch{spec}"] if spec else []
-    said += [f"version label +{local}"] if label else []
+    said += [f"version label +{local}"] if parts else []
     return spec, "; ".join(said) or None, parts
 
 

@@ -1,8 +1,9 @@
 """A wheel from a conda package extforge built and audited: the same compiled files, no second compile.
 
-The package's `lib/pythonX.Y/site-packages` becomes the wheel's root and its `.dist-info` (pip's,
-from the build script's `pip install .`) the wheel's, with the version, requirements and RECORD
-rewritten; the package's other files (the audit stamp, the build record under `share/`) go to
+The package's `lib/pythonX.Y/site-packages` (on a Debian python, where its pip installs,
+`local/lib/pythonX.Y/dist-packages`) becomes the wheel's root and its `.dist-info` (pip's, from the
+build script's `pip install .`) the wheel's, with the version, requirements and RECORD rewritten;
+the package's other files (the audit stamp, the build record under `share/`) go to
 `<name>.data/data/`, which pip installs relative to the venv as conda did relative to the prefix.
 Each ELF file's search path is rewritten to where a pip venv keeps the libraries it needs, the
 way pip's torch arranges its own (`$ORIGIN/../torch/lib`, `$ORIGIN/../nvidia/cu13/lib`: DT_RPATH,
@@ -33,20 +34,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from .. import __version__
 from ..archive import PackageCheck, PackageMeta, package_tars
 from ..audit.elf import ELF_MAGIC, open_elf
+from ..audit.resolve import target_env
 from ..channel.hashing import sha256_file
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
 from ..safe_files import atomic_writer, make_dirs
 from ..stamp import AUDIT_DIR, AuditStamp
 from .manylinux import ARCHES, Need, needs_of, platform_tag, policies
-from .requirements import TorchPin, cuda_toolkit, local_label, requires_dist, torch_pin
+from .requirements import Dep, TorchPin, cuda_toolkit, exact_torch, held_torch, local_label, requires_dist, torch_dep, torch_pin
 
 # The NVIDIA driver's own libraries: every GPU node has them, and no wheel may carry them.
 DRIVER_LIBRARIES = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
 # pip's installer records these of the build's own install; the wheel gets its own or none.
 _INSTALL_RECORDS = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "WHEEL", "METADATA"})
+# A pip older than 23.1 without `wheel` installs the legacy way (setup.py install): an .egg-info
+# whose PKG-INFO is the METADATA, and records of the install and the build a wheel has no use for.
+_LEGACY_RECORDS = frozenset({"PKG-INFO", "installed-files.txt", "SOURCES.txt", "dependency_links.txt", "requires.txt",
+                             "not-zip-safe"})
 _EXTENSION = re.compile(r"\.(cpython-(\d)(\d+)[^.]*|abi3)\.so$")
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 METADATA_LIMIT = 16 << 20
@@ -123,12 +130,20 @@ class _Layout:
         return {name: path for name, path in self.files.items() if _is_elf(path)}
 
 
-def _site_packages(package: Path, root: Path) -> str:
-    found = sorted(p.relative_to(root).as_posix() for p in root.glob("lib/python3.*/site-packages") if p.is_dir())
+# Where a build's `pip install .` puts the package: site-packages on conda-forge's python; on a
+# Debian/Ubuntu python (one mirrored from a node's venv), pip's default scheme is posix_local.
+SITE_DIRS = ("lib/python3.*/site-packages", "lib/python3.*/dist-packages", "local/lib/python3.*/dist-packages")
+
+
+def _site_packages(package: Path, root: Path) -> tuple[str, str]:
+    """(the payload's site-packages folder, its Python minor "3.12")."""
+    found = sorted(p.relative_to(root).as_posix() for pattern in SITE_DIRS for p in root.glob(pattern)
+                   if p.is_dir() and not p.is_symlink())
     if len(found) != 1:
-        raise _refuse(package, f"it has {'no' if not found else 'more than one'} lib/python3.X/site-packages",
+        raise _refuse(package, f"it has {'no' if not found else 'more than one'} lib/python3.X/site-packages "
+                      "(or a Debian python's dist-packages)",
                       "a wheel installs into one Python's site-packages", "build the package for one Python")
-    return found[0]
+    return found[0], found[0].split("/python", 1)[1].split("/")[0]
 
 
 def _real_file(package: Path, root: Path, path: Path) -> Path:
@@ -158,8 +173,8 @@ def _console_scripts(dist_info: dict[str, Path]) -> set[str]:
 
 
 def _layout(package: Path, root: Path, paths_entries: list[dict]) -> _Layout:
-    site = _site_packages(package, root)
-    layout = _Layout(python=site.split("/")[1].removeprefix("python"))
+    site, python = _site_packages(package, root)
+    layout = _Layout(python=python)
     payload = sorted(p for p in root.rglob("*") if not p.is_dir() and p.relative_to(root).parts[0] != "info")
     for path in payload:
         rel = path.relative_to(root).as_posix()
@@ -170,11 +185,11 @@ def _layout(package: Path, root: Path, paths_entries: list[dict]) -> _Layout:
         parts = inner.split("/")
         if "__pycache__" in parts or inner.endswith(".pyc"):
             continue  # pip compiles byte code at install, for the venv's own paths
-        if parts[0].endswith(".dist-info"):
+        if parts[0].endswith((".dist-info", ".egg-info")):
             name = "/".join(parts[1:])
-            if name == "METADATA":
+            if name == ("METADATA" if parts[0].endswith(".dist-info") else "PKG-INFO"):
                 layout.metadata = _real_file(package, root, path).read_text(errors="replace")[:METADATA_LIMIT]
-            elif name not in _INSTALL_RECORDS:
+            elif name not in _INSTALL_RECORDS | _LEGACY_RECORDS:
                 layout.dist_info[name] = _real_file(package, root, path)
             continue
         layout.files[inner] = _real_file(package, root, path)
@@ -383,16 +398,30 @@ def write_zip(out: BinaryIO, members: list[tuple[str, bytes | Path, int]]) -> No
                             dst.write(chunk)
 
 
+def _torch(package: Path, depends: list[str], dep: Dep, py_tag: str, torch_prefix: Path) -> TorchPin:
+    """The torch whose row serves the wheel: the one the package pins; for a range, which only
+    modules on the stable ABI (`.abi3.so`, no C++ types shared with libtorch) may require, the
+    one in `torch_prefix` (the build's, or the one publish solved from the channel)."""
+    if not py_tag.endswith("-abi3"):
+        return torch_pin(depends, package.name)
+    held = exact_torch(dep) or held_torch(target_env(torch_prefix).torch)
+    if held is None:
+        raise _refuse(package, f"no torch in {torch_prefix} to serve its range ({dep.name} {dep.version})",
+                      "the wheel index has one row per torch", "build or publish it against a channel holding a torch of that range")
+    return held
+
+
 def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux: tuple[int, int] | None = None,
                      beneath: Path | None = None) -> Wheel:
     """Write the wheel of the audited conda `package` into the folder `dest` (through safe_files,
-    anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins."""
+    anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins (for a
+    stable-ABI package's range, the torch whose row the wheel is served from)."""
     package = Path(package)
     with scratch_dir("wheel") as root:
         meta, entries = _extract(package, root)
         stamp = _stamp(package, root, meta.name)
         depends = [str(d) for d in meta.index.get("depends", [])]
-        torch = torch_pin(depends, package.name)
+        dep = torch_dep(depends, package.name)
         arch = ARCHES.get(meta.subdir)
         if arch is None:
             raise _refuse(package, f"its platform {meta.subdir!r} has no manylinux tag", "manylinux wheels are for Linux CPUs",
@@ -400,20 +429,22 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         layout = _layout(package, root, entries)
         about_file = root / "info" / "about.json"
         about = json.loads(about_file.read_text()) if about_file.is_file() else {}
-        label = local_label(cuda_toolkit(depends, meta.build), torch, stamp.cxx11_abi)
+        py_tag, requires_python = python_tag(package, layout.files, layout.python)
+        torch = _torch(package, depends, dep, py_tag, torch_prefix)
+        exact = exact_torch(dep) is not None
+        label = local_label(cuda_toolkit(depends, meta.build), torch if exact else None, stamp.cxx11_abi)
         version = f"{meta.version}{'.' if '+' in meta.version else '+'}{label}"
         # The project's name is pip's (its METADATA's), else the conda package's.
         project = dict(_headers(layout.metadata)[0]).get("Name", meta.name) if layout.metadata else meta.name
         stem = f"{dist_name(project)}-{version}"
         needs = _relink(package, layout, venv_libraries(torch_prefix, layout.python), arch)
-        py_tag, requires_python = python_tag(package, layout.files, layout.python)
         tag = f"{py_tag}-{platform_tag(needs, arch, manylinux)}"
         meta_bytes = metadata_text(layout.metadata, project, version, str(about.get("summary") or ""),
                                    str(about.get("license") or meta.index.get("license") or ""), requires_python,
-                                   requires_dist(depends, torch))
+                                   requires_dist(depends, dep))
         generated = {name: path.read_bytes() for name, path in layout.dist_info.items()}
         generated["METADATA"] = meta_bytes
-        generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({metadata.version('extforge')})\n"
+        generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({__version__})\n"
                               f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
         dist_info = f"{stem}.dist-info"
         files = {**layout.files, **{f"{stem}.data/data/{rel}": path for rel, path in layout.data.items()}}

@@ -20,7 +20,7 @@ from ..errors import ExtforgeError
 from ..paths import scratch_dir
 from .index import WheelPublish, publish_wheels
 from .make import Wheel, wheel_from_conda
-from .requirements import torch_pin
+from .requirements import torch_dep
 
 
 def publish_conda_wheels(packages: Sequence[Path], index: Path, *, upstream: Sequence[str],
@@ -47,7 +47,7 @@ def publish_conda_wheels(packages: Sequence[Path], index: Path, *, upstream: Seq
                                         f"fix the build; `extforge audit {package} --channel {channels[0]}` shows why", exit_code=1)
                 verdict = gate.verdict
             depends = [str(d) for d in check_package(package).index.get("depends", [])]
-            torch_pin(depends, package.name)  # refused here, before a torch is solved, if it pins none exactly
+            torch_dep(depends, package.name)  # refused here, before a torch is solved, if it names no torch version
             torch = pinned_torch_prefix(depends, channels)
             wheel = wheel_from_conda(package, tmp, torch, manylinux=manylinux)
             if audit:

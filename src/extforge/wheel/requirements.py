@@ -6,6 +6,9 @@ label ignores the candidate's), so pip and uv refuse the wheel beside any other 
 version gets upstream's local label naming what the binary is tied to
 (`0.1.0+cu130torch2.14cxx11abiTRUE`), and every other requirement its PyPI name
 (`data/pypi-names.yaml`), dropping what a venv gets elsewhere (python, the C++ runtime, CUDA).
+A package built on torch's stable C ABI (flash-attn-3: `pytorch >=2.9 cuda13*`) requires a
+range, and its wheel the same range (`torch>=2.9`), labelled with its toolkit alone (`+cu130`):
+the torch row it is served from keeps a torch of another CUDA away.
 """
 
 from __future__ import annotations
@@ -66,18 +69,46 @@ class TorchPin:
         return f"torch{self.version}-{f'cu{self.cuda}' if self.cuda else 'cpu'}"
 
 
+def _refuse_pin(package: str, pins: Sequence[Dep]) -> ExtforgeError:
+    said = ", ".join(f"{d.name} {d.version} {d.build}".strip() for d in pins) or "no pytorch requirement"
+    return ExtforgeError(f"{package} pins no exact torch ({said})",
+                         "its wheel is served from the index of one torch row and must refuse every other torch "
+                         "(a range only for modules on the stable ABI, .abi3.so)",
+                         "pin it in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}", exit_code=1)
+
+
+def torch_dep(depends: Sequence[str], package: str) -> Dep:
+    """The package's one requirement on pytorch with a version (an exact pin, or a stable-ABI
+    build's range); refused (exit 1) without one."""
+    pins = [d for d in map(Dep.parse, depends) if _names()["rename"].get(d.name) == "torch"]
+    if len(pins) != 1 or not pep440(pins[0]):
+        raise _refuse_pin(package, pins)
+    return pins[0]
+
+
+def exact_torch(dep: Dep) -> TorchPin | None:
+    """The one torch an exact pin names; None for a range."""
+    m = _EXACT.fullmatch(dep.version)
+    cuda = re.match(r"cuda(\d+)_", dep.build)
+    return TorchPin(m.group(1), cuda.group(1) if cuda else None) if m else None
+
+
 def torch_pin(depends: Sequence[str], package: str) -> TorchPin:
     """The exact pytorch a package pins; refused (exit 1) without one: a wheel pins one torch."""
-    pins = [d for d in map(Dep.parse, depends) if _names()["rename"].get(d.name) == "torch"]
-    exact = [(d, m) for d in pins if (m := _EXACT.fullmatch(d.version))]
-    if len(pins) != 1 or not exact:
-        said = ", ".join(f"{d.name} {d.version} {d.build}".strip() for d in pins) or "no pytorch requirement"
-        raise ExtforgeError(f"{package} pins no exact torch ({said})",
-                            "its wheel is served from the index of one torch row and must refuse every other torch",
-                            "pin it in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}", exit_code=1)
-    dep, m = exact[0]
-    cuda = re.match(r"cuda(\d+)_", dep.build)
-    return TorchPin(m.group(1), cuda.group(1) if cuda else None)
+    dep = torch_dep(depends, package)
+    pin = exact_torch(dep)
+    if pin is None:
+        raise _refuse_pin(package, [dep])
+    return pin
+
+
+def held_torch(words: str | None) -> TorchPin | None:
+    """The torch an environment holds, as the audit reads it: a conda record's "2.11.0
+    cuda130_py312_h1_0", or pip's torch/version.py "2.11.0+cu130"."""
+    version, _, build = (words or "").partition(" ")
+    release, _, local = version.partition("+")
+    cuda = re.match(r"cuda(\d+)_", build) or re.fullmatch(r"cu(\d+)", local)
+    return TorchPin(release, cuda.group(1) if cuda else None) if release else None
 
 
 def pep440(dep: Dep) -> str:
@@ -104,10 +135,11 @@ def pep440(dep: Dep) -> str:
     return spec
 
 
-def requires_dist(depends: Sequence[str], torch: TorchPin) -> list[str]:
-    """Requires-Dist lines: torch==X.Y.Z first, then the other run requirements by PyPI name."""
+def requires_dist(depends: Sequence[str], torch: Dep) -> list[str]:
+    """Requires-Dist lines: torch's (`==X.Y.Z`, or a stable-ABI build's range) first, then the
+    other run requirements by PyPI name."""
     names = _names()
-    out = [f"torch=={torch.version}"]
+    out = ["torch" + pep440(torch)]
     for dep in map(Dep.parse, depends):
         pypi = names["rename"].get(dep.name, dep.name)
         if pypi == "torch" or dep.name in names["drop"] or dep.name.startswith(names["drop_prefix"]):
@@ -126,8 +158,9 @@ def cuda_toolkit(depends: Sequence[str], build_string: str) -> str | None:
     return m.group(1) if m else None
 
 
-def local_label(toolkit: str | None, torch: TorchPin, cxx11_abi: bool | None) -> str:
-    """flash-attn's convention, `cu130torch2.14cxx11abiTRUE`: the toolkit, torch's major.minor and
-    the C++ ABI the audit proved (left out where it proved none)."""
+def local_label(toolkit: str | None, torch: TorchPin | None, cxx11_abi: bool | None) -> str:
+    """flash-attn's convention, `cu130torch2.14cxx11abiTRUE`: the toolkit, torch's major.minor (none
+    for a stable-ABI build, which serves a range) and the C++ ABI the audit proved (left out where
+    it proved none)."""
     abi = "" if cxx11_abi is None else f"cxx11abi{'TRUE' if cxx11_abi else 'FALSE'}"
-    return f"{f'cu{toolkit}' if toolkit else ''}torch{torch.minor}{abi}"
+    return f"{f'cu{toolkit}' if toolkit else ''}{f'torch{torch.minor}' if torch else ''}{abi}"
