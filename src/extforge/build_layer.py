@@ -77,7 +77,7 @@ def layer_files() -> list[tuple[str, str, str]]:
            ("bin/extforge-nvcc", root.joinpath("extforge-nvcc").read_text(), "755"),
            (f"{SHARE}/switches.sh", switches_sh(), "644")]
     for name in ("in-build.sh", "cxx-wrapper.sh", "wrappers.sh", "compiler_checks.sh", "torch_facts.sh", "torch_facts.py", "torch_cxx_std.py", "archs.py",
-                 "scan_flags.py", "split_unit.py", "record.py", "python/sitecustomize.py"):
+                 "scan_flags.py", "split_unit.py", "record.py", "python/sitecustomize.py", "python/extforge_build_ext.py"):
         mode = "755" if name.endswith("-wrapper.sh") else "644"
         out.append((f"{SHARE}/{name}", root.joinpath(name).read_text(), mode))
     return out

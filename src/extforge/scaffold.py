@@ -26,11 +26,14 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
+from functools import cache
+from importlib import resources
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from ruamel.yaml import YAML
 
 from . import build_layer, downloads
 from .errors import ExtforgeError
@@ -53,6 +56,9 @@ PYTHON_MARKERS = ("python_version", "python_full_version", "implementation", "pl
 COMPILED = {".cu", ".cpp", ".cc", ".cxx", ".c"}
 # An environment variable setup.py reads: os.getenv("X"), os.environ.get("X"), os.environ["X"].
 ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+# Trove classifiers that name one SPDX license (a BSD or GPL classifier names a family, not one).
+LICENSE_CLASSIFIERS = {"MIT License": "MIT", "Apache Software License": "Apache-2.0", "ISC License (ISCL)": "ISC",
+                       "Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0", "The Unlicense (Unlicense)": "Unlicense"}
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
 # What the index and the sdist say goes into a recipe only in these shapes: a name or URL with a
 # newline, a quote or `${{` would write YAML or Jinja of its own into the recipe.
@@ -61,6 +67,11 @@ URL = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#@!&()*+,;=%-]+")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CONDA_SPEC = re.compile(r"[a-z0-9][a-z0-9._-]*(?: [A-Za-z0-9.*+!<>=~,_-]+)?")
 JINJA = ("${{", "{%", "{#", "#{{")
+# torch op registrations in C++ sources: pyg's `RegisterOperators().op("torch_cluster::fps", ...)`,
+# and `TORCH_LIBRARY(ns, m) { m.def("op(...) -> ...") }`.
+IDENTIFIER = "[A-Za-z_][A-Za-z0-9_]*"
+OP_REGISTRATION = re.compile(rf'\.op\(\s*"({IDENTIFIER})::({IDENTIFIER})')
+TORCH_LIBRARY = re.compile(rf"TORCH_LIBRARY(?:_FRAGMENT)?\(\s*({IDENTIFIER})\s*,\s*({IDENTIFIER})\s*\)")
 # Reading the sdist: an index page, and each metadata file of the archive, is read into memory
 # whole (a 1.5 GiB PKG-INFO in a 7 MB sdist took 3.2 GB), and tarfile keeps every member's header.
 MAX_INDEX_PAGE = 64 * 2**20
@@ -83,6 +94,15 @@ class Extension:
     sources: tuple[str, ...] | None  # None: setup.py computes the list
 
 
+@dataclass(frozen=True)
+class OnlyIf:
+    """setup.py's `ext_modules=get_extensions() if CONDITION else []`."""
+
+    line: int
+    condition: str
+    names: frozenset[str]  # the names the condition reads
+
+
 @dataclass
 class SetupFacts:
     """What setup.py says, read without running it."""
@@ -94,7 +114,10 @@ class SetupFacts:
     archs: list[str] = field(default_factory=list)  # sm_XX of -gencode/-arch flags setup.py passes itself
     switches: list[str] = field(default_factory=list)  # environment variables it reads to build (X_FORCE_BUILD)
     globbed: list[str] = field(default_factory=list)  # folders whose sources it globs (`glob.glob(osp.join(d, "*.cpp"))`)
+    reads: list[str] = field(default_factory=list)  # every environment variable it reads
+    only_if: OnlyIf | None = None  # ext_modules=... if CONDITION else []
     unnamed: int = 0  # extension calls whose name setup.py computes
+    computed_names: list[str] = field(default_factory=list)  # what to say of each, unless they are op libraries
     undecided: list[str] = field(default_factory=list)
 
 
@@ -113,6 +136,9 @@ class SdistFacts:
     setup: SetupFacts | None = None
     undecided: list[str] = field(default_factory=list)
     compiled: list[str] = field(default_factory=list)  # the archive's C/C++/CUDA sources, below its top folder
+    download_url: str | None = None  # PKG-INFO's Download-URL (pyg: the GitHub archive of the release's tag)
+    texts: dict[str, str] = field(default_factory=dict)  # the files read (archive_files), by path below the top folder
+    test_files: list[str] = field(default_factory=list)  # upstream's test files the sdist holds
 
 
 def source_url(name: str, filename: str) -> str:
@@ -235,34 +261,59 @@ def _count(path: Path, count: int) -> None:
         raise _too_big(path, f"it holds more than {MAX_MEMBERS:,} files")
 
 
+# What recipe new reads of an sdist, by path below its top folder: the metadata files and each
+# top-level package's __init__.py (how it loads its compiled modules) in full; C/C++ sources
+# (the torch.ops registrations) until SOURCES_BUDGET bytes are read; test files by name only.
+_READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
+_SOURCE = re.compile(r"\.(cpp|cc|cxx)$")
+_TEST_FILE = re.compile(r"^tests?/(?:[^/]+/)*(?:test_[^/]*|[^/]*_test)\.py$")
+SOURCES_BUDGET = 16 * 2**20
+MAX_READ = 64 * 2**20  # of the _READ files together
+
+
 def archive_files(path: Path) -> dict[str, bytes]:
-    """The sdist's small text files we read (PKG-INFO, setup.py, pyproject.toml, setuptools'
-    egg-info requires.txt and top_level.txt) by path below its top folder, each at most
-    MAX_MEMBER, and the names of its __init__.py at depth two and of its compiled sources
-    (their text is not read: empty; the sources are counted where setup.py globs them);
-    nothing is extracted to disk."""
-    wanted = re.compile(r"^[^/]+/(PKG-INFO|setup\.py|pyproject\.toml|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
+    """The sdist's files recipe new reads (_READ, each at most MAX_MEMBER; C/C++ sources while
+    SOURCES_BUDGET lasts) and, with no bytes, the names of its test files and of its other
+    compiled sources (counted where setup.py globs them); nothing is extracted to disk."""
     out: dict[str, bytes] = {}
+    budget, total = SOURCES_BUDGET, 0
+
+    def wanted(name: str, size: int) -> str | None:
+        """The member's path below the top folder where its bytes are read, else None (a test
+        file's name is noted here)."""
+        rel = name.split("/", 1)[1] if "/" in name else ""
+        if _READ.match(rel) or (_SOURCE.search(rel) and size <= budget):
+            return rel
+        if _TEST_FILE.match(rel) or _compiled(rel):
+            out[rel] = b""
+        return None
+
+    def take(rel: str, name: str, size: int, read: Callable[[int], bytes]) -> None:
+        nonlocal budget, total
+        if _READ.match(rel):
+            out[rel] = _member(path, name, size, read)
+            total += len(out[rel])
+            if total > MAX_READ:
+                raise _too_big(path, f"its metadata and package __init__.py files hold more than {MAX_READ >> 20} MiB")
+        else:
+            out[rel] = read(budget)
+            budget -= len(out[rel])
+
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as z:
                 _count(path, len(z.infolist()))
                 for info in z.infolist():
-                    if not wanted.match(name := info.filename) and not _named(name):
-                        continue
-                    if _named(name):
-                        out[name.split("/", 1)[1]] = b""
-                        continue
-                    with z.open(info) as stream:
-                        out[name.split("/", 1)[1]] = _member(path, name, info.file_size, stream.read)
+                    if not info.is_dir() and (rel := wanted(info.filename, info.file_size)) is not None:
+                        with z.open(info) as stream:
+                            take(rel, info.filename, info.file_size, stream.read)
         else:
             with tarfile.open(path) as tar:
                 for count, member in enumerate(tar, 1):
                     _count(path, count)
-                    if member.isfile() and _named(name := member.name):
-                        out[name.split("/", 1)[1]] = b""
-                    elif member.isfile() and wanted.match(name) and (f := tar.extractfile(member)):
-                        out[name.split("/", 1)[1]] = _member(path, name, member.size, f.read)
+                    if member.isfile() and (rel := wanted(member.name, member.size)) is not None \
+                            and (f := tar.extractfile(member)):
+                        take(rel, member.name, member.size, f.read)
     except _UNREADABLE as exc:
         raise ExtforgeError(f"cannot read the sdist {path}", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
                             "pass a whole .tar.gz or .zip source distribution (a download cut short is truncated)") from None
@@ -271,11 +322,6 @@ def archive_files(path: Path) -> dict[str, bytes]:
 
 def _compiled(name: str) -> bool:
     return PurePosixPath(name).suffix in COMPILED
-
-
-def _named(member: str) -> bool:
-    """A member whose name alone is read: an __init__.py at depth two, a compiled source below the top folder."""
-    return bool(re.fullmatch(r"[^/]+/[^/]+/__init__\.py", member)) or ("/" in member and _compiled(member))
 
 
 def _path(node: ast.AST, names: Mapping[str, str]) -> str | None:
@@ -369,22 +415,16 @@ def _read_setup_py(text: str) -> SetupFacts:
                 facts.extensions.append(Extension(name, kind, None if sources is None else tuple(sources)))
             else:
                 facts.unnamed += 1
-                facts.undecided.append(f"setup.py line {call.lineno}: a {kind} whose name it computes: add its module "
-                                       "to tests.python.imports")
+                facts.computed_names.append(f"setup.py line {call.lineno}: a {kind} whose name it computes: add its "
+                                            "module to tests.python.imports")
         elif kind == "setup":
             if "install_requires" in kwargs:
                 facts.install_requires = _strings(_literal(kwargs["install_requires"], names))
                 if facts.install_requires is None:
                     facts.undecided.append("setup.py computes install_requires: check requirements.run")
             if isinstance(ext := kwargs.get("ext_modules"), ast.IfExp):
-                # gsplat: `ext_modules=get_extensions() if not BUILD_NO_CUDA else []`; its PyPI wheel is
-                # the else branch and compiles the kernels at first use, on the node.
-                reads = sorted(set(ENV_READ.findall(text)))
-                facts.undecided.append(
-                    f"setup.py line {ext.lineno} compiles its extensions only if `{ast.unparse(ext.test)}`"
-                    + (f" (it reads {', '.join(reads)} from the environment)" if reads else "")
-                    + ": set what keeps them in build.script.env, else the package has no compiled module "
-                    "(the import test fails)")
+                facts.only_if = OnlyIf(ext.lineno, ast.unparse(ext.test),
+                                       frozenset(n.id for n in ast.walk(ext.test) if isinstance(n, ast.Name)))
             packages = kwargs.get("packages")
             if isinstance(packages, ast.Call) and _call_name(packages).startswith("find"):
                 exclude = next((k.value for k in packages.keywords if k.arg == "exclude"), None)
@@ -394,6 +434,7 @@ def _read_setup_py(text: str) -> SetupFacts:
     facts.globbed = _globbed(tree)
     facts.archs = sorted(set(re.findall(r"(?:code|arch)=(?:sm|compute)_(\d+a?)", text)), key=lambda a: int(a.rstrip("a")))
     facts.switches = sorted(set(re.findall(r"[\"']([A-Z][A-Z0-9_]*_(?:FORCE_BUILD|SKIP_CUDA_BUILD))[\"']", text)))
+    facts.reads = sorted(set(ENV_READ.findall(text)))
     return facts
 
 
@@ -414,6 +455,11 @@ def read_sdist(path: Path) -> SdistFacts:
     homepage = meta.get("Home-page") or next((v.strip() for k, v in urls.items()
                                               if k.strip().lower() in ("homepage", "home", "source", "repository")), None)
     license_text = meta.get("License-Expression") or meta.get("License")
+    if not license_text or license_text.strip().upper() == "UNKNOWN":
+        # setuptools wrote "UNKNOWN" where setup.py named none; a trove classifier may name it.
+        named = {LICENSE_CLASSIFIERS.get(c.rsplit("::", 1)[-1].strip()) for c in meta.get_all("Classifier") or []
+                 if c.startswith("License ::")} - {None}
+        license_text = named.pop() if len(named) == 1 else None
     facts = SdistFacts(
         name=str(meta["Name"]), version=str(meta["Version"]), summary=meta.get("Summary"), homepage=homepage,
         license=license_text if license_text and "\n" not in license_text.strip() and len(license_text) < 80 else None,
@@ -424,6 +470,9 @@ def read_sdist(path: Path) -> SdistFacts:
         setup=read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else None,
         undecided=unread,
         compiled=sorted(p for p in files if _compiled(p)),
+        download_url=meta.get("Download-URL"),
+        texts={p: t.decode(errors="replace") for p, t in files.items() if t},
+        test_files=sorted(p for p, t in files.items() if _TEST_FILE.match(p)),
     )
     egg_requires = next((t.decode(errors="replace") for p, t in files.items() if p.endswith(".egg-info/requires.txt")), "")
     for where, found in (("PKG-INFO", meta.get_all("Requires-Dist")),
@@ -479,9 +528,48 @@ def conda_spec(requirement: str) -> tuple[str | None, str | None]:
     return f"{CONDA_NAMES.get(name, name)} {spec}".strip(), None
 
 
-def import_names(facts: SdistFacts) -> tuple[list[str], list[str]]:
-    """The modules the package test imports: top-level packages, then extension modules; and
-    what could not be decided about them."""
+def op_libraries(facts: SdistFacts) -> OpsTest | None:
+    """The torch.ops test of a package whose compiled modules are op libraries: its __init__.py
+    loads them with torch.ops.load_library (pyg's PyInit returns NULL: they cannot be imported),
+    and its C++ sources register the ops (`RegisterOperators().op("ns::op")`, `TORCH_LIBRARY`)."""
+    loader = next((p.split("/")[0] for p, t in sorted(facts.texts.items())
+                   if p.endswith("/__init__.py") and "torch.ops.load_library" in t), None)
+    if loader is None or not MODULE_NAME.fullmatch(loader):
+        return None
+    ops: dict[str, set[str]] = {}
+    for path, text in facts.texts.items():
+        if not _SOURCE.search(path):
+            continue
+        for namespace, op in OP_REGISTRATION.findall(text):
+            ops.setdefault(namespace, set()).add(op)
+        for namespace, var in TORCH_LIBRARY.findall(text):
+            defined = re.findall(rf"\b{var}\.def\(\s*(?:TORCH_SELECTIVE_SCHEMA\(\s*)?\"(?:{namespace}::)?({IDENTIFIER})", text)
+            ops.setdefault(namespace, set()).update(defined)
+    if not any(ops.values()):
+        return None
+    # The namespace named like the package, else the one with the most ops.
+    namespace = loader if ops.get(loader) else max(sorted(ops), key=lambda n: len(ops[n]))
+    return OpsTest(loader, namespace, tuple(sorted(ops[namespace])))
+
+
+@dataclass(frozen=True)
+class OpsTest:
+    """A script test: importing the package registers every op, and a CUDA build says its CUDA."""
+
+    package: str
+    namespace: str
+    ops: tuple[str, ...]
+
+    def command(self) -> str:
+        check = (f"v = ops.cuda_version(); print('{self.namespace} CUDA', v); assert v > 0, v"
+                 if "cuda_version" in self.ops else f"print('{self.namespace}: {len(self.ops)} ops')")
+        return (f"python -c \"import torch, {self.package}; ops = torch.ops.{self.namespace}; "
+                f"[getattr(ops, n) for n in {self.ops!r}]; {check}\"")
+
+
+def import_names(facts: SdistFacts, ops: OpsTest | None = None) -> tuple[list[str], list[str]]:
+    """The modules the package test imports: top-level packages, then extension modules (none
+    where they are op libraries, tested through `ops`); and what could not be decided about them."""
     setup, undecided = facts.setup, []
     if facts.top_level is not None:
         tops = facts.top_level
@@ -490,20 +578,145 @@ def import_names(facts: SdistFacts) -> tuple[list[str], list[str]]:
     else:
         excluded = setup.find_exclude if setup and setup.find_exclude is not None else []
         tops = [d for d in facts.package_dirs if not any(fnmatch(d, x) for x in excluded)]
-    exts = [e.name for e in setup.extensions] if setup else []
+    exts = [e.name for e in setup.extensions] if setup and ops is None else []
     # An upstream whose tests folder installs as a package: importing it proves nothing about the product.
-    tops = [t for t in tops if t not in NOT_PACKAGES and t not in exts]
+    tops = [t for t in tops if t not in NOT_PACKAGES and t not in exts and "." not in t]
     for name in [n for n in [*tops, *exts] if not MODULE_NAME.fullmatch(n)]:
         undecided.append(f"left out of tests.python.imports: {name!r} is not a Python module name")
     tops, exts = [t for t in tops if MODULE_NAME.fullmatch(t)], [e for e in exts if MODULE_NAME.fullmatch(e)]
     if not tops:
         undecided.append("no top-level Python package found: tests.python.imports lists the extension modules only")
-    if setup and not exts:
-        undecided.append("setup.py declares no CUDAExtension/CppExtension that could be read: "
-                         "add the compiled modules to tests.python.imports, or, where they are torch op libraries "
-                         "that the package loads with torch.ops.load_library (not importable), a script test "
-                         "that calls one of their ops through torch.ops")
+    if setup and ops is None:
+        undecided += setup.computed_names
+        if not exts:
+            undecided.append("setup.py declares no CUDAExtension/CppExtension that could be read: "
+                             "add the compiled modules to tests.python.imports, or, where they are torch op libraries "
+                             "that the package loads with torch.ops.load_library (not importable), a script test "
+                             "that calls one of their ops through torch.ops")
     return list(dict.fromkeys([*tops, *exts])), undecided
+
+
+@dataclass(frozen=True)
+class Evidence:
+    file: str  # a glob of a path below the sdist's top folder
+    pattern: str  # a regular expression found in that file's text
+
+
+@dataclass(frozen=True)
+class KnownSwitch:
+    """A row of data/build-switches.yaml (or download-switches.yaml's, as a build-or-download row)."""
+
+    decides: str
+    values: Mapping[str, str]
+    reason: str
+    reads: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+
+    def applies(self, reads: set[str], texts: Mapping[str, str]) -> bool:
+        return set(self.reads) <= reads and all(
+            any(fnmatch(path, e.file) and re.search(e.pattern, text) for path, text in texts.items()) for e in self.evidence)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A switch recipe new sets in build.script.env, and why (the comment above it)."""
+
+    decides: str
+    values: Mapping[str, str]
+    reason: str
+
+
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+ENV_VALUE = re.compile(r"[A-Za-z0-9._-]*")
+
+
+@cache
+def known_switches() -> tuple[KnownSwitch, ...]:
+    text = resources.files("extforge").joinpath("data/build-switches.yaml").read_text(encoding="utf-8")
+    rows = [KnownSwitch(str(r["decides"]), {str(k): str(v) for k, v in r["set"].items()}, str(r["reason"]),
+                        tuple(str(v) for v in r.get("reads", ())),
+                        tuple(Evidence(str(e["file"]), str(e["pattern"])) for e in r.get("evidence", ())))
+            for r in YAML(typ="safe").load(text)["switches"]]
+    rows += [KnownSwitch("build or download", sw.values, "compile here, never download upstream's prebuilt wheel "
+                         "(the build layer refuses the download either way)", reads=(next(iter(sw.values)),))
+             for sw in build_layer.switches()]
+    for row in rows:
+        if not (row.reads or row.evidence) or not all(ENV_NAME.fullmatch(k) and ENV_VALUE.fullmatch(v)
+                                                      for k, v in row.values.items()):
+            raise ValueError(f"build-switches.yaml: the row deciding {row.decides} {dict(row.values)} needs reads or "
+                             "evidence, and plain variable names and values")
+    return tuple(rows)
+
+
+def decide_switches(facts: SdistFacts) -> list[Decision]:
+    """The switches the sdist shows it needs, one per thing decided (the first row that applies)."""
+    reads = set(facts.setup.reads) if facts.setup else set()
+    chosen: dict[str, Decision] = {}
+    for row in known_switches():
+        if row.decides not in chosen and row.applies(reads, facts.texts):
+            chosen[row.decides] = Decision(row.decides, row.values, row.reason)
+    return list(chosen.values())
+
+
+@dataclass(frozen=True)
+class UpstreamTests:
+    """upstream's test files: in the sdist, or where upstream keeps them."""
+
+    in_sdist: tuple[str, ...]
+    folder: str | None = None  # where upstream keeps them (MANIFEST.in's excluded folder)
+    url: str | None = None  # that folder at the release's tag
+    why: str = ""  # why the sdist lacks them
+    requires: tuple[str, ...] = ()  # the test extra's requirements (PyPI names)
+
+    def describe(self) -> str:
+        if self.in_sdist:
+            folders = sorted({p.split("/")[0] for p in self.in_sdist})
+            return f"upstream's tests are in the sdist: {', '.join(f'{f}/' for f in folders)} ({len(self.in_sdist)} files)"
+        where = self.url or (f"{self.folder}/ of upstream's repository at the release's tag" if self.folder else
+                             "upstream's repository, at the release's tag")
+        return f"upstream's tests are not in the sdist{f' ({self.why})' if self.why else ''}: {where}"
+
+
+GITHUB = re.compile(r"https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?")
+ARCHIVE_TAG = re.compile(r"https://github\.com/[^/]+/[^/]+/archive/(?:refs/tags/)?([A-Za-z0-9_.+-]+?)\.(?:tar\.gz|zip)")
+TEST_EXTRAS = ("test", "tests", "testing")
+
+
+def for_tests(requirement: str) -> str | None:
+    """The PyPI name of a requirement of the package's test extra (`pytest; extra == "test"`)."""
+    try:
+        req = Requirement(requirement)
+    except InvalidRequirement:
+        return None
+    marker = req.marker
+    in_extra = marker is not None and not marker.evaluate(LINUX_X86_64) and any(
+        marker.evaluate({**LINUX_X86_64, "extra": x}) for x in TEST_EXTRAS)
+    return req.name if in_extra else None
+
+
+def upstream_tests(facts: SdistFacts) -> UpstreamTests:
+    requires = tuple(dict.fromkeys(n for r in facts.requires if (n := for_tests(r))))
+    if facts.test_files:
+        return UpstreamTests(tuple(facts.test_files), requires=requires)
+    manifest = re.search(r"(?m)^\s*((?:recursive-exclude|prune)\s+(tests?)\b.*?)\s*$", facts.texts.get("MANIFEST.in", ""))
+    folder = manifest[2] if manifest else None
+    repo = next((m for m in (GITHUB.fullmatch(u or "") for u in (facts.homepage, facts.download_url)) if m), None)
+    if repo is None and facts.download_url:
+        repo = GITHUB.match(facts.download_url)
+    tag = ARCHIVE_TAG.fullmatch(facts.download_url or "")
+    url = (f"https://github.com/{repo[1]}/{repo[2]}/tree/{tag[1]}/{folder}"
+           if repo and tag and folder and URL.fullmatch(f"https://github.com/{repo[1]}/{repo[2]}/tree/{tag[1]}/{folder}")
+           else None)
+    return UpstreamTests((), folder, url, f"MANIFEST.in: {manifest[1]}" if manifest else "", requires)
+
+
+@dataclass(frozen=True)
+class Lacking:
+    """A requirement the channel has no package for, and the `extforge mirror --extra` that adds it."""
+
+    conda: str
+    pypi: str
+    needed_by: str  # "run" or "upstream's tests"
 
 
 @dataclass
@@ -522,11 +735,33 @@ class Scaffold:
     archs: tuple[str, ...]
     units: int | None  # translation units, where setup.py lists every source
     undecided: list[str]
+    decisions: list[Decision] = field(default_factory=list)
+    ops: OpsTest | None = None
+    tests: UpstreamTests = field(default_factory=lambda: UpstreamTests(()))
+    run_pypi: dict[str, str] = field(default_factory=dict)  # conda name -> the PyPI name it came from
+
+    def lacking(self, available: set[str]) -> list[Lacking]:
+        """The run and test requirements a channel holding `available` package names lacks."""
+        out = [Lacking(spec.split()[0], self.run_pypi.get(spec.split()[0], spec.split()[0]), "run")
+               for spec in self.run if spec.split()[0] not in available]
+        for pypi in self.tests.requires:
+            conda = CONDA_NAMES.get(canonicalize_name(pypi), canonicalize_name(pypi))
+            if conda not in available and conda not in {x.conda for x in out}:
+                out.append(Lacking(conda, pypi, "upstream's tests"))
+        return out
 
     def recipe_yaml(self) -> str:
         q = json.dumps  # a JSON string is a YAML double-quoted scalar: summaries hold colons and quotes
         about = [f"  {key}: {q(value)}" for key, value in
                  (("homepage", self.homepage), ("summary", self.summary), ("license", self.license)) if value]
+        switches = [line for d in self.decisions for line in
+                    (f"      # {d.decides}: {d.reason}", *(f"      {k}: {q(v)}" for k, v in d.values.items()))]
+        ops_test = ["  # Its compiled modules are torch op libraries (the package loads them with torch.ops.load_library):",
+                    f"  # each op of torch.ops.{self.ops.namespace} must be registered.",
+                    "  - script:", f"      - {q(self.ops.command())}", "    requirements:", "      run:", "        - python"] \
+            if self.ops else []
+        tests_note = [f"# {self.tests.describe()}"] + ([f"# They need {', '.join(self.tests.requires)} (upstream's test extra)."]
+                                                        if self.tests.requires else [])
         lines = [
             "schema_version: 1",
             "",
@@ -553,6 +788,7 @@ class Scaffold:
             "  script:",
             "    env:",
             "      TORCH_CUDA_ARCH_LIST: ${{ cuda_archs }}",
+            *switches,
             "    content:",
             "      - ${{ PYTHON }} -m pip install . --no-deps --no-build-isolation -v",
             "",
@@ -573,10 +809,12 @@ class Scaffold:
             "    - ${{ pin_compatible('cuda-version', lower_bound='x.x', upper_bound='x') }}",
             *(f"    - {r}" for r in self.run),
             "",
+            *tests_note,
             "tests:",
             "  - python:",
             f"      imports: [{', '.join(self.imports)}]",
             "      pip_check: false",
+            *ops_test,
             *(["", "about:", *about] if about else []),
         ]
         return "\n".join(lines) + "\n"
@@ -594,7 +832,9 @@ def _requirement_name(text: str) -> str | None:
         return None
 
 
-def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: list[str]) -> list[str]:
+def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: list[str],
+           pypi: dict[str, str] | None = None) -> list[str]:
+    """Conda specs of `requirements` (less `skip`); `pypi` gets each spec's PyPI name by conda name."""
     out = []
     for r in requirements:
         spec, why = conda_spec(r)
@@ -604,6 +844,8 @@ def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: li
             undecided.append(f"{what}: skipped {r!r}: its conda spec {spec!r} has characters a recipe line must not")
         elif spec.split()[0] not in skip:
             out.append(spec)
+            if pypi is not None:
+                pypi[spec.split()[0]] = Requirement(r).name
     return list(dict.fromkeys(out))
 
 
@@ -617,28 +859,35 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
         undecided.append(f"upstream asks for {', '.join(torch)}: the channel's pytorch variants decide the torch "
                          "built against; build only for those that meet it")
     host_extra = _specs(facts.build_requires, {*HOST_BASE, *BUILD_ONLY}, "build requirement", undecided)
-    run = _specs(facts.requires, {"python", "pytorch", *BUILD_ONLY}, f"runtime requirement ({facts.requires_from})",
-                 undecided)
-    if run:
-        undecided.append(f"runtime requirements mapped to conda by name ({', '.join(s.split()[0] for s in run)}): "
-                         "check the channel names them alike")
-    imports, why = import_names(facts)
+    run_pypi: dict[str, str] = {}
+    # The test extra's requirements are upstream's tests' (UpstreamTests.requires), not the package's.
+    run = _specs([r for r in facts.requires if not for_tests(r)], {"python", "pytorch", *BUILD_ONLY},
+                 f"runtime requirement ({facts.requires_from})", undecided, run_pypi)
+    ops = op_libraries(facts)
+    imports, why = import_names(facts, ops)
     undecided += why
+    decisions = decide_switches(facts)
+    decided = {k for d in decisions for k in d.values}
     # Upstream's own -gencode list is no decision left open: extforge-torch-build replaces it with
     # the variant's archs at every compile, and the audit fails code for any other arch.
-    known = {k for sw in build_layer.switches() for k in sw.values}
-    unknown = [v for v in (setup.switches if setup else ()) if v not in known and "FORCE" in v]
+    unknown = [v for v in (setup.switches if setup else ()) if v not in decided and "FORCE" in v]
     if unknown:
         undecided.append(f"setup.py reads {', '.join(unknown)}, a switch extforge does not know: if it selects a "
                          "source build over a prebuilt-wheel download, set it in build.script.env (the build layer "
                          "refuses the download either way, so the build fails until it is set)")
+    if setup and setup.only_if and not setup.only_if.names & decided:
+        undecided.append(f"setup.py line {setup.only_if.line} compiles its extensions only if `{setup.only_if.condition}`"
+                         + (f" (it reads {', '.join(setup.reads)} from the environment)" if setup.reads else "")
+                         + ": set what keeps them in build.script.env, else the package has no compiled module "
+                         "(the import test fails)")
     if not facts.license:
         undecided.append("no short license in PKG-INFO: about.license left out")
     about = {key: _about(key, value, undecided) for key, value in
              (("summary", facts.summary), ("homepage", facts.homepage), ("license", facts.license))}
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
     return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, about["summary"],
-                    about["homepage"], about["license"], tuple(archs), translation_units(setup, facts.compiled), undecided)
+                    about["homepage"], about["license"], tuple(archs), translation_units(setup, facts.compiled), undecided,
+                    decisions, ops, upstream_tests(facts), run_pypi)
 
 
 def _about(key: str, value: str | None, undecided: list[str]) -> str | None:

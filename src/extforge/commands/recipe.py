@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
 from pathlib import Path
 
-from .. import safe_files
+from .. import channel_ref, safe_files
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..fatbin import parse_arch_list, torch_arch_list
 from ..options import option_type
@@ -31,9 +32,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dest", type=Path, default=Path("recipe"), help="folder of recipe folders (default: recipe)")
     parser.add_argument("--archs", type=option_type(cuda_archs), default="9.0",
                         help="GPU archs of variants.yaml, e.g. 8.0,9.0 or sm_80,sm_90 (default 9.0)")
+    parser.add_argument("-c", "--channel", action="append", default=[], metavar="CHANNEL",
+                        help="the channel the recipe will build from (a folder, repeatable): the run requirements and "
+                        "upstream's test requirements it lacks are named, with the `extforge mirror --extra` that adds them")
     parser.add_argument("--force", action="store_true", help="overwrite an existing recipe folder's two files")
-    parser.epilog = ("exit codes: 0 written, every part decided; 1 written, with what it could not decide listed "
-                     "(stderr, and `undecided` in --json); 2 nothing written")
+    parser.epilog = ("exit codes: 0 written, every part decided; 1 written, with what it could not decide or a run "
+                     "requirement the channel lacks listed (stderr, and `undecided`/`channel_lacks` in --json); "
+                     "2 nothing written")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,18 +77,46 @@ def run(args: argparse.Namespace) -> int:
                             "its PKG-INFO names another release", "pass the sdist of the release asked for")
     made = scaffold.scaffold(facts, sdist, args.archs)
     undecided = [*derived, *made.undecided]
+    remote = [c for c in args.channel if channel_ref.local_folder(c) is None]
+    lacking = made.lacking(channel_ref.package_names([c for c in args.channel if c not in remote])) \
+        if len(remote) < len(args.channel) else []
+    if made.run and len(remote) == len(args.channel):
+        undecided.append(f"runtime requirements mapped to conda by name ({', '.join(s.split()[0] for s in made.run)}): "
+                         "check the channel names them alike (-c CHANNEL checks a channel folder)")
     # Nothing below --dest is followed: a link planted at <dest>/<name> is refused, not written through.
     safe_files.make_dirs(folder, beneath=args.dest)
     safe_files.write_atomic(folder / "recipe.yaml", made.recipe_yaml().encode(), beneath=args.dest)
     safe_files.write_atomic(folder / "variants.yaml", made.variants_yaml().encode(), beneath=args.dest)
+    mirror = (f"extforge mirror --channel {shlex.quote(args.channel[0])} "
+              + " ".join(f"--extra {shlex.quote(x.pypi)}" for x in lacking)) if lacking else None
     if args.json:
         emit_json({"recipe": str(folder), "files": [str(folder / "recipe.yaml"), str(folder / "variants.yaml")],
                    "sdist": {"filename": sdist.filename, "url": sdist.url, "sha256": sdist.sha256},
-                   "imports": made.imports, "run": made.run, "translation_units": made.units, "undecided": undecided})
+                   "imports": made.imports, "run": made.run, "translation_units": made.units,
+                   "decided": [{"decides": d.decides, "set": dict(d.values), "reason": d.reason} for d in made.decisions],
+                   "ops_test": made.ops.command() if made.ops else None,
+                   "upstream_tests": {"in_sdist": list(made.tests.in_sdist), "folder": made.tests.folder,
+                                      "url": made.tests.url, "requires": list(made.tests.requires)},
+                   "channel_lacks": [{"name": x.conda, "pypi": x.pypi, "for": x.needed_by} for x in lacking],
+                   "mirror_command": mirror, "undecided": undecided})
     console.print(f"wrote {folder}/recipe.yaml and variants.yaml ({facts.name} {facts.version}, imports: "
                   f"{', '.join(made.imports) or 'none'})", markup=False)
+    for d in made.decisions:
+        console.print(f"decided ({d.decides}): {', '.join(f'{k}={v}' for k, v in d.values.items())}: {d.reason}",
+                      markup=False)
+    if made.ops:
+        console.print(f"tested through torch.ops.{made.ops.namespace}: {len(made.ops.ops)} ops registered", markup=False)
+    console.print(made.tests.describe(), markup=False)
+    if remote:
+        console.print(f"not checked against {', '.join(remote)}: recipe new reads channel folders only", markup=False)
+    if lacking:
+        console.print(f"{', '.join(args.channel)} lacks: "
+                      + ", ".join(f"{x.conda} ({x.needed_by})" for x in lacking)
+                      + f"; add them with the options the channel was made with: {mirror}", markup=False)
     if undecided:
         console.print("could not decide:\n" + "\n".join(f"  - {u}" for u in undecided), markup=False)
-    console.print(f"next: extforge sources fetch {folder}; extforge build {folder} -c CHANNEL", markup=False)
-    return EXIT_FINDINGS if undecided else EXIT_OK
+    console.print(f"next: extforge sources fetch {folder}; extforge build {folder} -c {shlex.quote(args.channel[0]) if args.channel else 'CHANNEL'}",
+                  markup=False)
+    # A run requirement the channel lacks fails the build's own tests; upstream's test requirements, only upstream's tests.
+    return EXIT_FINDINGS if undecided or any(x.needed_by == "run" for x in lacking) else EXIT_OK
 

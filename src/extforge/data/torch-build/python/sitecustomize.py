@@ -60,3 +60,27 @@ for _name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PRO
     if os.environ.get(_name) == REFUSING_PROXY:
         del os.environ[_name]
 sys.addaudithook(_hook)
+
+
+class _CppExtensionHook:
+    """Applies extforge_build_ext to torch.utils.cpp_extension as a build imports it (every
+    extension of a setup.py in one ninja run); any other import passes by."""
+
+    target = "torch.utils.cpp_extension"
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+        if fullname != self.target:
+            return None
+        import importlib.machinery
+
+        import extforge_build_ext
+
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)  # type: ignore[arg-type]
+        if spec is not None and spec.loader is not None:
+            extforge_build_ext.after_import(spec.loader, extforge_build_ext.patch)
+        return spec
+
+
+if os.environ.get("EXTFORGE_LAYER") == "active":
+    sys.meta_path.insert(0, _CppExtensionHook())
