@@ -220,8 +220,9 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     n_archs = p.work_archs(archs)
     limit = machine.memory_bytes - headroom_bytes(machine.memory_bytes)
     costs = numbers.costs
-    # A build of ninja runs one after another never compiles more units at once than its largest run.
-    widest = max(map(len, costs.runs)) if costs and costs.runs else p.translation_units
+    # setuptools' extensions, one ninja run each in a plain build, compile in one ninja run under
+    # the build layer (extforge_build_ext.py): every unit shares the job slots.
+    widest = len(costs.units) if costs and costs.runs else p.translation_units
     candidates = []
     for threads in range(1, n_archs + 1):
         peak_one = job_peak_bytes(p, threads, n_archs)
@@ -249,13 +250,14 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
                                          costs.subsets, variant or {})
         per_unit = {u: s * node_speed for u, s in in_build.items()}
-        # What a plain build does: no unit split, and the units in setuptools' order (it sorts an
-        # extension's sources before torch writes build.ninja; unit_costs.in_runs). Every schedule
-        # paces the units by the compiles running beside them (costs.concurrency).
+        # What a plain build does: no unit split, the units in setuptools' order (it sorts an
+        # extension's sources before torch writes build.ninja; unit_costs.in_runs), and one ninja
+        # run per extension, one after another. Every schedule paces the units by the compiles
+        # running beside them (costs.concurrency).
         upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
             + p.link_seconds
         per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
-        runs = costs.runs
+        runs: tuple[tuple[str, ...], ...] = ()
         if costs.part_limits is not None:
             peak_one = job_peak_bytes(p, threads, n_archs)
             split_plan = unit_costs.split_in_parts(per_unit, jobs, machine.cores // threads, runs, costs.part_limits,
@@ -295,8 +297,8 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
                        f"{max(costs.node_speeds.values()):.2f}x the data's seconds ({'; '.join(costs.node_speeds)}): "
                        "pass --node-speed for a node type measured once")
     if costs and costs.runs:
-        reasons.append(f"the build runs ninja {len(costs.runs)} times, one run after another (one per extension), "
-                       f"at most {widest} units at once: each run's units are scheduled apart and the runs added up")
+        reasons.append(f"setuptools' {len(costs.runs)} extensions compile in one ninja run (the build layer), their "
+                       f"units sharing the {jobs} job slots; a plain build runs one ninja per extension, one after another")
     if split:
         reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
                        f"schedule: {', '.join(split)}")

@@ -121,7 +121,11 @@ SCATTER = {"scatter": 57.1, "scatter_cpu": 44.6, "scatter_cuda": 72.0, "segment_
            "version": 40.4}
 
 
-def test_a_build_of_several_ninja_runs_is_learned_and_planned_run_by_run(tmp_path: Path, own_cost_store: Path) -> None:
+def test_a_build_of_several_ninja_runs_is_learned_run_by_run_and_planned_as_one(tmp_path: Path,
+                                                                                 own_cost_store: Path) -> None:
+    """The build layer compiles setuptools' extensions in one ninja run: the next build is planned
+    with every unit sharing the job slots (the old planner added the runs up, 3 jobs on 16 cores),
+    and upstream's one run after another is what a plain build does."""
     entry = learn(tmp_path, SCATTER, jobs=16, runs=4, recipe="torch-scatter", version="2.1.2", log_version=7)
     assert entry is not None
     assert entry.runs == (("scatter", "scatter_cpu", "scatter_cuda"), ("segment_coo", "segment_coo_cpu", "segment_coo_cuda"),
@@ -131,11 +135,10 @@ def test_a_build_of_several_ninja_runs_is_learned_and_planned_run_by_run(tmp_pat
     assert json.loads(entry.path.read_text())["runs"][3] == ["version"]
 
     second = plan.plan_build(node(16, 64), "torch-scatter", ("90",), version="2.1.2")
-    assert second.max_jobs == 3  # more job slots than the widest run would only raise the peak
-    assert second.expected_wall_seconds == round(72.0 + 122.5 + 72.0 + 40.4)
-    assert any("runs ninja 4 times" in r for r in second.reasons)
-    # Planned as one graph, the same units would have claimed a third of that.
-    assert lpt_makespan(SCATTER, 16) == 122.5
+    assert second.max_jobs == 10  # every unit at once: as many job slots as units, memory allowing
+    assert second.expected_wall_seconds == round(lpt_makespan(SCATTER, 10)) == 122
+    assert second.upstream_order_wall_seconds == round(72.0 + 122.5 + 72.0 + 40.4)
+    assert any("4 extensions compile in one ninja run" in r for r in second.reasons)
 
 
 def test_an_object_compiled_again_by_another_extension_is_another_compile(tmp_path: Path, own_cost_store: Path) -> None:
@@ -155,11 +158,12 @@ def test_an_object_compiled_again_by_another_extension_is_another_compile(tmp_pa
     assert entry.units["segment_coo@2"] == 30.1 and entry.units["version@2"] == 20.0
     assert entry.compile_seconds == 110.6 + 30.1 + 38.0 + 20.0
     planned = plan.plan_build(node(16, 64), "torch-scatter", ("90",), version="2.1.2")
-    assert planned.max_jobs == 3 and planned.expected_wall_seconds == round(110.6 + 30.1 + 38.0 + 20.0)
+    assert planned.max_jobs == 7 and planned.expected_wall_seconds == round(110.6)
+    assert planned.upstream_order_wall_seconds == round(110.6 + 30.1 + 38.0 + 20.0)
     # On two cores, upstream's order is the order the measured build started each run's units:
     # there the .cu waits for the first of the two .cpp to end.
     two = plan.plan_build(node(2, 23), "torch-scatter", ("90",), version="2.1.2")
-    assert two.expected_wall_seconds == round(max(110.6, 42.6 + 38.0) + 30.1 + 38.0 + 20.0)
+    assert two.expected_wall_seconds == round(lpt_makespan(entry.units, 2))
     assert two.upstream_order_wall_seconds == round(38.0 + 110.6 + 30.1 + 38.0 + 20.0)
 
 

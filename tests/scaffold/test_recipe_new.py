@@ -109,7 +109,7 @@ def test_computed_names_and_requirements_are_said_not_guessed() -> None:
         "setuptools.setup(install_requires=open('r.txt').read().split(), packages=['x', 'x.sub'])\n")
     assert facts.extensions == [] and facts.unnamed == 1 and facts.packages == ["x", "x.sub"]
     assert any("computes install_requires" in u for u in facts.undecided)
-    assert any("a CUDAExtension whose name it computes" in u for u in facts.undecided)
+    assert any("a CUDAExtension whose name it computes" in u for u in facts.computed_names)
     assert scaffold.conda_spec("torch>=2.1,<3") == ("pytorch <3,>=2.1", None)
     assert scaffold.conda_spec("Flash_Attn==2.8.3")[0] == "flash-attn ==2.8.3"
     assert scaffold.conda_spec("matplotlib; extra == 'viz'")[0] is None
@@ -117,15 +117,26 @@ def test_computed_names_and_requirements_are_said_not_guessed() -> None:
     assert "depends on the python" in str(scaffold.conda_spec("tomli; python_version < '3.11'")[1])
 
 
-def test_extensions_built_only_under_a_switch_are_named() -> None:
-    # gsplat 1.5.3's shape: its PyPI wheel is built with BUILD_NO_CUDA=1 and compiles at first use.
-    facts = scaffold.read_setup_py(
-        "import os\nfrom setuptools import setup\nBUILD_NO_CUDA = os.getenv('BUILD_NO_CUDA', '0') == '1'\n"
-        "MAX_JOBS = os.environ.get(\"MAX_JOBS\")\n"
-        "setup(name='g', ext_modules=get_extensions() if not BUILD_NO_CUDA else [])\n")
-    (said,) = facts.undecided
-    assert said.startswith("setup.py line 5 compiles its extensions only if `not BUILD_NO_CUDA` (it reads "
-                           "BUILD_NO_CUDA, MAX_JOBS from the environment): set what keeps them in build.script.env")
+def test_extensions_built_only_under_a_switch_are_decided_or_named() -> None:
+    """gsplat 1.5.3's shape: its PyPI wheel is built with BUILD_NO_CUDA=1 and compiles at first use.
+    A known switch is set with its reason (the old code only named it); an unknown one is named."""
+    def made(switch: str) -> scaffold.Scaffold:
+        setup = scaffold.read_setup_py(
+            f"import os\nfrom setuptools import setup\n{switch} = os.getenv('{switch}', '0') == '1'\n"
+            "MAX_JOBS = os.environ.get(\"MAX_JOBS\")\n"
+            f"setup(name='g', ext_modules=get_extensions() if not {switch} else [])\n")
+        facts = scaffold.SdistFacts("g", "1.0", license="MIT", setup=setup, package_dirs=["g"])
+        return scaffold.scaffold(facts, scaffold.Sdist("g-1.0.tar.gz", "https://x.org/g-1.0.tar.gz", "0" * 64), ("9.0",))
+
+    known = made("BUILD_NO_CUDA")
+    assert [(d.decides, dict(d.values)) for d in known.decisions] == [("ahead of time or at first use", {"BUILD_NO_CUDA": "0"})]
+    assert not any("compiles its extensions only if" in u for u in known.undecided)
+    assert '      # ahead of time or at first use: compile the kernels here, ahead of time (PyPI\'s wheel, BUILD_NO_CUDA=1, ' \
+        in known.recipe_yaml() and '      BUILD_NO_CUDA: "0"\n' in known.recipe_yaml()
+    said = [u for u in made("NO_EXT").undecided if "compiles its extensions only if" in u]
+    assert said == ["setup.py line 5 compiles its extensions only if `not NO_EXT` (it reads MAX_JOBS, NO_EXT from the "
+                    "environment): set what keeps them in build.script.env, else the package has no compiled module "
+                    "(the import test fails)"]
 
 
 def test_recipe_new_offline_writes_the_recipe_shape(tmp_path: Path, sdist: Path, capsys) -> None:
