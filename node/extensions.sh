@@ -11,6 +11,7 @@
 # To share a node with other work, start it under `taskset -c CPUS` and with CUDA_VISIBLE_DEVICES.
 # XF_ONLY=RECIPE: that extension alone (its envs/gpu-node env and tests); with XF_SECOND=1, its
 # build twice instead, the second planned from the first (the planner's error), nothing installed.
+# XF_EXTRAS="scipy ...": more distributions of the node's env to mirror (torch-cluster runs scipy).
 # Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
 # (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
 set -uo pipefail
@@ -50,8 +51,9 @@ run_chain() {
     for r in "${recipes[@]}"; do
         step "sources-$r" "${xf[@]}" sources fetch "recipe/$r" --from "$XF_WORK/repo/.carry/sdists" --dest "$XF_WORK/sources" || return
     done
-    step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda \
-        --extra einops --extra transformers --extra pytest --extra packaging --extra rich || return
+    local extras=()
+    for e in einops transformers pytest packaging rich ${XF_EXTRAS:-}; do extras+=(--extra "$e"); done
+    step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda "${extras[@]}" || return
     if [[ -n "${XF_ONLY:-}" ]]; then
         # One extension alone (XF_ONLY=gsplat): its build, envs/gpu-node's env of that name, its tests.
         if [[ -n "${XF_SECOND:-}" ]]; then
@@ -107,6 +109,13 @@ publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channe
     pt=("$XF_WORK/env/bin/python" -m pytest -q -p pytest_sample -p no:cacheprovider)
 }
 
+test_pyg() {  # test_pyg RECIPE ARCHIVE: upstream's test/ folder (.carry/ARCHIVE-tests.tar.gz), every test
+    tar -C "$XF_WORK/upstream-tests" -xzf ".carry/$2-tests.tar.gz"
+    EXTFORGE_SAMPLE_EVERY=1 step "test-$1" "${pt[@]}" "$XF_WORK/upstream-tests/$2/test"
+}
+test_torch-scatter() { test_pyg torch-scatter pytorch_scatter-2.1.2; }
+test_torch-cluster() { test_pyg torch-cluster pytorch_cluster-1.6.3; }
+
 test_gsplat() {
     # The sdist's tests that need nothing outside the env: not test_basic.py and test_ftheta.py (they
     # read assets/test_garden.npz, which only upstream's repository has), test_compression.py
@@ -124,7 +133,7 @@ summarize() {
         echo "|---|---|---|"
         cat "$XF_WORK/steps.md" 2>/dev/null
         echo
-        for t in causal-conv1d mamba-selective-scan torch-scatter gsplat; do
+        for t in causal-conv1d mamba-selective-scan torch-scatter torch-cluster gsplat; do
             local f="$XF_WORK/logs/test-$t.log"
             [[ -f $f ]] && echo "- upstream tests, $t: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$f" | tail -1)"
         done
@@ -140,7 +149,7 @@ if [[ $mode == start && ! -d "$XF_WORK/repo" ]]; then
     mkdir -p "$XF_WORK/logs" "$XF_WORK/site"
     cp -a . "$XF_WORK/repo"
     tar -C "$XF_WORK/site" -xJf .carry/site312.tar.xz
-    export -f run_chain summarize publish_lock_install test_gsplat
+    export -f run_chain summarize publish_lock_install test_gsplat test_pyg test_torch-scatter test_torch-cluster
     export XF_WORK PY
     setsid bash -c 'run_chain; echo done > "$XF_WORK/done"' > "$XF_WORK/chain.log" 2>&1 < /dev/null &
 fi

@@ -32,7 +32,7 @@ def _say(text: str) -> None:
     print(f"extforge-torch-build: {text}", file=sys.stderr, flush=True)
 
 
-def patch(cpp_extension: ModuleType) -> None:
+def patch(cpp_extension: Any) -> None:
     """Wrap BuildExtension of the module just imported; leaves a torch without the internals
     relied on (its module-level ninja runner) as it is, saying so."""
     mode = os.environ.get("EXTFORGE_NINJA", "")

@@ -13,6 +13,12 @@ import sys
 import sysconfig
 import traceback
 import urllib.parse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 LOCAL_NAMES = {"localhost", "", "::1", "0.0.0.0"}
 STDLIB = sysconfig.get_paths()["stdlib"]
@@ -68,7 +74,7 @@ class _CppExtensionHook:
 
     target = "torch.utils.cpp_extension"
 
-    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.target:
             return None
         import importlib.machinery
@@ -76,7 +82,7 @@ class _CppExtensionHook:
         import extforge_build_ext
 
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)  # type: ignore[arg-type]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
             extforge_build_ext.after_import(spec.loader, extforge_build_ext.patch)
         return spec
