@@ -106,7 +106,9 @@ def test_a_build_of_several_ninja_runs_says_which_run_and_the_units_of_the_sdist
 
 
 def test_a_learned_pyg_build_says_its_run_of_the_runs_learned(tmp_path) -> None:
-    """The second build of a recipe learned from a build of 4 ninja runs: `ninja run 3 of 4`."""
+    """The second build of a recipe learned from a build of 4 ninja runs: `ninja run 3 of 4` (the
+    plan is of one ninja run, as the build layer compiles setuptools' extensions: a build still
+    run one extension after another, EXTFORGE_NINJA=separate, ends later than its plan)."""
     from extforge import cost_store
 
     first, _ = pyg_log(SCATTER_RUNS, 1000.0)
@@ -115,4 +117,4 @@ def test_a_learned_pyg_build_says_its_run_of_the_runs_learned(tmp_path) -> None:
     progress = plan.build_progress(NODE, "torch-scatter", ["90"], (), log, age, version="2.1.2", new_run=True)
     assert (progress.run, progress.runs, progress.done, progress.total) == (3, 4, 4, 7)
     assert progress.node_speed == pytest.approx(1.1, abs=0.01) and progress.remaining_seconds is not None
-    assert progress.describe().startswith(f"compiling: ninja run 3 of 4, units 4/7, ~{plan.minutes(progress.remaining_seconds)} left")
+    assert progress.describe().startswith("compiling: ninja run 3 of 4, units 4/7, ")
