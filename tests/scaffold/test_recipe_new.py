@@ -389,3 +389,38 @@ def test_a_url_that_names_no_file_is_refused(tmp_path: Path, sdist: Path, capsys
         assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--url", url]) == 2
         assert "its URL ends in no file name" in capsys.readouterr().err
     assert not (tmp_path / "tiny-conv").exists()
+
+
+def test_a_known_prebuilt_wheel_switch_is_set_with_its_reason() -> None:
+    """causal-conv1d 1.7.0's setup.py downloads upstream's wheel unless CAUSAL_CONV1D_FORCE_BUILD
+    is TRUE: the old recipe new left it to the layer, unnamed in the recipe; now the recipe sets
+    download-switches.yaml's values under a one-line reason."""
+    setup = scaffold.read_setup_py(
+        "import os\nfrom setuptools import setup\nFORCE_BUILD = os.getenv('CAUSAL_CONV1D_FORCE_BUILD', 'FALSE') == 'TRUE'\n"
+        "SKIP = os.getenv('CAUSAL_CONV1D_SKIP_CUDA_BUILD', 'FALSE') == 'TRUE'\nsetup(name='causal-conv1d')\n")
+    facts = scaffold.SdistFacts("causal-conv1d", "1.7.0", license="BSD-3-Clause", setup=setup, package_dirs=["causal_conv1d"])
+    made = scaffold.scaffold(facts, scaffold.Sdist("c-1.7.0.tar.gz", "https://x.org/c-1.7.0.tar.gz", "0" * 64), ("9.0",))
+    (decision,) = made.decisions
+    assert decision.decides == "build or download"
+    assert dict(decision.values) == {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE", "CAUSAL_CONV1D_SKIP_CUDA_BUILD": "FALSE"}
+    assert ('      # build or download: compile here, never download upstream\'s prebuilt wheel (the build layer refuses '
+            'the download either way)\n      CAUSAL_CONV1D_FORCE_BUILD: "TRUE"\n') in made.recipe_yaml()
+    assert not any("a switch extforge does not know" in u for u in made.undecided)
+
+
+def test_torch_library_ops_are_read_from_sources_within_a_budget(tmp_path: Path, monkeypatch) -> None:
+    """Op libraries registered with TORCH_LIBRARY get the torch.ops test (the old recipe new wrote
+    an import of each library, which fails: their PyInit returns NULL); C/C++ sources past the
+    budget are not read (only named), whatever their size."""
+    pkg_info = b"Metadata-Version: 2.1\nName: tiny-conv\nVersion: 1.7.0\nLicense: MIT\n"
+    ops = (b'#include <torch/library.h>\nTORCH_LIBRARY(tiny_conv, m) {\n  m.def("scale(Tensor x) -> Tensor");\n'
+           b'  m.def("tiny_conv::shift(Tensor x) -> Tensor");\n}\n')
+    files = {"PKG-INFO": pkg_info, "setup.py": b"from setuptools import setup\nsetup(name='tiny-conv')\n",
+             "tiny_conv/__init__.py": b"import torch\ntorch.ops.load_library(__file__.replace('__init__.py', '_C.so'))\n",
+             "csrc/ops.cpp": ops, "csrc/big.cpp": b"//" + b"x" * 4096 + b'\n.op("tiny_conv::hidden", f)\n'}
+    monkeypatch.setattr(scaffold, "SOURCES_BUDGET", len(ops) + 100)
+    facts = scaffold.read_sdist(_crafted(tmp_path, files))
+    assert "csrc/big.cpp" not in facts.texts and "csrc/big.cpp" in facts.compiled
+    made = scaffold.scaffold(facts, scaffold.Sdist("tiny_conv-1.7.0.tar.gz", "https://x.org/t.tar.gz", "0" * 64), ("9.0",))
+    assert made.ops == scaffold.OpsTest("tiny_conv", "tiny_conv", ("scale", "shift"))
+    assert made.imports == ["tiny_conv"] and "print('tiny_conv: 2 ops')" in made.ops.command()
