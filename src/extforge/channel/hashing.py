@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 4 * 1024 * 1024
+# A file whose ctime is this close to the moment it was looked at may have changed again within
+# the same timestamp tick, unseen: a record of it taken then is not believed. Filesystems that
+# keep sub-second times tick within milliseconds (the kernel's coarse clock); only those that
+# keep whole seconds (some NFS servers) need seconds. A window of seconds on a fine filesystem
+# made the first verify after an install (whose links are made in its last second) trust
+# nothing, and the one after it re-hash everything again.
+RACY_NS = 3 * 10**9
+RACY_FINE_NS = 100 * 10**6
 _local = threading.local()
 
 
@@ -48,8 +56,20 @@ def digests_file(path: Path | str, algorithms: Sequence[str], *, copy_to: Binary
     return {a: h.hexdigest() for a, h in zip(algorithms, hashes, strict=True)}
 
 
+def file_key(st: os.stat_result) -> list[int]:
+    """What a record of a file's bytes is bound to: size, mtime, ctime, inode, mode and device.
+    A write, chmod, chown, rename or link moves the ctime, which no user can set back."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, st.st_dev]
+
+
 def default_threads() -> int:
     return max(2, min(32, 2 * len(os.sched_getaffinity(0))))
+
+
+# Files hashed by one task of the pool: a torch env's 25,000 files as as many tasks spent more
+# time handing out tasks and collecting results than hashing its small files.
+BATCH_BYTES = 16 * 1024 * 1024
+BATCH_FILES = 256
 
 
 def hash_many(
@@ -66,10 +86,32 @@ def hash_many(
             if on_done:
                 on_done()
 
-    # Biggest first so one huge library is not the last thing a single thread starts on.
-    ordered = sorted(paths, key=lambda p: -(p.stat().st_size if p.is_file() else 0))
+    def batch(files: list[Path]) -> list[tuple[Path, str | OSError]]:
+        return [one(p) for p in files]
+
     with ThreadPoolExecutor(max_workers=threads or default_threads()) as pool:
-        return dict(pool.map(one, ordered))
+        return {p: got for done in pool.map(batch, _batches(paths)) for p, got in done}
+
+
+def _batches(paths: Iterable[Path]) -> list[list[Path]]:
+    """Biggest first, so one huge library is not the last thing a single thread starts on; a
+    big file is a batch of its own, small ones are grouped up to BATCH_BYTES or BATCH_FILES."""
+    sized = []
+    for p in paths:
+        try:
+            sized.append((os.stat(p).st_size, p))
+        except OSError:
+            sized.append((0, p))  # hashed all the same: its error is its result
+    sized.sort(key=lambda item: -item[0])
+    out: list[list[Path]] = []
+    size = 0
+    for n, p in sized:
+        if not out or size + n > BATCH_BYTES or len(out[-1]) >= BATCH_FILES:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += n
+    return out
 
 
 def fsync_dir(path: Path) -> None:

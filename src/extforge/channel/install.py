@@ -43,12 +43,14 @@ from ..cache import make_room
 from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
 from ..locking import Busy, exclusive_or_busy
 from ..paths import cache_root, rattler_pkgs_dir
+from . import extracted
 from .accounting import user_name
 from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt
 from .trust import (
+    ARCHIVE_DIGESTS,
     PYTHON,
     PackageRef,
     check_archives,
@@ -76,6 +78,8 @@ class InstallResult:
     cache_mismatches: list[str] = field(default_factory=list)
     # Archives whose member paths were checked in this install (the others had passed before).
     archives_checked: int = 0
+    # Files read to check them, of those linked: the package cache's files verified before are not.
+    files_hashed: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -87,6 +91,7 @@ class InstallResult:
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "cache_mismatches": self.cache_mismatches,
             "archives_checked": self.archives_checked,
+            "files_hashed": self.files_hashed,
         }
 
 
@@ -166,13 +171,13 @@ def _remove_created(prefix: Path, created: list[Path]) -> None:
 
 
 def install_env(lock_path: Path, env: str, prefix: Path, *, platform: str = "linux-64",
-                mirrors: Mirrors | None = None) -> InstallResult:
+                mirrors: Mirrors | None = None, rehash: bool = False) -> InstallResult:
     prefix, created = _prepare_prefix(prefix)
     try:
         with contextlib.ExitStack() as held:
             held.push(_acquire(prefix))
             _recover(prefix)
-            return _install(lock_path, env, prefix, platform, mirrors or Mirrors())
+            return _install(lock_path, env, prefix, platform, mirrors or Mirrors(), rehash)
     except BaseException as exc:
         _remove_created(prefix, created)
         if isinstance(exc, Busy):
@@ -202,7 +207,7 @@ def _acquire(prefix: Path) -> contextlib.AbstractContextManager[None]:
                         "check what else writes the prefix")
 
 
-def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mirrors) -> InstallResult:
+def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mirrors, rehash: bool) -> InstallResult:
 
     start = time.monotonic()
     result = InstallResult(prefix=prefix, environment=env)
@@ -222,7 +227,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
 
     make_room(cache_root(), f"installing environment {env!r} into {prefix}")
     t = time.monotonic()
-    local, bad = fetch_verified(records, store_dir(), mirrors, result.cache_mismatches)
+    local, bad = fetch_verified(records, store_dir(), mirrors, result.cache_mismatches, None if rehash else ARCHIVE_DIGESTS)
     if bad:
         raise ExtforgeError(
             f"{len(bad)} package(s) differ from {lock_path.name}: " + "; ".join(bad),
@@ -245,23 +250,29 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     staging = prefix / WORK / f"staging-{os.getpid()}"
     cache = rattler_pkgs_dir()
     t = time.monotonic()
+    trusted, recorded = ({}, {}) if rehash else extracted.recall(records, cache, manifests)
+    result.timings["cache_recall"] = time.monotonic() - t
     try:
         _write_journal(prefix, staging, None)
-        bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+        bad_files, linked = _link_and_check(records, staging, prefix, cache, manifests, trusted, result)
         if bad_files:
-            # The extracted cache (perhaps shared, on NFS) gave other bytes than the packages the
+            # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
             # lock names: drop those entries so rattler extracts them again from the verified archives.
             dropped = _drop_cache_entries(cache, records, bad_files)
             result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
-            bad_files = _link_and_check(records, staging, prefix, cache, manifests)
+            # Every file hashed: a removed file's inode number may come back with a new one.
+            bad_files, linked = _link_and_check(records, staging, prefix, cache, manifests, {}, result)
             if bad_files:
                 raise ExtforgeError(
                     f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
-                    f"the package cache {cache} gives other bytes than the verified packages, even after re-extracting",
+                    f"the package cache {cache} gives other files than the verified packages, even after re-extracting",
                     f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
                     exit_code=EXIT_FINDINGS,
                 )
+        t = time.monotonic()
+        extracted.remember(records, cache, manifests, linked, recorded)
         _restore_urls(staging / "conda-meta", originals)
+        result.timings["record"] = time.monotonic() - t
         tb = time.monotonic()
         written = _byte_compile(staging, prefix, manifests)
         result.timings["bytecode"] = time.monotonic() - tb
@@ -269,7 +280,6 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
     finally:
         _forget(prefix, staging)
     write_receipt(Receipt(str(prefix), str(lock_path.resolve()), env, pinned, written, str(cache)))
-    result.timings["link_check"] = time.monotonic() - t
     result.seconds = time.monotonic() - start
     return result
 
@@ -455,11 +465,15 @@ def _new_staging(staging: Path, prefix: Path) -> None:
     safe_files.make_dirs(staging, beneath=prefix)
 
 
-def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict]) -> list[str]:
-    """Install into staging, then hash what landed there against the packages' own manifests;
-    the paths (relative) that differ from them or that no package owns."""
+def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict],
+                    trusted: dict[extracted.Inode, extracted.Verified],
+                    result: InstallResult) -> tuple[list[str], dict[extracted.Inode, tuple[list[int], str]]]:
+    """Install into staging, then check what landed there against the packages' own manifests
+    (hashing what `trusted` does not vouch for); the paths (relative) that differ from them or
+    that no package owns, and the inodes of the staged files found as expected."""
     from rattler import install
 
+    t = time.monotonic()
     _new_staging(staging, prefix)
     try:
         asyncio.run(
@@ -484,11 +498,16 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
     if CACHEDIR_TAG not in owned:
         # rattler marks every prefix as a cache; backup tools would then skip the environment.
         safe_files.remove(staging / CACHEDIR_TAG, beneath=prefix)
+    result.timings["link"] = result.timings.get("link", 0.0) + time.monotonic() - t
+    t = time.monotonic()
     report = VerifyReport(prefix=prefix)
-    check_files(staging, manifests, None, report, prefix=prefix)
+    _, found = check_files(staging, manifests, None, report, prefix=prefix, trusted=trusted)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
     unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
-    return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered))
+    result.timings["check"] = result.timings.get("check", 0.0) + time.monotonic() - t
+    result.files_hashed += report.files_hashed
+    linked = {(k[5], k[3]): (k, sha) for k, sha in found.values()}
+    return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered)), linked
 
 
 CLOBBERS = "__clobbers__"
@@ -525,12 +544,14 @@ CACHEDIR_TAG = "CACHEDIR.TAG"
 
 def _unowned_files(root: Path, owned: set[str]) -> list[str]:
     out = []
+    skip = len(str(root)) + 1
     for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = dirpath[skip:]
         if rel_dir == "conda-meta":
             dirnames[:] = []
             continue
-        out += [p for f in filenames if (p := os.path.normpath(os.path.join(rel_dir, f))) not in owned]
+        above = f"{rel_dir}/" if rel_dir else ""
+        out += [p for f in filenames if (p := above + f) not in owned]
     return out
 
 
@@ -540,7 +561,7 @@ def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> lis
     rels = [rel.split("/", 2)[2] if rel.startswith(f"{CLOBBERS}/") and rel.count("/") >= 2 else rel for rel in rel_paths]
     dropped = []
     for r in records:
-        entry = cache / r.file_name.removesuffix(".conda").removesuffix(".tar.bz2")
+        entry = extracted.entry_dir(cache, r.file_name)
         if any(os.path.lexists(entry / rel) for rel in rels):
             safe_files.remove_quietly(entry, beneath=cache)
             safe_files.remove_quietly(cache / f"{entry.name}.lock", beneath=cache)
@@ -554,5 +575,6 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
         d = json.loads(f.read_text())
         if d.get("fn") in originals:
             d["url"], d["channel"] = originals[d["fn"]]
-            # 0644: rattler writes them 0600, and every job's user reads them to verify
-            safe_files.write_atomic(f, (json.dumps(d, indent=2) + "\n").encode(), mode=0o644)
+            # 0644: rattler writes them 0600, and every job's user reads them to verify. Not
+            # indented: Python's encoder indents in Python (0.6 s for a torch env's records).
+            safe_files.write_atomic(f, (json.dumps(d) + "\n").encode(), mode=0o644)

@@ -7,15 +7,18 @@ Shared by install (which links them), trust (which reads their own paths.json) a
 from __future__ import annotations
 
 import json
+import os
+import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..downloads import Limits, TooBig, download, fetch, local_path
 from ..errors import ExtforgeError
 from ..paths import mark_used, own_area
 from ..safe_files import hard_link, make_dirs, remove, rename, temp_name
-from .hashing import default_threads, digest_file, digests_file
+from .hashing import default_threads, digest_file, digests_file, file_key
 from .mirrors import Mirrors
 
 
@@ -137,16 +140,28 @@ def _fetch_into(url: str, dest: Path, size: int | None = None) -> str:
     return download(url, dest, size=size, elsewhere=_ELSEWHERE)
 
 
+class DigestMemo(Protocol):
+    """Digests of store copies as they were when last hashed, kept where only this user can
+    write (trust.ArchiveDigests): a copy whose stat is unchanged since is not read again."""
+
+    def recall(self, path: Path, st: os.stat_result, sha256: str) -> dict[str, str] | None:
+        """The digests of path, which now stats as st, when a record of exactly that is believed."""
+
+    def remember(self, path: Path, st: os.stat_result, taken_ns: int, digests: dict[str, str]) -> None:
+        """Record the digests of path, stat'ed as st (before and after the read) at taken_ns."""
+
+
 def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
-                   repaired: list[str] | None = None) -> tuple[dict[str, Path], list[str]]:
+                   repaired: list[str] | None = None, memo: DigestMemo | None = None) -> tuple[dict[str, Path], list[str]]:
     """Verified local copies by file name, and the packages whose bytes differ from the lock.
 
-    A store copy (the store may be shared) is re-hashed at every use; one that differs is
-    fetched again from its URL (through this site's mirrors), and noted in `repaired`."""
+    A store copy (the store may be shared) is re-hashed at every use unless `memo` vouches for
+    it; one that differs is fetched again from its URL (through this site's mirrors), and noted
+    in `repaired`."""
     mirrors = mirrors or Mirrors()
     local: dict[str, Path] = {}
     bad = []
-    stored = _store_digests(records, store)
+    stored = _store_digests(records, store, memo)
     for r in records:
         want = record_sha256(r)
         dest = store / want / r.file_name
@@ -176,16 +191,29 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
     return local, bad
 
 
-def _store_digests(records: list, store: Path) -> dict[Path, dict[str, str]]:
+def _store_digests(records: list, store: Path, memo: DigestMemo | None) -> dict[Path, dict[str, str]]:
     """The sha256 (and the lock's md5, where it has one) of each store copy present, by path: one
     read per file, files on a thread pool (hashlib releases the GIL). A torch env's ~3 GB of
-    archives were read twice, one after another, at every install: 9.6 s of it, now 2-3 s."""
+    archives were read twice, one after another, at every install: 9.6 s of it, then 2-10 s, now
+    none where `memo` knows them unchanged."""
 
     def one(r: Any) -> tuple[Path, dict[str, str] | None]:
-        dest = store / record_sha256(r) / r.file_name
-        if not dest.is_file():
+        want = record_sha256(r)
+        dest = store / want / r.file_name
+        taken_ns = time.time_ns()
+        try:
+            before = os.stat(dest)
+        except OSError:
             return dest, None
-        return dest, digests_file(dest, ("sha256", "md5") if _record_md5(r) else ("sha256",))
+        if not stat.S_ISREG(before.st_mode):
+            return dest, None
+        algorithms = ("sha256", "md5") if _record_md5(r) else ("sha256",)
+        if memo is not None and (known := memo.recall(dest, before, want)) is not None and set(algorithms) <= set(known):
+            return dest, known
+        digests = digests_file(dest, algorithms)
+        if memo is not None and digests["sha256"] == want and file_key(before) == file_key(os.stat(dest)):
+            memo.remember(dest, before, taken_ns, digests)
+        return dest, digests
 
     with ThreadPoolExecutor(max_workers=default_threads()) as pool:
         return {dest: digests for dest, digests in pool.map(one, records) if digests is not None}

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from .. import archive as archive_rules
 from ..archive import check_package, package_tars
 from ..errors import ExtforgeError
 from ..paths import private_dir
-from .hashing import default_threads, sha256_file
+from .hashing import RACY_FINE_NS, RACY_NS, default_threads, digests_file, file_key
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 
@@ -141,18 +142,16 @@ def _rules_id() -> str:
     return hashlib.sha256(Path(archive_rules.__file__).read_bytes()).hexdigest()
 
 
-def _stat_key(path: Path) -> tuple[int, ...]:
-    st = path.stat()
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
 def _check_and_record(sha256: str, path: Path, rules: str) -> None:
-    before = _stat_key(path)
+    taken_ns = time.time_ns()
+    before = os.stat(path)
     check_package(path)  # raises, naming the first unsafe member
     # Recorded only when the bytes checked are the bytes with this sha256: hashed after the check,
     # the inode unchanged throughout (a write in between moves its ctime, which no user can set back).
-    if sha256_file(path) == sha256 and _stat_key(path) == before:
+    digests = digests_file(path, ("sha256", "md5"))
+    if digests["sha256"] == sha256 and file_key(os.stat(path)) == file_key(before):
         write_signed(trust_dir() / "checked" / f"{sha256}.json", {"sha256": sha256, "rules": rules})
+        ARCHIVE_DIGESTS.remember(path, before, taken_ns, digests)
 
 
 def check_archives(archives: dict[str, Path]) -> int:
@@ -168,6 +167,48 @@ def check_archives(archives: dict[str, Path]) -> int:
         for _ in pool.map(lambda item: _check_and_record(item[0], item[1], rules), todo):
             pass
     return len(todo)
+
+
+# --- archives whose digests were taken before -------------------------------------------------
+
+class ArchiveDigests:
+    """packages.DigestMemo kept in the trust folder (`archives/<sha256>.json`, signed): the
+    digests of a store copy with the stat they were taken at. Hashing a torch env's ~3 GB of
+    archives again took 10 s of every install; a copy whose size, mtime, ctime, inode, mode and
+    device are as recorded is not read. The ctime is left out for a copy of the user's own that
+    nobody else may write (as for the package cache's files, extracted.py: only its owner or
+    root could then keep its mtime through an edit), since every hard link made to a channel's
+    file moves it. Otherwise a record is written only where the ctime was older than the
+    timestamp tick it was stat'ed in: a write within that tick would leave it as it was."""
+
+    @staticmethod
+    def _path(sha256: str) -> Path:
+        return trust_dir() / "archives" / f"{sha256}.json"
+
+    @staticmethod
+    def _key(st: os.stat_result) -> list[int]:
+        key = file_key(st)
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            key[2] = 0  # the ctime
+        return key
+
+    def recall(self, path: Path, st: os.stat_result, sha256: str) -> dict[str, str] | None:
+        body = read_signed(self._path(sha256))
+        if body is None or body.get("path") != str(path) or body.get("key") != self._key(st):
+            return None
+        digests = body.get("digests")
+        if not isinstance(digests, dict) or digests.get("sha256") != sha256:
+            return None
+        return {str(k): str(v) for k, v in digests.items()}
+
+    def remember(self, path: Path, st: os.stat_result, taken_ns: int, digests: dict[str, str]) -> None:
+        key = self._key(st)
+        window = RACY_FINE_NS if st.st_ctime_ns % 10**9 else RACY_NS
+        if key[2] == 0 or st.st_ctime_ns < taken_ns - window:
+            write_signed(self._path(digests["sha256"]), {"path": str(path), "key": key, "digests": digests})
+
+
+ARCHIVE_DIGESTS = ArchiveDigests()
 
 
 # --- prefix placeholders, rewritten as rattler rewrites them ---------------------------------
@@ -473,7 +514,8 @@ def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] |
     if missing:
         have = {r.file_name: local[r.file_name] for r in missing if local and r.file_name in local}
         try:
-            fetched, bad = fetch_verified([r for r in missing if r.file_name not in have], store_dir(), mirrors)
+            fetched, bad = fetch_verified([r for r in missing if r.file_name not in have], store_dir(), mirrors,
+                                          memo=ARCHIVE_DIGESTS)
         except ExtforgeError as exc:
             fetched, bad = {}, [exc.what]
         have.update(fetched)

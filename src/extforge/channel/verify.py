@@ -27,7 +27,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +35,10 @@ from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..machine import detect
 from ..paths import rattler_pkgs_dir
 from ..stamp import read_stamps
-from .accounting import TOOL_FILES, expectations, unchanged, walk
+from .accounting import TOOL_FILES, expectations, unchanged, user_name, walk
 from .admission import Check, admission_checks
-from .hashing import hash_many
+from .extracted import Inode, Verified
+from .hashing import RACY_FINE_NS, RACY_NS, file_key, hash_many
 from .mirrors import Mirrors
 from .node import NodeFacts, probe
 from .packages import locked_records, read_prefix_records
@@ -130,13 +131,6 @@ def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tupl
     return expect, findings
 
 
-# A file whose ctime is this close to the snapshot may have changed again within the same
-# timestamp tick, unseen. Filesystems that keep sub-second times tick within milliseconds (the
-# kernel's coarse clock); only those that keep whole seconds (some NFS servers) need seconds.
-# A window of seconds on a fine filesystem made the first verify after an install (whose links
-# are made in its last second) trust nothing, and the one after it re-hash everything again.
-RACY_NS = 3 * 10**9
-RACY_FINE_NS = 100 * 10**6
 # 4: every entry of the prefix (folders and links too) by its lstat key, for one basis.
 # 5: a path of python's interpreter that another package ships too holds python's copy only.
 RECORD_SCHEMA = 5
@@ -180,14 +174,14 @@ def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_f
 
 
 def _hash_and_compare(root: Path, want: dict[str, tuple[tuple[str, ...], str]], keys: dict[str, list[int] | None],
-                      threads: int | None, report: VerifyReport) -> tuple[list[str], dict[str, list[int]]]:
-    """Hash the files `keys` names (relative to root) against `want`; findings, and the key of
-    each file that hashed right."""
+                      threads: int | None, report: VerifyReport) -> tuple[list[str], dict[str, tuple[list[int], str]]]:
+    """Hash the files `keys` names (relative to root) against `want`; findings, and the key and
+    sha256 of each file that hashed right."""
     base = str(root)
     paths = {Path(f"{base}/{rel}"): rel for rel in keys}
     hashes = hash_many(paths, threads=threads)
     findings: list[str] = []
-    good: dict[str, list[int]] = {}
+    good: dict[str, tuple[list[int], str]] = {}
     for hashed, got in sorted(hashes.items()):
         rel = paths[hashed]
         shas, pkg = want[rel]
@@ -201,33 +195,52 @@ def _hash_and_compare(root: Path, want: dict[str, tuple[tuple[str, ...], str]], 
             others = f" (or another package's copy: {len(shas) - 1} more)" if len(shas) > 1 else ""
             findings.append(f"modified: {rel} ({pkg}) sha256 {got[:12]}…, expected {shas[0][:12]}…{others}")
         elif (k := keys[rel]) is not None:
-            good[rel] = k
+            good[rel] = (k, got)
     report.files_hashed = len(hashes)
     report.bytes_hashed = sum(k[0] for rel, k in keys.items() if k is not None and rel in good)
     return findings, good
 
 
 def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
-                *, prefix: Path | None = None) -> Check:
-    """Every file the packages list, hashed under root, and its mode: install's staging folder that
-    becomes `prefix`. Files are hard links into the package cache, whose modes are shared too: a
-    chmod in another prefix is a chmod of the cache's copy."""
+                *, prefix: Path | None = None, trusted: Mapping[Inode, Verified] | None = None,
+                ) -> tuple[Check, dict[str, tuple[list[int], str]]]:
+    """Every file the packages list under root (install's staging folder that becomes `prefix`):
+    a regular file of this user's, its bytes hashed unless it is an inode of the package cache
+    verified before (`trusted`, by device and inode: extracted.recall) with the size, mtime and
+    mode it had then and a sha256 expected at its path, and its mode. Files are hard links into
+    the package cache, whose modes are shared too: a chmod in another prefix is a chmod of the
+    cache's copy. The check, and each file found as expected: {path: (file_key, sha256)}."""
     expect, findings = expected_files(root, manifests, prefix or root)
-    hashed, _ = _hash_and_compare(root, expect, dict.fromkeys(expect), threads, report)
+    uid = os.geteuid()
+    modes: dict[str, int] = {}
+    to_hash: dict[str, list[int] | None] = {}
+    found: dict[str, tuple[list[int], str]] = {}
+    for rel, (shas, pkg) in expect.items():
+        try:
+            st = os.lstat(f"{root}/{rel}")
+        except OSError:
+            to_hash[rel] = None  # the hash says what is wrong
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by {user_name(st.st_uid)}"
+            findings.append(f"replaced: {rel} is {what}, {pkg} has a file of the installing user's there")
+            report.bad_files.append(rel)
+            continue
+        modes[rel] = stat.S_IMODE(st.st_mode)
+        known = trusted.get((st.st_dev, st.st_ino)) if trusted else None
+        if known is not None and known.sha256 in shas and known.same(st):
+            found[rel] = (file_key(st), known.sha256)
+        else:
+            to_hash[rel] = file_key(st)
+    hashed, good = _hash_and_compare(root, expect, to_hash, threads, report)
     findings += hashed
     for name, body in manifests.items():
         for rel, e in expected_entries(name, body, prefix or root):
-            if e.kind != "file" or e.mode is None or rel not in expect:
-                continue
-            try:
-                mode = stat.S_IMODE(os.lstat(f"{root}/{rel}").st_mode)
-            except OSError:
-                continue  # reported by the hash
-            if mode & ~e.mode:
-                findings.append(f"mode widened: {rel} is {mode:04o}, {name} gives {e.mode:04o}")
+            if e.kind == "file" and e.mode is not None and rel in modes and modes[rel] & ~e.mode:
+                findings.append(f"mode widened: {rel} is {modes[rel]:04o}, {name} gives {e.mode:04o}")
                 report.bad_files.append(rel)
     summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
-    return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
+    return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS])), found | good
 
 
 @dataclass
@@ -253,7 +266,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     found = walk(str(prefix), expect, absent_ok, acc.previous, acc.trusted, acc.linked)
     want = {rel: (expect[rel].sha256s, expect[rel].package) for rel in found.to_hash}
     hashed, good = _hash_and_compare(prefix, want, dict(found.to_hash), threads, report)
-    found.record.update(good)
+    found.record.update({rel: k for rel, (k, _) in good.items()})
     findings = [*problems, *found.owned, *hashed]
     report.files_unchanged = found.unchanged
     # Unknown packages leave their files unaccounted for: those are not planted, just unknown.

@@ -1,0 +1,118 @@
+"""The package cache's files as install verified them: a warm install links them unread.
+
+rattler extracts each package once into its package cache and hard-links the files into every
+prefix installed from it. install hashes what it linked (a staged file that is a hard link is
+the cache's file itself) against the package's manifest, so the cache's files are verified the
+first time they are linked. That is recorded per package in the user's private trust folder
+(`extracted/<package sha256>.json`, signed as every record there): each file's size, mtime,
+inode, mode, device and owner, for files owned by the installing user that nobody else may
+write. After linking, a staged file that is one of those inodes with that size, mtime, mode and
+owner (verify.check_files) needs no hash; every other file is hashed as before, and one that
+differs sends its cache entry back to be extracted again (install.py). Files copied rather than
+linked (placeholder files, rewritten for the prefix; a cache on another file system) are hashed
+at every install, as `--rehash` makes every file.
+
+Why this holds as a hash does: nobody but a file's owner and root can write a file whose mode
+gives nobody else write access, change its mode or ACL, or set its mtime to anything but now;
+a write by anyone else would first need one of those. So only the installing user (who can as
+well sign a record, the key being theirs) or root can change such a file and leave its size,
+mtime and mode as they were. The ctime, which verify's record also compares, is left out here:
+every link or removal of any of a cache file's names (each install, each environment deleted)
+moves it, and a record bound to it held for no second install.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .packages import record_sha256
+from .trust import read_signed, trust_dir, write_signed
+
+Inode = tuple[int, int]  # (device, inode)
+_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What a verified inode of the package cache held when it was last found as recorded."""
+
+    size: int
+    mtime_ns: int
+    mode: int
+    sha256: str
+
+    def same(self, st: os.stat_result) -> bool:
+        """Whether st (a staged file, the same inode) still has this size, mtime and mode."""
+        return (self.size, self.mtime_ns, self.mode) == (st.st_size, st.st_mtime_ns, st.st_mode)
+
+
+def entry_dir(cache: Path, file_name: str) -> Path:
+    """Where rattler extracts the package `file_name` in its package cache."""
+    return cache / file_name.removesuffix(".conda").removesuffix(".tar.bz2")
+
+
+def _record_path(sha256: str) -> Path:
+    return trust_dir() / "extracted" / f"{sha256}.json"
+
+
+def _linked_as_is(body: dict) -> dict[str, str]:
+    """{path in the package: sha256} of the files rattler links as they are (no placeholder)."""
+    sources = body.get("sources", {})
+    return {sources.get(row[0], row[0]): row[2] for row in body["paths"] if row[1] == "hardlink" and row[2] and not row[3]}
+
+
+def _key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_dev, st.st_uid]
+
+
+def recall(records: list, cache: Path, manifests: dict[str, dict]) -> tuple[dict[Inode, Verified], dict[str, dict]]:
+    """The cache's files the records vouch for, by inode, and each package's recorded files
+    (by package sha256), which `remember` rewrites only where they changed."""
+    trusted: dict[Inode, Verified] = {}
+    recorded: dict[str, dict] = {}
+    uid = os.geteuid()
+    for r in records:
+        body = manifests.get(r.name.normalized)
+        record = read_signed(_record_path(record_sha256(r)))
+        if body is None or record is None or record.get("schema") != _SCHEMA or record.get("entry") != str(entry_dir(cache, r.file_name)):
+            continue
+        files = record.get("files")
+        if not isinstance(files, dict):
+            continue
+        recorded[record_sha256(r)] = files
+        shas = _linked_as_is(body)
+        for rel, (size, mtime, ino, mode, dev, owner) in files.items():
+            if (sha := shas.get(rel)) is not None and owner == uid:
+                trusted[(dev, ino)] = Verified(size, mtime, mode, sha)
+    return trusted, recorded
+
+
+def remember(records: list, cache: Path, manifests: dict[str, dict], linked: dict[Inode, tuple[list[int], str]],
+             recorded: dict[str, dict]) -> None:
+    """Record each cache file that was linked and found as its package has it: `linked` maps the
+    staged files' inodes to their file_key (as found after linking) and sha256. A cache file is
+    recorded when it is that inode still, with that size, mtime and mode, is the installing
+    user's and nobody else may write it."""
+    uid = os.geteuid()
+    for r in records:
+        body = manifests.get(r.name.normalized)
+        if body is None:
+            continue
+        entry = entry_dir(cache, r.file_name)
+        files = {}
+        for rel, sha in _linked_as_is(body).items():
+            try:
+                st = os.lstat(f"{entry}/{rel}")
+            except OSError:
+                continue
+            found = linked.get((st.st_dev, st.st_ino))
+            if found is None or found[1] != sha or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o022:
+                continue
+            size, mtime, _ctime, _ino, mode, _dev = found[0]
+            if (size, mtime, mode) == (st.st_size, st.st_mtime_ns, st.st_mode):
+                files[rel] = _key(st)
+        if files and files != recorded.get(record_sha256(r)):
+            write_signed(_record_path(record_sha256(r)), {"schema": _SCHEMA, "entry": str(entry), "files": files})
