@@ -18,6 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--manifest", type=Path, help="refuse when the lock is stale relative to this pixi.toml (default: next to the lock, if there)"
     )
+    parser.add_argument("--rehash", action="store_true",
+                        help="hash every file linked from the package cache, not only those changed since an install "
+                             "verified them, and every package archive")
     add_channel_map_option(parser)
     parser.epilog = ("downloads stop at the size the lock names and fail when less than 64 KiB arrives in "
                      "$EXTFORGE_DOWNLOAD_STALL_SECONDS (default 60). "
@@ -39,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
         require_current(manifest, lock_path, [args.env])
     mirrors = site_mirrors(lock_path.parent, manifest.tool.get("channel-map", {}) if manifest else None, args.channel_map)
     with step(f"install {args.env} into {args.prefix}", quiet=args.json):
-        result = install_env(lock_path, args.env, args.prefix, mirrors=mirrors)
+        result = install_env(lock_path, args.env, args.prefix, mirrors=mirrors, rehash=args.rehash)
     # The environment's [pypi-dependencies] are locked beside pixi.lock, for pip or uv to install.
     pylocks = sorted(lock_path.parent.glob(f"pylock.{args.env}*.toml")) if manifest and manifest.env(args.env).pypi else []
     if args.json:
         emit_json(result.to_json() | {"pylocks": [str(p) for p in pylocks]})
     else:
         for f in result.cache_mismatches:
-            console.print(f"  repaired {f}: the cache held other bytes than the package the lock names", markup=False, style="yellow")
+            console.print(f"  repaired {f}: the cache's copy differed from the package the lock names", markup=False, style="yellow")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)
         for pylock in pylocks:
             console.print(f"  its PyPI packages: {result.prefix}/bin/python -m pip install -r {pylock} "
