@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -198,3 +200,70 @@ def test_a_cache_file_changed_between_two_installs_is_noticed_and_extracted_agai
     fourth = _install_json(sandbox, lock, "fourth")
     assert fourth["files_hashed"] == 2 and fourth["cache_mismatches"] == [], fourth
     assert _install_json(sandbox, lock, "fifth", "--rehash")["files_hashed"] == 4
+
+
+def test_a_cache_entry_another_user_put_in_my_package_cache_is_never_linked(peer_site):
+    """root's package cache, which root lets its team's group write (2775): a member swapped an
+    extracted package there for a copy of their own, the package's bytes and modes. The old code
+    hard-linked their files into root's prefix (the hashes and modes were right, and the kernel
+    lets root link anyone's file), so that member could change root's environment after install.
+    Now a staged file that is not the installing user's is a mismatch: the entry is extracted
+    again, root's, and each file said in one line."""
+    from .conftest import Sandbox
+    from .test_install_own_state import _as
+
+    sandbox = Sandbox(peer_site.root / "planted-entry")  # where the other user can reach the cache
+    channel = sandbox.path("ch")
+    pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    _install_json(sandbox, lock, "first")
+    pkgs = sandbox.cache / "rattler" / "pkgs"
+    os.chown(pkgs, 0, peer_site.gid)
+    pkgs.chmod(0o2775)
+    entry = pkgs / "pyish-1.0-0"
+    other = peer_site.peers[1]
+    theirs = pkgs / "theirs"
+    shutil.copytree(entry, theirs, symlinks=True)
+    for path in (theirs, *theirs.rglob("*")):
+        os.lchown(path, other.uid, other.gid)
+    _as(other, "sh", "-c", f"mv {entry} {pkgs}/was && mv {theirs} {entry}")
+    assert (entry / MODULE).stat().st_uid == other.uid
+
+    second = _install_json(sandbox, lock, "second")
+    assert MODULE in [m.split(" ")[0] for m in second["cache_mismatches"]], second
+    assert {p.lstat().st_uid for p in (sandbox.root / "envs" / "second").rglob("*")} == {0}
+    assert (entry / MODULE).stat().st_uid == 0  # extracted again, root's
+
+
+def test_the_stores_archives_are_read_again_only_when_their_stat_changed(sandbox, monkeypatch):
+    """The old code hashed every archive of the package store at every install (a torch env's
+    ~3 GB: 10 s of a warm install's 16-30 s). The digests an install took are recorded, signed,
+    with the archive's stat; an archive written in place (same inode) is read again, found to
+    differ from the lock and fetched again."""
+    from extforge.channel import packages
+    from extforge.channel.install import install_env
+    from extforge.channel.mirrors import site_mirrors
+
+    channel = sandbox.path("ch")
+    pkg = pyish_package(channel)
+    lock = sandbox.lock(channel, "pyish")
+    sandbox.run("install", "default", "--prefix", str(sandbox.root / "envs" / "first"), "--lock", str(lock), expect=0)
+    monkeypatch.setenv("EXTFORGE_CACHE", str(sandbox.cache))
+    monkeypatch.setenv("RATTLER_CACHE_DIR", str(sandbox.cache / "rattler"))
+    read: list[Path] = []
+    digests_file = packages.digests_file
+    monkeypatch.setattr(packages, "digests_file", lambda path, *a, **kw: read.append(Path(path)) or digests_file(path, *a, **kw))
+    mirrors = site_mirrors(lock.parent)
+    install_env(lock, "default", sandbox.root / "envs" / "second", mirrors=mirrors)
+    assert read == []
+    (stored,) = (sandbox.cache / "pkgs").glob(f"*/{pkg.name}")
+    stored.unlink()  # its own inode (it was a link to the channel's file), then written in place
+    stored.write_bytes(pkg.read_bytes())
+    with open(stored, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        fh.write(b"\0" if pkg.read_bytes()[-1:] != b"\0" else b"\1")
+    third = install_env(lock, "default", sandbox.root / "envs" / "third", mirrors=mirrors)
+    assert read == [stored], read
+    (repaired,) = third.cache_mismatches
+    assert repaired.startswith(f"{stored} (sha256 ") and repaired.endswith("fetched again)")
+    assert stored.read_bytes() == pkg.read_bytes()
