@@ -1,59 +1,146 @@
 #!/usr/bin/env python3
-"""How long `extforge install` of a locked environment takes, per phase, into fresh prefixes.
+"""`extforge install` of a locked environment against uv and py-rattler's installer, cold and warm.
 
-The first install runs as this user's first of these packages would (their archive checks
-forgotten: `<cache>/trust-<uid>/checked/`), the others as every later install does: the
-packages' archives in the store, extracted in the package cache, checked before. Each prints
-its seconds, its phases (fetch and verify of the archives, link and check of the files, byte
-code) and how many archives were decompressed to check their member paths. Appends a dated
-section to docs/benchmarks-history.md unless --no-record.
+One run, the tools taking turns, each installing into fresh folders with a cache of its own on
+the same file system (empty for the cold round, as the cold round left it for the warm ones):
+- extforge: `extforge install ENV --lock LOCK --json` (the command, a process as uv's is), its
+  phases and the number of files it hashed from the JSON;
+- uv: `uv pip install --no-index --find-links WHEELS REQUIREMENT` into a fresh venv of the lock's
+  Python: the same payload, from the pip wheels the mirror made the lock's packages of;
+- py-rattler: `rattler.install` of the lock's records, their URLs pointed at the same local
+  packages extforge installs from, in a process of its own (pixi's engine, as pixi links an
+  environment). Its cold run extracts into a cache of its own, removed after it; its warm runs
+  link from the package cache extforge's runs keep (the same extracted packages): the disk
+  holds two extracted environments at most, not three (~5 GB each for torch).
+Prints a row per install and the warm medians' ratios; appends a dated section to
+docs/benchmarks-history.md unless --no-record.
 
-    bench/install_bench.py pixi.lock ENV [--channel-map NAME=URL] [--runs 3]
+    bench/install_bench.py pixi.lock ENV --wheels DIR --python PY [--requirement torch==2.14.1]
+                           [--channel-map NAME=URL] [--runs 3] [--work DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _record import record_table, show
 
-from extforge.channel.install import install_env
-from extforge.channel.mirrors import parse_channel_map
-from extforge.channel.packages import locked_records, record_sha256
-from extforge.channel.trust import trust_dir
+from extforge.channel.mirrors import site_mirrors
+from extforge.channel.packages import locked_records
+
+# py-rattler alone, as pixi installs a locked environment: the lock read, the records' URLs
+# pointed at local packages, the environment linked from the package cache.
+RATTLER = """
+import asyncio, json, os, sys
+from rattler import LockFile, install
+lock, env, prefix, cache, urls = sys.argv[1:6]
+environment = LockFile.from_path(lock).environment(env)
+platform = next(p for p in environment.platforms() if p.name == "linux-64")
+records = environment.conda_repodata_records_for_platform(platform)
+local = json.loads(open(urls).read())
+for r in records:
+    r.url = local[r.file_name]
+asyncio.run(install(records, prefix, cache_dir=cache, show_progress=False, execute_link_scripts=False))
+os._exit(0)  # py-rattler's threads abort the interpreter's exit (extforge's CLI ends the same way)
+"""
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd[:4])}… failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return seconds, proc.stdout
+
+
+class Tools:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.uv = shutil.which("uv", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") or "uv"
+        mirrors = site_mirrors(args.lock.parent, None, args.channel_map)
+        self.urls = work / "urls.json"
+        self.urls.write_text(json.dumps({r.file_name: mirrors.redirect(r.url) for r in locked_records(args.lock, args.env)}))
+        # Everything under the bench's own cache root, rattler's package cache too.
+        self.extforge_env = {k: v for k, v in os.environ.items() if k != "RATTLER_CACHE_DIR"}
+        self.extforge_env["EXTFORGE_CACHE"] = str(work / "extforge-cache")
+
+    def extforge(self, name: str, cold: bool) -> tuple[float, str]:
+        cmd = [sys.executable, "-m", "extforge", "install", self.args.env, "--prefix", str(self.work / name),
+               "--lock", str(self.args.lock), "--json", *(f"--channel-map={m}" for m in self.args.channel_map)]
+        seconds, out = timed(cmd, self.extforge_env)
+        result = json.loads(out)
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in sorted(result["timings"].items()))
+        return seconds, f"{result['files_hashed']} files hashed, {result['archives_checked']} archives checked; {phases}"
+
+    def uv_install(self, name: str, cold: bool) -> tuple[float, str]:
+        venv = self.work / name
+        subprocess.run([self.uv, "venv", "-q", "--python", self.args.python, str(venv)], check=True)
+        seconds, _ = timed([self.uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--no-index",
+                            "--find-links", str(self.args.wheels), self.args.requirement],
+                           {**os.environ, "UV_CACHE_DIR": str(self.work / "uv-cache")})
+        return seconds, f"uv pip install {self.args.requirement} (link mode: hardlink)"
+
+    def rattler(self, name: str, cold: bool) -> tuple[float, str]:
+        cache = self.work / "rattler-cache" if cold else self.work / "extforge-cache" / "rattler" / "pkgs"
+        seconds, _ = timed([sys.executable, "-c", RATTLER, str(self.args.lock), self.args.env, str(self.work / name),
+                            str(cache), str(self.urls)])
+        if cold:
+            shutil.rmtree(cache)
+        source = "an empty cache" if cold else "extforge's package cache"
+        return seconds, f"rattler.install of the lock's records, from {source}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("lock", type=Path)
     ap.add_argument("env")
+    ap.add_argument("--wheels", type=Path, required=True, help="the pip wheels of the same payload (uv's --find-links)")
+    ap.add_argument("--python", required=True, help="the Python uv makes its venvs with (the lock's X.Y)")
+    ap.add_argument("--requirement", default="torch==2.14.1")
     ap.add_argument("--channel-map", action="append", default=[])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="warm installs per tool")
+    ap.add_argument("--work", type=Path, default=None, help="where the caches and prefixes go (one file system)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
-    mirrors = parse_channel_map(args.channel_map, args.lock.parent, "--channel-map")
-    records = locked_records(args.lock, args.env, "linux-64")
-    for r in records:
-        (trust_dir() / "checked" / f"{record_sha256(r)}.json").unlink(missing_ok=True)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="install-bench-") as tmp:
-        for i in range(args.runs):
-            prefix = Path(tmp) / f"env-{i}"
-            result = install_env(args.lock, args.env, prefix, mirrors=mirrors)
-            phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(result.timings.items()))
-            row = (f"| {i + 1} | {result.seconds:.1f} s | {phases} | {result.archives_checked} of {result.packages} |")
-            show(rows, row)
-            shutil.rmtree(prefix)
+    args.lock = args.lock.resolve()
+    rows: list[str] = []
+    warm: dict[str, list[float]] = {"extforge": [], "uv": [], "py-rattler": []}
+    with tempfile.TemporaryDirectory(prefix="install-bench-", dir=args.work) as tmp:
+        tools = Tools(args, Path(tmp))
+        runs = {"extforge": tools.extforge, "py-rattler": tools.rattler, "uv": tools.uv_install}
+        for i in range(args.runs + 1):
+            state = "cold" if i == 0 else "warm"
+            for tool, run in runs.items():
+                name = f"{tool}-{i}"
+                seconds, detail = run(name, i == 0)
+                if i:
+                    warm[tool].append(seconds)
+                show(rows, f"| {i} | {tool} | {state} | {seconds:.2f} s | {detail} |")
+                shutil.rmtree(Path(tmp) / name)
+    median = {tool: statistics.median(times) for tool, times in warm.items()}
+    ratios = (f"warm medians: extforge {median['extforge']:.2f} s, uv {median['uv']:.2f} s, py-rattler "
+              f"{median['py-rattler']:.2f} s; extforge / uv {median['extforge'] / median['uv']:.1f}, "
+              f"extforge / py-rattler {median['extforge'] / median['py-rattler']:.1f}")
+    print(ratios)
     if not args.no_record:
-        record_table("`extforge install` into fresh prefixes", "install_bench.py",
-                     f"lock {args.lock.name}, env {args.env} ({len(records)} packages); run 1 with this user's archive "
-                     "checks forgotten.", ["run", "install", "phases", "archives checked"], rows)
+        records = locked_records(args.lock, args.env)
+        record_table("`extforge install` against uv and py-rattler, cold and warm", "install_bench.py",
+                     f"lock {args.lock.name}, env {args.env} ({len(records)} packages); uv: {args.requirement} from "
+                     f"the same payload's pip wheels; each tool's cache empty for run 0, as run 0 left it after. {ratios}.",
+                     ["run", "tool", "state", "seconds", "detail"], rows)
     return 0
 
 

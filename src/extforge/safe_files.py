@@ -176,10 +176,11 @@ def temp_name(name: str, prefix: str = "") -> str:
 
 @contextmanager
 def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "",
-                  beneath: Path | None = None) -> Iterator[BinaryIO]:
+                  beneath: Path | None = None, sync: bool = True) -> Iterator[BinaryIO]:
     """A binary file that becomes path when the block ends without an exception: written under
     an exclusively created temporary name, fsynced, then renamed over path (a symlink planted at
-    path is replaced, not followed). On an exception the temporary is removed, path untouched."""
+    path is replaced, not followed). On an exception the temporary is removed, path untouched.
+    sync=False: no fsync, for a folder a crash throws away (install's staging folder)."""
     with naming(path), folder(path.parent, beneath=beneath) as dfd:
         tmp = temp_name(path.name, tmp_prefix)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
@@ -188,7 +189,8 @@ def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "",
                 os.fchmod(fd, mode)
                 yield out
                 out.flush()
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -196,12 +198,13 @@ def atomic_writer(path: Path, *, mode: int = READABLE, tmp_prefix: str = "",
             except FileNotFoundError:
                 pass
             raise
-        os.fsync(dfd)
+        if sync:
+            os.fsync(dfd)
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = READABLE, beneath: Path | None = None) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int = READABLE, beneath: Path | None = None, sync: bool = True) -> None:
     """Replace path with data: readers see the old file or the new one, never a part."""
-    with atomic_writer(path, mode=mode, beneath=beneath) as out:
+    with atomic_writer(path, mode=mode, beneath=beneath, sync=sync) as out:
         out.write(data)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from .packages import record_sha256
@@ -35,18 +34,9 @@ Inode = tuple[int, int]  # (device, inode)
 _SCHEMA = 1
 
 
-@dataclass(frozen=True)
-class Verified:
-    """What a verified inode of the package cache held when it was last found as recorded."""
-
-    size: int
-    mtime_ns: int
-    mode: int
-    sha256: str
-
-    def same(self, st: os.stat_result) -> bool:
-        """Whether st (a staged file, the same inode) still has this size, mtime and mode."""
-        return (self.size, self.mtime_ns, self.mode) == (st.st_size, st.st_mtime_ns, st.st_mode)
+# What a verified inode of the package cache held when it was last found as recorded: its
+# size, mtime, mode and sha256 (a tuple: a torch env has 25,000 of them, made at every install).
+Verified = tuple[int, int, int, str]
 
 
 def entry_dir(cache: Path, file_name: str) -> Path:
@@ -86,16 +76,17 @@ def recall(records: list, cache: Path, manifests: dict[str, dict]) -> tuple[dict
         shas = _linked_as_is(body)
         for rel, (size, mtime, ino, mode, dev, owner) in files.items():
             if (sha := shas.get(rel)) is not None and owner == uid:
-                trusted[(dev, ino)] = Verified(size, mtime, mode, sha)
+                trusted[(dev, ino)] = (size, mtime, mode, sha)
     return trusted, recorded
 
 
-def remember(records: list, cache: Path, manifests: dict[str, dict], linked: dict[Inode, tuple[list[int], str]],
+def remember(records: list, cache: Path, manifests: dict[str, dict], found: dict[str, tuple[os.stat_result, str]],
              recorded: dict[str, dict]) -> None:
-    """Record each cache file that was linked and found as its package has it: `linked` maps the
-    staged files' inodes to their file_key (as found after linking) and sha256. A cache file is
-    recorded when it is that inode still, with that size, mtime and mode, is the installing
-    user's and nobody else may write it."""
+    """Record each cache file that was linked and found as its package has it: `found` holds the
+    staged files' lstat (taken after linking) and sha256. A cache file is recorded when it is
+    one of those inodes still, with that size, mtime and mode, is the installing user's and
+    nobody else may write it; a package's record is written where it changed."""
+    linked = {(st.st_dev, st.st_ino): (st, sha) for st, sha in found.values()}
     uid = os.geteuid()
     for r in records:
         body = manifests.get(r.name.normalized)
@@ -108,11 +99,9 @@ def remember(records: list, cache: Path, manifests: dict[str, dict], linked: dic
                 st = os.lstat(f"{entry}/{rel}")
             except OSError:
                 continue
-            found = linked.get((st.st_dev, st.st_ino))
-            if found is None or found[1] != sha or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o022:
-                continue
-            size, mtime, _ctime, _ino, mode, _dev = found[0]
-            if (size, mtime, mode) == (st.st_size, st.st_mtime_ns, st.st_mode):
+            staged = linked.get((st.st_dev, st.st_ino))
+            if (staged is not None and staged[1] == sha and st.st_uid == uid and not stat.S_IMODE(st.st_mode) & 0o022
+                    and (staged[0].st_size, staged[0].st_mtime_ns, staged[0].st_mode) == (st.st_size, st.st_mtime_ns, st.st_mode)):
                 files[rel] = _key(st)
         if files and files != recorded.get(record_sha256(r)):
             write_signed(_record_path(record_sha256(r)), {"schema": _SCHEMA, "entry": str(entry), "files": files})

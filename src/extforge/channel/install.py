@@ -237,7 +237,8 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         )
     result.archives_checked = check_archives({record_sha256(r): local[r.file_name] for r in records})
     refs = [PackageRef(r.name.normalized, r.file_name, r.url, record_sha256(r), r.size or None) for r in records]
-    manifests, _ = manifests_for(refs, prefix, local)
+    cache = rattler_pkgs_dir()
+    manifests, _ = manifests_for(refs, prefix, local, extracted={r.file_name: extracted.entry_dir(cache, r.file_name) for r in records})
     _check_prefix_length(prefix, manifests)
     _check_interpreter_alone(manifests, lock_path)
     result.timings["fetch_verify"] = time.monotonic() - t
@@ -248,20 +249,19 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix / WORK / f"staging-{os.getpid()}"
-    cache = rattler_pkgs_dir()
     t = time.monotonic()
     trusted, recorded = ({}, {}) if rehash else extracted.recall(records, cache, manifests)
     result.timings["cache_recall"] = time.monotonic() - t
     try:
         _write_journal(prefix, staging, None)
-        bad_files, linked = _link_and_check(records, staging, prefix, cache, manifests, trusted, result)
+        bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, trusted, result)
         if bad_files:
             # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
             # lock names: drop those entries so rattler extracts them again from the verified archives.
             dropped = _drop_cache_entries(cache, records, bad_files)
             result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
             # Every file hashed: a removed file's inode number may come back with a new one.
-            bad_files, linked = _link_and_check(records, staging, prefix, cache, manifests, {}, result)
+            bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, {}, result)
             if bad_files:
                 raise ExtforgeError(
                     f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
@@ -270,7 +270,10 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                     exit_code=EXIT_FINDINGS,
                 )
         t = time.monotonic()
-        extracted.remember(records, cache, manifests, linked, recorded)
+        # Only a file hashed here that is a hard link (of the cache's copy, which check_files
+        # made sure of) can add to the records; the placeholder files are copies.
+        if any(st.st_nlink > 1 for st, _ in hashed.values()):
+            extracted.remember(records, cache, manifests, found | hashed, recorded)
         _restore_urls(staging / "conda-meta", originals)
         result.timings["record"] = time.monotonic() - t
         tb = time.monotonic()
@@ -467,10 +470,12 @@ def _new_staging(staging: Path, prefix: Path) -> None:
 
 def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict],
                     trusted: dict[extracted.Inode, extracted.Verified],
-                    result: InstallResult) -> tuple[list[str], dict[extracted.Inode, tuple[list[int], str]]]:
+                    result: InstallResult) -> tuple[list[str], dict[str, tuple[os.stat_result, str]],
+                                                    dict[str, tuple[os.stat_result, str]]]:
     """Install into staging, then check what landed there against the packages' own manifests
     (hashing what `trusted` does not vouch for); the paths (relative) that differ from them or
-    that no package owns, and the inodes of the staged files found as expected."""
+    that no package owns, and the files found as expected (check_files): those `trusted`
+    vouched for, and those hashed."""
     from rattler import install
 
     t = time.monotonic()
@@ -501,13 +506,12 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
     result.timings["link"] = result.timings.get("link", 0.0) + time.monotonic() - t
     t = time.monotonic()
     report = VerifyReport(prefix=prefix)
-    _, found = check_files(staging, manifests, None, report, prefix=prefix, trusted=trusted)
+    _, found, hashed = check_files(staging, manifests, None, report, prefix=prefix, trusted=trusted)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
     unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
     result.timings["check"] = result.timings.get("check", 0.0) + time.monotonic() - t
     result.files_hashed += report.files_hashed
-    linked = {(k[5], k[3]): (k, sha) for k, sha in found.values()}
-    return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered)), linked
+    return sorted(set(report.bad_files) | set(unowned) | set(bad_clobbered)), found, hashed
 
 
 CLOBBERS = "__clobbers__"
@@ -576,5 +580,6 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
         if d.get("fn") in originals:
             d["url"], d["channel"] = originals[d["fn"]]
             # 0644: rattler writes them 0600, and every job's user reads them to verify. Not
-            # indented: Python's encoder indents in Python (0.6 s for a torch env's records).
-            safe_files.write_atomic(f, (json.dumps(d) + "\n").encode(), mode=0o644)
+            # indented: Python's encoder indents in Python (0.6 s for a torch env's records). Not
+            # synced: a crash throws the staging folder away (rattler syncs none of its files).
+            safe_files.write_atomic(f, (json.dumps(d) + "\n").encode(), mode=0o644, sync=False)

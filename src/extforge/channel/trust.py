@@ -34,6 +34,7 @@ from .. import archive as archive_rules
 from ..archive import check_package, package_tars
 from ..errors import ExtforgeError
 from ..paths import private_dir
+from ..safe_files import read_bytes
 from .hashing import RACY_FINE_NS, RACY_NS, default_threads, digests_file, file_key
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
@@ -44,6 +45,9 @@ from .packages import fetch_verified, store_dir
 SCHEMA = 5
 # Longest shebang line the Linux kernel reads; rattler falls back to /usr/bin/env beyond it.
 MAX_SHEBANG = 127
+# A placeholder file read from the package cache whole (a libpython is ~30 MB); a bigger one
+# is read from the archive's stream.
+MAX_PLACEHOLDER_FILE = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -321,10 +325,13 @@ def _noarch_python(archive: Path) -> list[str] | None:
     return points
 
 
-def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | None = None) -> dict:
+def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | None = None,
+                   extracted: Path | None = None) -> dict:
     """A package's manifest from its (already sha256-checked) archive: each path with its kind,
     sha256, placeholder, mode bits and link target, plus the in-prefix sha256 of its
-    placeholder files for this prefix; for a noarch: python package, its entry points."""
+    placeholder files for this prefix; for a noarch: python package, its entry points. The
+    placeholder files' original bytes come from `extracted` (the package cache's copy of the
+    package) where they hash as the manifest says, else from the archive."""
     body = previous or {"schema": SCHEMA, "sha256": sha256, "file": archive.name, "in_prefix": {}}
     if "paths" not in body:
         body["noarch_python"] = _noarch_python(archive)
@@ -340,9 +347,27 @@ def build_manifest(archive: Path, sha256: str, prefix: Path, previous: dict | No
         originals = {}
     placeholder_rows = {p[0]: p for p in body["paths"] if p[3] and p[1] == "hardlink"}
     if placeholder_rows and str(prefix) not in body["in_prefix"]:
-        originals = originals or _read_members(archive, "pkg", set(placeholder_rows))
+        if not originals:
+            originals = _extracted_originals(extracted, placeholder_rows) if extracted else {}
+            if rest := set(placeholder_rows) - set(originals):
+                originals |= _read_members(archive, "pkg", rest)
         body["in_prefix"][str(prefix)] = _in_prefix_hashes(originals, placeholder_rows, prefix)
     return body
+
+
+def _extracted_originals(entry: Path, rows: dict[str, list]) -> dict[str, bytes]:
+    """The original bytes of the placeholder files the package cache's copy holds as the package
+    does (their sha256 the manifest's): torch's scripts otherwise cost a decompression of its
+    archive up to them for every new prefix."""
+    found = {}
+    for path, row in rows.items():
+        try:
+            data = read_bytes(entry / path, limit=MAX_PLACEHOLDER_FILE)
+        except (OSError, ExtforgeError):
+            continue
+        if row[2] and hashlib.sha256(data).hexdigest() == row[2]:
+            found[path] = data
+    return found
 
 
 # --- noarch: python packages, placed for the environment's python ---------------------------
@@ -440,13 +465,13 @@ def cached_manifest(sha256: str, prefix: Path) -> dict | None:
     return body
 
 
-def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path) -> dict:
+def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path, extracted: Path | None = None) -> dict:
     body = cached_manifest(ref.sha256, prefix)
     if body is None:
         previous = read_signed(manifest_path(ref.sha256))
         if previous and (previous.get("sha256") != ref.sha256 or previous.get("schema") != SCHEMA):
             previous = None
-        body = build_manifest(archive, ref.sha256, prefix, previous)
+        body = build_manifest(archive, ref.sha256, prefix, previous, extracted)
         write_signed(manifest_path(ref.sha256), body)
     return body
 
@@ -497,11 +522,12 @@ def expected_entries(name: str, body: dict, prefix: Path) -> Iterator[tuple[str,
 
 
 def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] | None = None,
-                  mirrors: Mirrors | None = None) -> tuple[dict[str, dict], list[str]]:
+                  mirrors: Mirrors | None = None, extracted: dict[str, Path] | None = None) -> tuple[dict[str, dict], list[str]]:
     """{package name: manifest} for every package, and why any could not be had.
 
     Packages whose manifest is not yet trusted are fetched (from `local`, or the store, or
-    their URL) and their sha256 compared with the one given, before anything is read from them."""
+    their URL) and their sha256 compared with the one given, before anything is read from them.
+    `extracted`: the package cache's copy of each package by file name (build_manifest)."""
     out: dict[str, dict] = {}
     missing = []
     for ref in refs:
@@ -522,7 +548,7 @@ def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] |
         problems += [f"package archive not usable: {b}" for b in bad]
         for ref in missing:
             if ref.file_name in have:
-                out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix)
+                out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix, (extracted or {}).get(ref.file_name))
     noarch = sorted(name for name, body in out.items() if body.get("noarch_python") is not None)
     if noarch:
         python = python_minor(refs)

@@ -203,18 +203,20 @@ def _hash_and_compare(root: Path, want: dict[str, tuple[tuple[str, ...], str]], 
 
 def check_files(root: Path, manifests: dict[str, dict], threads: int | None, report: VerifyReport,
                 *, prefix: Path | None = None, trusted: Mapping[Inode, Verified] | None = None,
-                ) -> tuple[Check, dict[str, tuple[list[int], str]]]:
+                ) -> tuple[Check, dict[str, tuple[os.stat_result, str]], dict[str, tuple[os.stat_result, str]]]:
     """Every file the packages list under root (install's staging folder that becomes `prefix`):
     a regular file of this user's, its bytes hashed unless it is an inode of the package cache
     verified before (`trusted`, by device and inode: extracted.recall) with the size, mtime and
     mode it had then and a sha256 expected at its path, and its mode. Files are hard links into
     the package cache, whose modes are shared too: a chmod in another prefix is a chmod of the
-    cache's copy. The check, and each file found as expected: {path: (file_key, sha256)}."""
+    cache's copy. The check, and the files found as expected, {path: (its lstat, sha256)}: those
+    `trusted` vouched for, and those hashed."""
     expect, findings = expected_files(root, manifests, prefix or root)
     uid = os.geteuid()
-    modes: dict[str, int] = {}
+    trusted = trusted or {}
+    found: dict[str, tuple[os.stat_result, str]] = {}
+    seen: dict[str, os.stat_result] = {}
     to_hash: dict[str, list[int] | None] = {}
-    found: dict[str, tuple[list[int], str]] = {}
     for rel, (shas, pkg) in expect.items():
         try:
             st = os.lstat(f"{root}/{rel}")
@@ -226,21 +228,22 @@ def check_files(root: Path, manifests: dict[str, dict], threads: int | None, rep
             findings.append(f"replaced: {rel} is {what}, {pkg} has a file of the installing user's there")
             report.bad_files.append(rel)
             continue
-        modes[rel] = stat.S_IMODE(st.st_mode)
-        known = trusted.get((st.st_dev, st.st_ino)) if trusted else None
-        if known is not None and known.sha256 in shas and known.same(st):
-            found[rel] = (file_key(st), known.sha256)
+        seen[rel] = st
+        known = trusted.get((st.st_dev, st.st_ino))
+        if known is not None and known[3] in shas and known[:3] == (st.st_size, st.st_mtime_ns, st.st_mode):
+            found[rel] = (st, known[3])
         else:
             to_hash[rel] = file_key(st)
     hashed, good = _hash_and_compare(root, expect, to_hash, threads, report)
     findings += hashed
     for name, body in manifests.items():
         for rel, e in expected_entries(name, body, prefix or root):
-            if e.kind == "file" and e.mode is not None and rel in modes and modes[rel] & ~e.mode:
-                findings.append(f"mode widened: {rel} is {modes[rel]:04o}, {name} gives {e.mode:04o}")
+            if e.kind == "file" and e.mode is not None and rel in seen and (mode := stat.S_IMODE(seen[rel].st_mode)) & ~e.mode:
+                findings.append(f"mode widened: {rel} is {mode:04o}, {name} gives {e.mode:04o}")
                 report.bad_files.append(rel)
     summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
-    return Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS])), found | good
+    return (Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS])), found,
+            {rel: (seen[rel], sha) for rel, (_, sha) in good.items()})
 
 
 @dataclass
