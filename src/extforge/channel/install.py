@@ -4,7 +4,9 @@ Every package is fetched into a content-addressed store (from the store, or from
 URL through this site's mirror: a channel folder or HTTP), its sha256 compared with the lock
 and its members checked for paths that leave the prefix, all before anything is linked. rattler then installs the verified copies
 into a staging folder inside P (P/.extforge/, prefix placeholders patched with P's path), whose
-entries are renamed into P once every file is checked: a refusal leaves P as it was. Everything
+entries are renamed into P once every file is checked (a file that is a package-cache file an
+install verified before, by its inode, extracted.py; every other by its hash): a refusal
+leaves P as it was. Everything
 install writes lies inside P, so a prefix pre-created by its owner inside a folder only root can
 write (/nfs/envs/team-x in a root-owned /nfs/envs) installs; the next run removes what a killed
 run left there (its staging folder, a half-done move).
