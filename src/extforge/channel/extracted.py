@@ -6,7 +6,8 @@ the cache's file itself) against the package's manifest, so the cache's files ar
 first time they are linked. That is recorded per package in the user's private trust folder
 (`extracted/<package sha256>.json`, signed as every record there): each file's size, mtime,
 inode, mode, device and owner, for files owned by the installing user that nobody else may
-write. After linking, a staged file that is one of those inodes with that size, mtime, mode and
+write, and the entry's folder as extracted (a package extracted again starts over: the inode
+numbers of the files removed may come back). After linking, a staged file that is one of those inodes with that size, mtime, mode and
 owner (verify.check_files) needs no hash; every other file is hashed as before, and one that
 differs sends its cache entry back to be extracted again (install.py). Files copied rather than
 linked (placeholder files, rewritten for the prefix; a cache on another file system) are hashed
@@ -58,6 +59,16 @@ def _key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_dev, st.st_uid]
 
 
+def _folder_key(entry: Path) -> list[int] | None:
+    """The entry's folder as extracted: a package extracted again (its folder removed and made
+    anew) is not vouched for by the record of the one before, whose inodes may come back."""
+    try:
+        st = os.lstat(entry)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns] if stat.S_ISDIR(st.st_mode) else None
+
+
 def recall(records: list, cache: Path, manifests: dict[str, dict]) -> tuple[dict[Inode, Verified], dict[str, dict]]:
     """The cache's files the records vouch for, by inode, and each package's recorded files
     (by package sha256), which `remember` rewrites only where they changed."""
@@ -66,8 +77,10 @@ def recall(records: list, cache: Path, manifests: dict[str, dict]) -> tuple[dict
     uid = os.geteuid()
     for r in records:
         body = manifests.get(r.name.normalized)
+        entry = entry_dir(cache, r.file_name)
         record = read_signed(_record_path(record_sha256(r)))
-        if body is None or record is None or record.get("schema") != _SCHEMA or record.get("entry") != str(entry_dir(cache, r.file_name)):
+        if (body is None or record is None or record.get("schema") != _SCHEMA or record.get("entry") != str(entry)
+                or record.get("folder") != _folder_key(entry)):
             continue
         files = record.get("files")
         if not isinstance(files, dict):
@@ -104,4 +117,5 @@ def remember(records: list, cache: Path, manifests: dict[str, dict], found: dict
                     and (staged[0].st_size, staged[0].st_mtime_ns, staged[0].st_mode) == (st.st_size, st.st_mtime_ns, st.st_mode)):
                 files[rel] = _key(st)
         if files and files != recorded.get(record_sha256(r)):
-            write_signed(_record_path(record_sha256(r)), {"schema": _SCHEMA, "entry": str(entry), "files": files})
+            write_signed(_record_path(record_sha256(r)), {"schema": _SCHEMA, "entry": str(entry), "folder": _folder_key(entry),
+                                                         "files": files})
