@@ -237,9 +237,10 @@ def test_a_cache_entry_another_user_put_in_my_package_cache_is_never_linked(peer
 
 def test_the_stores_archives_are_read_again_only_when_their_stat_changed(sandbox, monkeypatch):
     """The old code hashed every archive of the package store at every install (a torch env's
-    ~3 GB: 10 s of a warm install's 16-30 s). The digests an install took are recorded, signed,
-    with the archive's stat; an archive written in place (same inode) is read again, found to
-    differ from the lock and fetched again."""
+    ~3 GB: 10 s of a warm install's 16-30 s), and followed a link swapped in for one (to a copy
+    anyone could change before rattler read it). The digests an install took are recorded,
+    signed, with the archive's stat; an archive written in place (same inode) is read again,
+    found to differ from the lock and fetched again; a link is fetched over."""
     from extforge.channel import packages
     from extforge.channel.install import install_env
     from extforge.channel.mirrors import site_mirrors
@@ -267,3 +268,10 @@ def test_the_stores_archives_are_read_again_only_when_their_stat_changed(sandbox
     (repaired,) = third.cache_mismatches
     assert repaired.startswith(f"{stored} (sha256 ") and repaired.endswith("fetched again)")
     assert stored.read_bytes() == pkg.read_bytes()
+    copy = sandbox.cache / "elsewhere.conda"
+    copy.write_bytes(pkg.read_bytes())
+    stored.unlink()
+    stored.symlink_to(copy)
+    fourth = install_env(lock, "default", sandbox.root / "envs" / "fourth", mirrors=mirrors)
+    assert fourth.cache_mismatches == [f"{stored} (a symbolic link, fetched again)"]
+    assert not stored.is_symlink() and stored.read_bytes() == pkg.read_bytes()

@@ -171,6 +171,8 @@ def fetch_verified(records: list, store: Path, mirrors: Mirrors | None = None,
             if repaired is not None:
                 repaired.append(f"{dest} (sha256 {got[:12]}…, fetched again)")
             got = None
+        elif got is None and os.path.islink(dest) and repaired is not None:
+            repaired.append(f"{dest} (a symbolic link, fetched again)")
         if got is None:
             digests = None  # fetched again below: its md5 is read from the new copy
             size = r.size or None  # a lock record's, or a PackageRef's (0 or None: the lock names none)
@@ -202,7 +204,7 @@ def _store_digests(records: list, store: Path, memo: DigestMemo | None) -> dict[
         dest = store / want / r.file_name
         taken_ns = time.time_ns()
         try:
-            before = os.stat(dest)
+            before = os.lstat(dest)  # a link swapped in is fetched over, not followed
         except OSError:
             return dest, None
         if not stat.S_ISREG(before.st_mode):
@@ -211,7 +213,7 @@ def _store_digests(records: list, store: Path, memo: DigestMemo | None) -> dict[
         if memo is not None and (known := memo.recall(dest, before, want)) is not None and set(algorithms) <= set(known):
             return dest, known
         digests = digests_file(dest, algorithms)
-        if memo is not None and digests["sha256"] == want and file_key(before) == file_key(os.stat(dest)):
+        if memo is not None and digests["sha256"] == want and file_key(before) == file_key(os.lstat(dest)):
             memo.remember(dest, before, taken_ns, digests)
         return dest, digests
 
