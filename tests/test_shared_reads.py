@@ -22,12 +22,12 @@ PACKAGE_DATA = "extforge's own package data (importlib.resources), installed wit
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "
           "ships (build-costs.json) is read through shared_read")
 ALLOWED: dict[str, str] = {
-    "plan.py::load_profiles": PACKAGE_DATA,
-    "unit_costs.py::_data": PACKAGE_DATA,
+    "plan.py::default_profile": PACKAGE_DATA,
     "build_layer.py::_data": PACKAGE_DATA,
     "build_layer.py::switches": PACKAGE_DATA,
     "build_layer.py::layer_files": PACKAGE_DATA,
-    "cost_store.py::recipe_version": RECIPE,
+    "cost_store.py::_literal": RECIPE,
+    "cost_store.py::_recipe_text": RECIPE,
     "build.py::_build_recipe": RECIPE,
     "commands/plan.py::recipe_facts": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",
