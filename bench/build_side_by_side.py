@@ -300,10 +300,10 @@ def main() -> int:
             shipped = cost_store.load("flash-attn")
         model = shipped.model if shipped else None
         archs = src.settings.get("TORCH_CUDA_ARCH_LIST") or src.settings.get("FLASH_ATTN_CUDA_ARCHS") or "9.0"
-        entry |= {"measured_at": f"{src.date}T00:00:00+00:00",
-                  "host": f"{src.node}, {src.side} build, MAX_JOBS={src.settings.get('MAX_JOBS')}",
+        entry |= {"measured_at": f"{src.date}T00:00:00+00:00", "host": re.sub(r"[^!-~]+", "-", src.node),
                   "archs": [a.code for a in parse_arch_list(archs)], "jobs": int(src.settings.get("MAX_JOBS") or 1),
                   "units": unit_costs.joined(src.units, model.shards if model else None)}
+        entry["planner"]["measured"] = f"{src.node}, {src.date}, {src.side} build, MAX_JOBS={src.settings.get('MAX_JOBS')}"
         args.emit_costs.write_text(json.dumps(entry, indent=1) + "\n")
     if not args.no_record:
         s0 = sides[0]

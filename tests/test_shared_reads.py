@@ -30,6 +30,7 @@ ALLOWED: dict[str, str] = {
     "cost_store.py::_recipe_text": RECIPE,
     "build.py::_build_recipe": RECIPE,
     "commands/plan.py::recipe_facts": RECIPE,
+    "commands/plan.py::recipe_name": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",
     "mirror/inputs.py::probe": "the JSON a python the user named prints on its stdout: no file",
     "mirror/inputs.py::_open_own": ("opens without following a link or waiting on a FIFO, and keeps the descriptor of a "

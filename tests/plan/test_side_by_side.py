@@ -98,10 +98,11 @@ def test_emitted_costs_are_what_the_planner_reads(bench, tmp_path: Path, monkeyp
     assert bench.main() == 0
     with cost_store.recipe_costs(folder):
         learned = cost_store.load("flash-attn", "2.8.3")
-    assert learned is not None and learned.archs == ("90",) and "H100 node" in learned.host
+    assert learned is not None and learned.archs == ("90",) and learned.model is not None
+    assert learned.host == "H100-node-(16-cores,-125.9-GiB)" and learned.model.measured.startswith("H100 node (16 cores")
     assert learned.costs().seconds() == {"flash_bwd_hdim128_fp16_sm80": 250.0, "flash_fwd_hdim128_fp16_sm80": 100.0}
     # What the recipe's data says of its units stays with them.
-    assert learned.model is not None and learned.model.shards is not None
+    assert learned.model.shards is not None
 
 
 def test_the_timeline_keeps_every_line_and_mark_in_time_order(bench, tmp_path: Path) -> None:
