@@ -25,8 +25,8 @@ Where both builds do not fit one node allocation, run `--only recipe --json-out 
 `--only plain --json-out plain.json` one after the other and `--merge` them; the summed
 per-unit compile seconds compare them with less noise than wall time. The table and the line
 `recipe/plain wall ratio: X.XX (node, date)` are appended to docs/benchmarks-history.md unless
---no-record; --emit-costs writes the per-unit seconds in extforge's data format
-(src/extforge/data/unit-costs.yaml).
+--no-record; --emit-costs writes recipe/flash-attn/build-costs.json with the build's per-unit
+seconds (the cost store's entry format).
 """
 
 from __future__ import annotations
@@ -50,9 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 from _sdist import unpack
 
-from extforge import unit_costs
+from extforge import cost_store, unit_costs
+from extforge.fatbin import parse_arch_list
 from extforge.unit_costs import NinjaEdge, parse_ninja_log
 
+RECIPE = Path(__file__).resolve().parent.parent / "recipe" / "flash-attn"
 PHASES = ("env set-up", "compile", "link", "package", "tests", "audit")
 # torch's BuildExtension writes build.ninja and starts ninja right after setuptools says it builds
 # the extension (torch itself says "Emitting ninja build file" only when verbose).
@@ -233,7 +235,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, help="where to build (default: a temp dir)")
     ap.add_argument("--json-out", type=Path, help="write this run's sides as JSON (for --merge)")
     ap.add_argument("--merge", type=Path, nargs="+", help="report these JSON files instead of building")
-    ap.add_argument("--emit-costs", type=Path, help="write the per-unit seconds as unit-costs.yaml data")
+    ap.add_argument("--emit-costs", type=Path, help="write flash-attn's build-costs.json with this build's units here")
     ap.add_argument("--node", default="", help="the machine, in words (default: cores and memory)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
@@ -269,7 +271,7 @@ def main() -> int:
             if not args.channel:
                 ap.error("--channel is needed for the recipe build")
             (base / "recipe").mkdir()
-            variants = [f"flash_attn_cuda_archs={args.archs}", *args.variant,
+            variants = [f"cuda_archs={args.archs}", *args.variant,
                         *([f"flash_attn_head_dims={args.head_dims}"] if args.head_dims else [])]
             wall, lines, edges, marks = build_recipe_side(sdist, base / "recipe", args.recipe, args.channel, variants,
                                                           {k: v for k, v in env.items() if k in ("MAX_JOBS", "NVCC_THREADS")},
@@ -291,14 +293,18 @@ def main() -> int:
     print("\n".join(rows + ([ratio] if ratio else [])))
     if args.emit_costs:
         src = next(s for s in sides if s.side == "plain") if any(s.side == "plain" for s in sides) else sides[0]
-        from ruamel.yaml import YAML
-
-        costs = unit_costs.load("flash-attn")
-        entry = unit_costs.to_yaml_entry("flash-attn", unit_costs.joined(src.units, costs.shards if costs else None),
-                                         src.settings.get("FLASH_ATTN_CUDA_ARCHS", "90").split(";"),
-                                         f"{src.node}, {src.date}, {src.side} build, MAX_JOBS={src.settings.get('MAX_JOBS')}")
-        with args.emit_costs.open("w") as fh:
-            YAML().dump(entry, fh)
+        # recipe/flash-attn/build-costs.json with this build's units (a unit split in two counted
+        # whole, by the recipe's own split model).
+        entry = json.loads((RECIPE / cost_store.RECIPE_FILE).read_text())
+        with cost_store.recipe_costs(RECIPE):
+            shipped = cost_store.load("flash-attn")
+        model = shipped.model if shipped else None
+        archs = src.settings.get("TORCH_CUDA_ARCH_LIST") or src.settings.get("FLASH_ATTN_CUDA_ARCHS") or "9.0"
+        entry |= {"measured_at": f"{src.date}T00:00:00+00:00", "host": re.sub(r"[^!-~]+", "-", src.node),
+                  "archs": [a.code for a in parse_arch_list(archs)], "jobs": int(src.settings.get("MAX_JOBS") or 1),
+                  "units": unit_costs.joined(src.units, model.shards if model else None)}
+        entry["planner"]["measured"] = f"{src.node}, {src.date}, {src.side} build, MAX_JOBS={src.settings.get('MAX_JOBS')}"
+        args.emit_costs.write_text(json.dumps(entry, indent=1) + "\n")
     if not args.no_record:
         s0 = sides[0]
         append_section([

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 
-from extforge import plan
+from extforge import cost_store, plan
 from extforge.machine import GIB, Machine
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -43,14 +43,14 @@ def replay(header: str, edges: list[tuple[str, float]], machine: Machine, at: fl
     done = [(line, t) for line, t in edges if t <= at]
     text = "\n".join([header, *(line for line, _ in done)]) + "\n"
     age = at - max((t for _, t in done), default=0.0)
-    return plan.build_progress(machine, "flash-attn", ["90"], (), text, age)
+    return plan.build_progress(machine, "flash-attn", ["90"], text, age)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     args = ap.parse_args()
-    link = plan.load_profiles()["flash-attn"].link_seconds
+    link = plan.numbers_for("flash-attn").profile.link_seconds
     rows = ["| build | at (s after ninja started) | units done | speed | predicted end s | measured end s | error |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for what, log, cores, gib, known_end in BUILDS:
@@ -81,4 +81,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with cost_store.recipe_costs(Path(__file__).resolve().parent.parent / "recipe" / "flash-attn"):
+        raise SystemExit(main())

@@ -4,7 +4,7 @@
   calibration/compile_concurrency.py SDIST [--unit NAME] [--levels 32,16,1] [--arch 90] [--budget S]
                                [--torch-include DIR ...] [--json-out FILE]
 
-The planner's concurrency slowdown (data/unit-costs.yaml `concurrency`) was fitted from builds on
+The planner's concurrency slowdown (recipe/flash-attn/build-costs.json `per_compile`) was fitted from builds on
 different nodes, so a node's speed and the compiles beside it cannot be told apart there. This
 compiles the same unit of the flash-attn sdist N times at once for each level, with upstream's
 nvcc flags and the node's torch headers, on one machine, and fits the slowdown per extra compile

@@ -6,7 +6,7 @@ as its two halves (recipe/flash-attn/shard_units.py), all at once, with torch's 
 
 Prints per unit the unsplit seconds, the halves, and the `shards` model values they imply
 (repeated: the share of the unit each half repeats; twin_share: the second half's share of the
-rest), the numbers src/extforge/data/unit-costs.yaml keeps. Run it on a node with at least three
+rest), the numbers recipe/flash-attn/build-costs.json keeps. Run it on a node with at least three
 cores per unit, so that the compiles do not wait for each other.
 """
 

@@ -8,8 +8,9 @@ The first --log gives every unit's seconds; each further one shares units with i
 number of compiles at once, which fits the slowdown per extra compile (unit_costs.Concurrency).
 A `.jobs` file beside a log (seconds since the build started, nvcc processes on the machine)
 counts compiles the log does not know (another build beside it). The default logs are the ones
-in bench/data/ (see its README). --emit-costs writes the data-file entry that
-src/extforge/data/unit-costs.yaml keeps; the predictions go to docs/benchmarks-history.md.
+in bench/data/ (see its README). --emit-costs FILE writes recipe/flash-attn/build-costs.json to
+FILE with the fitted units, slowdown and node speeds (the rest as it is); the predictions go to
+docs/benchmarks-history.md.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ import json
 import sys
 from pathlib import Path
 
-from ruamel.yaml import YAML
-
 # _record: how the bench scripts append their results to docs/benchmarks-history.md.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from _record import append_section
 
-from extforge import unit_costs
-from extforge.plan import load_profiles
+from extforge import cost_store, unit_costs
+from extforge.plan import numbers_for
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
+RECIPE = Path(__file__).resolve().parents[1] / "recipe" / "flash-attn"
 LOGS = [DATA / "2026-11-25-h100-32cores-flash-attn-full.ninja_log", DATA / "2026-11-23-h100-16cores-flash-attn-hd128.ninja_log"]
 # The slowdown measured on one node (calibration/compile_concurrency.py): the same unit 32 and 16 at once.
 SAME_NODE = DATA / "2026-11-26-h200x2-32cores-compile-concurrency.json"
@@ -90,7 +90,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--log", type=Path, action="append", help="a ninja log (repeatable; default: bench/data's)")
     ap.add_argument("--reference", type=int, default=16, help="compiles at once the data's seconds are for")
-    ap.add_argument("--emit-costs", type=Path, help="write the flash-attn entry of unit-costs.yaml here")
+    ap.add_argument("--emit-costs", type=Path, help="write flash-attn's build-costs.json, refitted, here")
     ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-history.md")
     ap.add_argument("--across-nodes", action="store_true",
                     help="fit the slowdown from the logs (their nodes' speeds count as slowdown) instead of taking "
@@ -105,10 +105,11 @@ def main() -> int:
         + ", ".join(f"{n} at once {v['median_s']} s" for n, v in same["levels"].items()))
     edges, load = runs[0]
     seconds = unit_costs.at_reference(edges, concurrency, load)
-    previous = unit_costs.load("flash-attn")
-    upstream = [u for u in (previous.units if previous else seconds) if u in seconds]  # setup.py's list, the data's order
+    shipped = json.loads((RECIPE / cost_store.RECIPE_FILE).read_text())
+    upstream = [u for u in shipped["units"] if u in seconds]  # setup.py's list, the data's order
     orders = {"name": sorted(seconds), "log": [e.unit for e in edges], "longest first": unit_costs.longest_first(seconds)}
-    link = load_profiles()["flash-attn"].link_seconds
+    with cost_store.recipe_costs(RECIPE):
+        link = numbers_for("flash-attn").profile.link_seconds
 
     speeds = {p: unit_costs.node_speed(unit_costs.parse_ninja_log(p.read_text()), seconds, concurrency, load_samples(p))
               for log in dict.fromkeys([*logs, *(m[5] for m in MEASURED if m[5])]) for p in (log, plain_log(log)) if p}
@@ -148,15 +149,12 @@ def main() -> int:
     out += ["", *errors]
     print("\n".join(out))
     if args.emit_costs:
-        entry = unit_costs.to_yaml_entry("flash-attn", {u: seconds[u] for u in upstream}, ["90"],
-                                         "an H100 node (32 cores), sm_90, 2026-11-25 (bench/data), at "
-                                         f"{args.reference} compiles at once by the slowdown below",
-                                         {"concurrency": {"reference": args.reference, "per_compile": concurrency.per_compile,
-                                                          "measured": concurrency.measured},
-                                          "node_speeds": {p.name: round(speed, 3) for p, (speed, _) in speeds.items()}
-                                          | {SAME_NODE.name: round(bench_speed, 3)}})
-        with args.emit_costs.open("w") as fh:
-            YAML().dump(entry, fh)
+        shipped["units"] = {u: round(seconds[u], 1) for u in upstream}
+        shipped["jobs"] = args.reference
+        shipped["planner"] |= {"per_compile": concurrency.per_compile, "per_compile_measured": concurrency.measured,
+                               "node_speeds": {p.name: round(speed, 3) for p, (speed, _) in speeds.items()}
+                               | {SAME_NODE.name: round(bench_speed, 3)}}
+        args.emit_costs.write_text(json.dumps(shipped, indent=1) + "\n")
     if not args.no_record:
         append_section([f"## Unit costs and the concurrency slowdown, fitted from build logs ({dt.date.today()})", "",
                         f"`calibration/unit_costs_fit.py` on {', '.join(p.name for p in logs)} (bench/data/README.md), "

@@ -54,7 +54,7 @@ def test_anything_else_is_refused_with_the_forms_accepted(text: str, message: st
 def test_plan_audit_and_recipe_new_take_every_spelling(text: str, capsys: pytest.CaptureFixture[str]) -> None:
     """plan took `80,90` and `sm_80;9.0` but not `sm_80 sm_90`; audit took `sm_80,sm_90` but not
     `8.0;9.0`; recipe new took what plan took."""
-    assert main(["plan", "--cores", "2", "--memory", "24G", "--archs", text, "--json"]) == 0
+    assert main(["plan", "--profile", "any-extension", "--cores", "2", "--memory", "24G", "--archs", text, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["archs"] == ["80", "90"]
     assert arch_names(text) == ["sm_80", "sm_90"]  # the type of `audit --archs`
     assert cuda_archs(text) == ("8.0", "9.0")  # the type of `recipe new --archs`
@@ -67,5 +67,6 @@ def test_a_bad_arch_option_is_a_usage_error_naming_the_forms() -> None:
 
 def test_plan_plans_the_archs_of_a_variant_as_build_would(capsys: pytest.CaptureFixture[str]) -> None:
     """`plan --variant cuda_archs=sm_90` planned the default 80,90: the variant's archs were not read."""
-    assert main(["plan", "--cores", "2", "--memory", "24G", "--variant", "cuda_archs=sm_90", "--json"]) == 0
+    assert main(["plan", "--profile", "any-extension", "--cores", "2", "--memory", "24G", "--variant", "cuda_archs=sm_90",
+                 "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["archs"] == ["90"]

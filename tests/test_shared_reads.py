@@ -22,14 +22,15 @@ PACKAGE_DATA = "extforge's own package data (importlib.resources), installed wit
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "
           "ships (build-costs.json) is read through shared_read")
 ALLOWED: dict[str, str] = {
-    "plan.py::load_profiles": PACKAGE_DATA,
-    "unit_costs.py::_data": PACKAGE_DATA,
+    "plan.py::default_profile": PACKAGE_DATA,
     "build_layer.py::_data": PACKAGE_DATA,
     "build_layer.py::switches": PACKAGE_DATA,
     "build_layer.py::layer_files": PACKAGE_DATA,
-    "cost_store.py::recipe_version": RECIPE,
+    "cost_store.py::_literal": RECIPE,
+    "cost_store.py::_recipe_text": RECIPE,
     "build.py::_build_recipe": RECIPE,
     "commands/plan.py::recipe_facts": RECIPE,
+    "commands/plan.py::recipe_name": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",
     "mirror/inputs.py::probe": "the JSON a python the user named prints on its stdout: no file",
     "mirror/inputs.py::_open_own": ("opens without following a link or waiting on a FIFO, and keeps the descriptor of a "

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from cli_run import run_extforge
+from extforge import build_layer
 from extforge.errors import ExtforgeError
-from extforge.variants import narrow, recipe_files, resolve
+from extforge.variants import archs, narrow, recipe_files, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 FLASH_ATTN = REPO / "recipe" / "flash-attn" / "recipe.yaml"
@@ -36,27 +37,50 @@ def mirror_channel(tmp_path: Path, python: str, pytorch: str, gcc: str) -> str:
 
 
 def test_recipe_variants_are_read_only_when_no_file_is_given(tmp_path):
-    assert recipe_files(FLASH_ATTN, []) == [FLASH_ATTN.parent / "variants.yaml"]
+    # The build layer's variant file comes first for every recipe that lists the layer.
+    layer = build_layer.variants_file()
+    assert recipe_files(FLASH_ATTN, []) == [layer, FLASH_ATTN.parent / "variants.yaml"]
     offline = FLASH_ATTN.parent / "variants-offline.yaml"
-    assert recipe_files(FLASH_ATTN, [offline]) == [offline]
+    assert recipe_files(FLASH_ATTN, [offline]) == [layer, offline]
     with pytest.raises(ExtforgeError, match="does not exist"):
         recipe_files(FLASH_ATTN, [tmp_path / "nope.yaml"])
+    bare = tmp_path / "bare" / "recipe.yaml"
+    bare.parent.mkdir()
+    bare.write_text("package: {name: bare, version: '1'}\nrequirements:\n  build:\n    - ninja\n")
+    assert recipe_files(bare, []) == []
+
+
+def test_a_recipe_of_the_layer_inherits_its_archs_and_overrides_them(tmp_path):
+    """causal-conv1d, gsplat, mamba-ssm and torch-scatter carried the same variants.yaml
+    (cuda_archs 9.0) each: it is the layer's now, and a recipe's own file still wins."""
+    channel = mirror_channel(tmp_path, "3.11", "2.14.1", "12")
+    causal = REPO / "recipe" / "causal-conv1d" / "recipe.yaml"
+    assert not (causal.parent / "variants.yaml").exists()
+    assert resolve(causal, [channel], [], {}).values["cuda_archs"] == ["9.0"]
+    offline = FLASH_ATTN.parent / "variants-offline.yaml"
+    assert resolve(FLASH_ATTN, [channel], [offline], {}).values["cuda_archs"] == ["8.0;9.0"]
+
+
+def test_the_archs_are_cuda_archs_alone():
+    """The old code read archs from any key whose name held "arch" (flash-attn's own
+    flash_attn_cuda_archs): a recipe key about something else would have become the build's archs."""
+    assert archs({"cuda_archs": ["8.0;9.0", "9.0a"]}) == ["80", "90", "90a"]
+    assert archs({"flash_attn_cuda_archs": "80;90", "archive": "x", "arch": "90"}) == []
 
 
 @pytest.mark.parametrize(
     ("python", "pytorch", "gcc", "archs"),
-    [("3.12", "2.11.0", "13", "90"), ("3.11", "2.14.1", "12", "80;90")],
+    [("3.12", "2.11.0", "13", "9.0"), ("3.11", "2.14.1", "12", "8.0;9.0")],
 )
 def test_a_mirror_channel_selects_its_row_of_the_offline_file(tmp_path, python, pytorch, gcc, archs):
     channel = mirror_channel(tmp_path, python, pytorch, gcc)
     m = resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"], {})
     assert m.values["python"] == [python] and m.values["pytorch"] == [pytorch]
-    assert m.values["c_compiler_version"] == [gcc] and m.values["flash_attn_cuda_archs"] == [archs]
+    assert m.values["c_compiler_version"] == [gcc] and m.values["cuda_archs"] == [archs]
     # The channel fills keys the recipe file leaves open.
     assert m.values["cuda_compiler"] == ["cuda-nvcc"]
-    narrowed = resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"],
-                       {"flash_attn_cuda_archs": ["90"]})
-    assert narrowed.values["flash_attn_cuda_archs"] == ["90"]
+    narrowed = resolve(FLASH_ATTN, [channel], [FLASH_ATTN.parent / "variants-offline.yaml"], {"cuda_archs": ["90"]})
+    assert narrowed.values["cuda_archs"] == ["9.0"]
 
 
 def test_a_channel_the_matrix_cannot_use_is_a_clear_error(tmp_path):
@@ -121,10 +145,8 @@ def test_a_variant_arch_reaches_the_build_in_the_form_its_files_write(tmp_path, 
     which the build layer refuses inside the build script, 5 s in ("Script failed to execute")."""
     channel = mirror_channel(tmp_path, "3.11", "2.14.1", "12")
     assert resolve(DEMO_EXT, [channel], [], {"cuda_archs": [spelling]}).values["cuda_archs"] == ["9.0"]
-    # flash-attn's files write FLASH_ATTN_CUDA_ARCHS as numbers: a flag's spelling becomes that.
     offline = FLASH_ATTN.parent / "variants-offline.yaml"
-    assert resolve(FLASH_ATTN, [channel], [offline], {"flash_attn_cuda_archs": ["sm_80 8.0 9.0"]}).values[
-        "flash_attn_cuda_archs"] == ["80;90"]
+    assert resolve(FLASH_ATTN, [channel], [offline], {"cuda_archs": ["sm_80 8.0 90"]}).values["cuda_archs"] == ["8.0;9.0"]
 
 
 def test_a_variant_arch_that_names_no_arch_is_refused_before_the_build(tmp_path):

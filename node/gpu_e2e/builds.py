@@ -13,7 +13,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .node import cpu_list
@@ -154,17 +154,18 @@ def collect_build_probes(run: Run, out_dir: str) -> None:
     # rattler-build removes its work folder after a build that passed: the whole log is then only
     # in the package (share/extforge/build/), and the unit costs are fitted from whole logs.
     for package in (run.work / out_dir / "linux-64").glob("*.conda"):
-        log = packaged_ninja_log(package)
+        log = packaged_file(package, lambda name: name.endswith(".ninja_log"))
         if log is not None:
             (run.work / "logs" / f"{out_dir}.ninja_log").write_bytes(log)
 
 
-def packaged_ninja_log(package: Path) -> bytes | None:
+def packaged_file(package: Path, wanted: Callable[[str], bool]) -> bytes | None:
+    """The first payload file of `package` whose path `wanted` takes."""
     from extforge.archive import package_tars
 
     for tar in package_tars(package, "pkg"):
         for member in tar:
-            if member.name.endswith(".ninja_log") and member.isfile():
+            if wanted(member.name) and member.isfile():
                 fh = tar.extractfile(member)
                 return fh.read() if fh else None
     return None

@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
                          "start when it is done")
     remembered = ap.add_argument_group("given to start, remembered by the later phases of the run (given again, they win)")
     remembered.add_argument("--python", help="python of the node's torch environment (mirrored as the upstream)")
-    remembered.add_argument("--archs", help="FLASH_ATTN_CUDA_ARCHS for the build (e.g. '80;90'; default 90)")
+    remembered.add_argument("--archs", help="flash-attn's GPU archs, its cuda_archs (e.g. '80;90'; default 90)")
     remembered.add_argument("--head-dims", help="build only these flash-attn head dims (e.g. '128')")
     remembered.add_argument("--no-flash-attn", action="store_true", default=None, help="rehearse with demo-ext only")
     remembered.add_argument("--fa3", action="store_true", default=None,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .builds import collect_build_probes, snapshot, start_build, tool_env, wait_build
+from .builds import collect_build_probes, packaged_file, snapshot, start_build, tool_env, wait_build
 from .node import cpu_halves, cpu_list, dir_size, gpu_facts, mib, node_words, planned, sm_archs
 from .state import REPO, Run
 
@@ -111,12 +111,12 @@ def phase_start(run: Run, o: Options) -> None:
                                       capture_output=True, text=True).stdout.strip())
     run.step("doctor (node python)", extforge(py, "doctor", "--python", py), env=env, ok_codes=(0, 1),
              log="doctor-node.log")
-    run.step("plan flash-attn build", extforge(py, "plan", "--profile", "flash-attn", "--archs", o.archs),
+    run.step("plan flash-attn build", extforge(py, "plan", "recipe/flash-attn", "--archs", o.archs),
              env=env, log="plan.log")
     if o.head_dims:
         run.step(f"plan flash-attn build, head dims {o.head_dims}",
-                 extforge(py, "plan", "--profile", "flash-attn", "--archs", o.archs,
-                          "--head-dims", o.head_dims.replace(";", ",")), env=env, log="plan-head-dims.log")
+                 extforge(py, "plan", "recipe/flash-attn", "--archs", o.archs,
+                          "--variant", f"flash_attn_head_dims={o.head_dims}"), env=env, log="plan-head-dims.log")
     # No network here: the channel's CUDA toolkit is the node's own, its files copied into the packages.
     run.step("mirror upstream from the node's env",
              extforge(py, "mirror", "--from-env", py, "--channel", str(run.work / "mirror"), "--cuda-home", o.cuda_home,
@@ -137,8 +137,8 @@ def phase_start(run: Run, o: Options) -> None:
                                                        "--dest", str(run.work / "sources")), env=env)
         # `extforge build` plans MAX_JOBS/NVCC_THREADS for the CPUs this run may use (start the run
         # under taskset to share a node); the plan is recorded to judge it against the build.
-        # The profile counts FA3's sm80 units itself (one arch per unit): the archs change nothing.
-        plan = run.step("plan flash-attn-3 build", extforge(py, "plan", "--profile", "flash-attn-3", *fa3_variant(o), "--json"),
+        # The recipe's data counts FA3's sm80 units itself (one arch per unit, left out without 8.0).
+        plan = run.step("plan flash-attn-3 build", extforge(py, "plan", "recipe/flash-attn-3", *fa3_variant(o), "--json"),
                         env=env, log="plan-fa3.json", critical=False)
         with contextlib.suppress(ValueError, KeyError):
             chosen = planned(plan.stdout)
@@ -181,8 +181,8 @@ def start_side_by_side(run: Run, o: Options, env: dict[str, str], detached: dict
                                        "both at once (the memory peaks and busy compilers below are the node's, both builds)")
     if o.warm_cache:
         run.step("build demo-ext (warms the package cache)", demo, env=env)
-    plan = run.step("plan the side by side's settings", extforge(py, "plan", "--profile", "flash-attn", "--archs",
-                    o.archs, *(["--head-dims", o.head_dims.replace(";", ",")] if o.head_dims else []),
+    plan = run.step("plan the side by side's settings", extforge(py, "plan", "recipe/flash-attn", "--archs",
+                    o.archs, *(["--variant", f"flash_attn_head_dims={o.head_dims}"] if o.head_dims else []),
                     *(["--cores", str(len(halves[0]))] if halves else []), "--json"), env=env,
                     log="plan-side-by-side.json")
     chosen = planned(plan.stdout)
@@ -197,7 +197,7 @@ def start_side_by_side(run: Run, o: Options, env: dict[str, str], detached: dict
         run.fact("then archs", o.then_archs)
         start_build(run, detached, "build-fa-archs", extforge(
             py, "build", "recipe/flash-attn", "-c", str(run.work / "mirror"), "-o", str(run.work / "build-fa-archs"),
-            "-m", "recipe/flash-attn/variants-offline.yaml", "--variant", f"flash_attn_cuda_archs={o.then_archs}"),
+            "-m", "recipe/flash-attn/variants-offline.yaml", "--variant", f"cuda_archs={o.then_archs}"),
             after=["build-fa", "plain-fa"])
 
 
@@ -218,8 +218,12 @@ def fa3_parts(o: Options) -> list[str]:
 
 
 def fa3_variant(o: Options) -> list[str]:
+    """The FA3 subset as the recipe's variant keys: `sm80` among --fa3-features (upstream's A100
+    code path) is 8.0 in cuda_archs beside 9.0a."""
+    features = o.fa3_features if o.fa3_features == "all" else ";".join(
+        f for f in o.fa3_features.split(";") if f != "sm80") or "none"
     return ["--variant", f"fa3_head_dims={o.fa3_head_dims}", "--variant", f"fa3_dtypes={o.fa3_dtypes}",
-            "--variant", f"fa3_features={o.fa3_features}"]
+            "--variant", f"fa3_features={features}", "--variant", f"cuda_archs={'8.0;9.0a' if fa3_sm80(o) else '9.0a'}"]
 
 
 def fa3_build_cmd(run: Run, o: Options, out_dir: str = "build-fa3") -> list[str]:
@@ -244,7 +248,7 @@ def fa_build_cmd(run: Run, o: Options, out_dir: str = "build-fa", settings: list
                 "--no-record"]
     subset = ["--variant", f"flash_attn_head_dims={o.head_dims}"] if o.head_dims else []
     return extforge(o.python, "build", "recipe/flash-attn", "-c", mirror, "-o", out, "-m", variants,
-                    "--variant", f"flash_attn_cuda_archs={o.archs}", *subset)
+                    "--variant", f"cuda_archs={o.archs}", *subset)
 
 
 def plain_build_cmd(run: Run, o: Options, settings: list[str]) -> list[str]:
@@ -324,6 +328,13 @@ def finished_package(run: Run, out_dir: str, pattern: str, what: str, deadline: 
         run.record(f"{what} package present", 0, False, "the build succeeded but wrote no package")
         return None
     run.fact(f"{what} package", f"{found[0].name} ({mib(found[0].stat().st_size)})")
+    # What the build layer enforced, from the package's build record.
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        record = json.loads(packaged_file(found[0], lambda name: name == f"share/extforge/build/{what}.json") or b"")
+        run.fact(f"{what} build record", f"network {record['network']} (refused), archs {','.join(record['cuda_archs'])} "
+                                         f"through extforge-nvcc ({len(record['upstream_flags_replaced'])} upstream flags "
+                                         f"replaced), {record['cxx_std']}, MAX_JOBS={record['max_jobs']} "
+                                         f"NVCC_THREADS={record['nvcc_threads']}")
     return found[0]
 
 

@@ -19,13 +19,11 @@ Run by build.sh with the host python, in the source folder:
   EXTFORGE_SHARD_UNITS kernel units to split in two translation units (shard_units.py), chosen
                        by the planner when a unit alone would set the build's wall time; units
                        of other head dims than the built ones are ignored.
-  EXTFORGE_CXX_STD     the C++ standard the host torch's headers require (torch_cxx_std.py, e.g.
-                       "c++20"): upstream compiles host and device code with -std=c++17, which
-                       torch >= 2.14's headers refuse. Each older -std= of setup.py is raised to
-                       it; a newer one upstream chose stays.
 
-Standalone on purpose (the build env has no extforge); tests/recipe/test_select_sources.py
-runs it on the real sdist.
+The planner's two reach the build through extforge-torch-build's settings (what `extforge build`
+decided for the variant); the layer also raises upstream's -std=c++17 to the standard torch's
+headers require at every compile. Standalone on purpose (the build env has no extforge);
+tests/recipe/test_select_sources.py runs it on the real sdist.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ import shard_units
 UPSTREAM_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 SOURCE_LINE = re.compile(r'^(?P<indent>\s*)"(?P<path>csrc/flash_attn/(?:src/)?(?P<stem>[\w]+)\.(?:cu|cpp))",\s*$')
 KERNEL = re.compile(r"^flash_(?:fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_")
-STD_FLAG = re.compile(r'"-std=c\+\+(?P<year>\d\d)"')
 SWITCH = re.compile(r"#define HEADDIM_SWITCH\(HEADDIM, \.\.\.\).*?\}\(\)\n", re.S)
 
 
@@ -130,30 +127,6 @@ def edit_sources(setup_py: str, head_dims: tuple[int, ...], order: list[str],
     return (with_ranked_sources(text) if order else text), [s for s, _ in entries]
 
 
-def _std_year(std: str) -> int:
-    """Years as __cplusplus orders them: c++98 is older than c++11."""
-    m = re.fullmatch(r"(?:c|gnu)\+\+(\d\d)", std.strip())
-    if not m:
-        raise SystemExit(f"error: EXTFORGE_CXX_STD={std!r} is not a C++ standard like c++20")
-    year = int(m[1])
-    return year + (1900 if year >= 98 else 2000)
-
-
-def edit_std(setup_py: str, std: str) -> tuple[str, int]:
-    """setup.py with every quoted "-std=c++NN" older than `std` raised to it (host and device
-    flags alike); also returns how many it raised."""
-    want = _std_year(std)
-    flags = list(STD_FLAG.finditer(setup_py))
-    if not flags:
-        raise SystemExit("error: setup.py passes no \"-std=c++NN\" flag to raise to the standard torch needs "
-                         f"({std}); select_sources.py does not fit this flash-attn version")
-
-    def raise_old(m: re.Match[str]) -> str:
-        return f'"-std={std}"' if _std_year(f"c++{m['year']}") < want else m[0]
-
-    return STD_FLAG.sub(raise_old, setup_py), sum(_std_year(f"c++{m['year']}") < want for m in flags)
-
-
 def head_dim_switch(head_dims: tuple[int, ...]) -> str:
     """HEADDIM_SWITCH for a subset: upstream rounds a head dim up to the next kernel
     (32, 64, 96, 128, 192, 256); a head dim whose kernel is not built throws."""
@@ -189,10 +162,6 @@ def main(root: Path) -> int:
     wanted = frozenset(u for u in os.environ.get("EXTFORGE_SHARD_UNITS", "").split(";") if u)
     setup_py = root / "setup.py"
     text, kept = edit_sources(setup_py.read_text(), head_dims, order, wanted)
-    std = os.environ.get("EXTFORGE_CXX_STD", "").strip()
-    raised = 0
-    if std:
-        text, raised = edit_std(text, std)
     # Units of head dims not built got no twin, so they are not split either.
     shards = [u for u in kept if u + shard_units.SUFFIX in kept]
     if shards:
@@ -204,8 +173,7 @@ def main(root: Path) -> int:
     print(f"select_sources: {len(kept)} units"
           f"{', head dims ' + ';'.join(map(str, head_dims)) if head_dims else ', every head dim'}"
           f"{f', {len(shards)} split in two' if shards else ''}"
-          f"{', longest first' if order else ', upstream order'}"
-          f"{f', -std={std} ({raised} flags raised)' if std else ''}: {' '.join(kept[:4])} ...", file=sys.stderr)
+          f"{', longest first' if order else ', upstream order'}: {' '.join(kept[:4])} ...", file=sys.stderr)
     return 0
 
 

@@ -48,7 +48,6 @@ from .stamp import run_requirements, stamp_package
 from .ui import log
 from .variants import Matrix, recipe_yaml_error
 from .variants import archs as variant_archs
-from .variants import head_dims as variant_head_dims
 from .variants import render as render_variants
 from .variants import resolve as resolve_variants
 from .wheel.make import wheel_from_conda
@@ -104,8 +103,7 @@ def build_environment(
         env["CONDA_OVERRIDE_CUDA"] = (variants.get("cuda_compiler_version") or ["13.0"])[0]
     # Every recipe: a shipped profile, what the site's cost store learned, else a conservative estimate.
     env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
-                           variant_head_dims(variants), version=cost_store.recipe_version(recipe_text), units=units,
-                           variant=variants).env()
+                           version=cost_store.recipe_version(recipe_text), units=units, variant=variants).env()
     # No compile cache is no reason to fail a build, it only makes rebuilds slower; but the parts
     # of a split build hand their objects to the link job through it.
     try:
@@ -403,7 +401,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], planned
     "running build script" of 8-25 minutes. It runs from the sink's log callback, as ninja and
     the compilers print (rattler-build holds the GIL while it builds: a thread of ours would not run)."""
     machine_now = machine.detect()
-    archs, head_dims = variant_archs(planned.variants) or plan.DEFAULT_ARCHS, variant_head_dims(planned.variants)
+    archs = variant_archs(planned.variants) or plan.DEFAULT_ARCHS
     log: Path | None = None
     last = ""
     seen, status = len(sink.lines), None
@@ -426,7 +424,7 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], planned
             # extension): written after the last unit ended, a run started that no unit ended yet.
             ninja_file = log.with_name("build.ninja")
             new_run = ninja_file.is_file() and ninja_file.stat().st_mtime > written
-            progress = plan.build_progress(machine_now, planned.profile, archs, head_dims,
+            progress = plan.build_progress(machine_now, planned.profile, archs,
                                            cost_store.read_log(log), time.time() - written,
                                            planned.variants, planned.version, planned.units, status, new_run)
             line = progress.describe()
@@ -549,7 +547,8 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
     recipe_text = recipe_file.read_text()
-    profile = options.profile or recipe_file.parent.name
+    # Costs are the package's (its name, not the folder's: a folder renamed keeps them).
+    profile = options.profile or cost_store.recipe_name(recipe_text) or recipe_file.parent.name
     # Every url source from the source cache, fetched into it (verified) where it lacks one: the
     # recipe is rendered to read it there, so rattler-build never downloads.
     source_root = sources.build_root()
@@ -585,7 +584,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against
-        # the host env that built them, then deleted (flash-attn's holds GBs of objects).
+        # the host env that built them, then deleted (a large recipe's holds GBs of objects).
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
             tests_before = set(rattler_test_envs(output_dir))

@@ -8,8 +8,8 @@ build record. What `extforge build` decides for one variant (the planner's job c
 compile cache) reaches the activation through a settings file beside rattler-build's work
 folders: rattler-build starts build scripts with a clean environment.
 
-Public API: LAYER_PACKAGE, layer_files(), switches(), switch_for(text), uses_layer(text), builds_torch_extension(text),
-write_settings(output_dir, values).
+Public API: LAYER_PACKAGE, BUILD_STRING, variants_file(), layer_files(), switches(), switch_for(text),
+uses_layer(text), builds_torch_extension(text), write_settings(output_dir, values).
 """
 
 from __future__ import annotations
@@ -28,6 +28,14 @@ from . import safe_files
 
 LAYER_PACKAGE = "extforge-torch-build"
 SHARE = "share/extforge-torch-build"
+# What a recipe of the layer inherits where it says nothing itself (`extforge build` fills them in):
+# the build string, naming everything the binary is tied to: CUDA toolkit, torch, python and the
+# C++ ABI (torch 2.6 exists with both; conda-forge's torch is always cxx11, hence the default),
+# e.g. cuda130_torch214_py311_cxx11_h<hash>_0; and the variant file read before the recipe's own
+# (VARIANTS: the GPU archs; with rattler-build alone, `-m $PREFIX/share/extforge-torch-build/variants.yaml`).
+BUILD_STRING = ("cuda${{ cuda_compiler_version | version_to_buildstring }}_torch${{ pytorch | version_to_buildstring }}"
+                "_py${{ python | version_to_buildstring }}_${{ cxx_abi | default(\"cxx11\") }}_h${{ hash }}_${{ build_number }}")
+VARIANTS = "variants.yaml"
 # Beside rattler-build's work folders (<output>/bld/rattler-build_<name>_<time>): the activation
 # reads $BUILD_DIR/../ this file.
 SETTINGS_FILE = "extforge-build-settings.sh"
@@ -35,11 +43,13 @@ SETTINGS_FILE = "extforge-build-settings.sh"
 
 @dataclass(frozen=True)
 class Switch:
-    """An upstream setup.py's own switch between compiling and downloading a prebuilt wheel."""
+    """An upstream setup.py's own switch between compiling and downloading a prebuilt wheel, and
+    the one with which it picks the C++ ABI."""
 
     package: str
     wheel: str  # the wheel file name's start, as in the URL upstream guesses
     values: dict[str, str]
+    cxx11_abi: str | None = None  # upstream's own C++ ABI switch, set as the host torch was built
 
     def assignment(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.values.items())
@@ -52,7 +62,8 @@ def _data(name: str) -> str:
 @cache
 def switches() -> tuple[Switch, ...]:
     rows = YAML(typ="safe").load(_data("download-switches.yaml"))["switches"]
-    return tuple(Switch(r["package"], r["wheel"], {str(k): str(v) for k, v in r["set"].items()}) for r in rows)
+    return tuple(Switch(r["package"], r["wheel"], {str(k): str(v) for k, v in r["set"].items()}, r.get("cxx11_abi"))
+                 for r in rows)
 
 
 def switch_for(text: str) -> Switch | None:
@@ -67,7 +78,15 @@ def switch_for(text: str) -> Switch | None:
 def switches_sh() -> str:
     lines = ["# Generated from extforge's download-switches.yaml: every known switch to build, not download."]
     lines += [f"export {k}={shlex.quote(v)}" for sw in switches() for k, v in sw.values.items()]
+    abi = " ".join(sw.cxx11_abi for sw in switches() if sw.cxx11_abi)
+    lines += ["# Upstream switches that pick the C++ ABI themselves: activate.sh sets them as the host torch was built.",
+              f"_xf_abi_switches={shlex.quote(abi)}"]
     return "\n".join(lines) + "\n"
+
+
+def variants_file() -> Path:
+    """The variant file every recipe of the layer reads first (VARIANTS)."""
+    return Path(str(resources.files("extforge").joinpath(f"data/torch-build/{VARIANTS}")))
 
 
 def layer_files() -> list[tuple[str, str, str]]:
@@ -76,8 +95,9 @@ def layer_files() -> list[tuple[str, str, str]]:
     out = [("etc/conda/activate.d/extforge-torch-build.sh", root.joinpath("activate.sh").read_text(), "644"),
            ("bin/extforge-nvcc", root.joinpath("extforge-nvcc").read_text(), "755"),
            (f"{SHARE}/switches.sh", switches_sh(), "644")]
-    for name in ("in-build.sh", "cxx-wrapper.sh", "wrappers.sh", "compiler_checks.sh", "torch_facts.sh", "torch_facts.py", "torch_cxx_std.py", "archs.py",
-                 "scan_flags.py", "split_unit.py", "record.py", "python/sitecustomize.py", "python/extforge_build_ext.py"):
+    for name in ("in-build.sh", "cxx-wrapper.sh", "wrappers.sh", "torch_facts.sh", "torch_facts.py", "torch_cxx_std.py", "archs.py",
+                 "scan_flags.py", "split_unit.py", "record.py", "python/sitecustomize.py", "python/extforge_build_ext.py",
+                 VARIANTS):
         mode = "755" if name.endswith("-wrapper.sh") else "644"
         out.append((f"{SHARE}/{name}", root.joinpath(name).read_text(), mode))
     return out

@@ -1,8 +1,8 @@
 """Compile cache (ccache or sccache) for recipe builds of torch CUDA extensions.
 
-`env()` returns the variables a recipe's build script passes through (recipe.yaml lists them
-under build.script.env); recipe/flash-attn/build.sh turns EXTFORGE_COMPILER_LAUNCHER into
-PYTORCH_NVCC (torch's ninja build takes nvcc from it) and a CXX wrapper script.
+`env()` returns the variables of a build's compile cache; they reach the build through the
+build layer's settings file (build_layer.write_settings), whose activation puts
+EXTFORGE_COMPILER_LAUNCHER in front of nvcc (extforge-nvcc) and the C++ compiler (a CXX wrapper).
 
 rattler-build compiles in a fresh, timestamped work directory every time, and the host prefix
 (where torch's headers live) moves with it. The cache key must not contain those paths:

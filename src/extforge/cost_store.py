@@ -1,12 +1,13 @@
 """Build costs learned from a site's own builds, so the planner improves with use.
 
-Profiles shipped in `data/` cover the recipes extforge measured (flash-attn, FlashAttention-3);
-any other recipe is planned from conservative defaults until it has been built once. After a
-successful build, `learn_from_build` turns the build's ninja log into that recipe's per-unit
-seconds and stores them with the largest compiler process seen, keyed by recipe and version:
-`<store>/<recipe>/<version>.json`. The store is the site's, not the installed package's:
-`$EXTFORGE_COST_STORE` (e.g. a folder beside the channel on shared storage, so every build
-node learns from every other), else `<cache root>/unit-costs`.
+After a successful build, `learn_from_build` turns the build's ninja log into the recipe's
+per-unit seconds and stores them with the largest compiler process seen, keyed by the package's
+name and version: `<store>/<name>/<version>.json`. The store is the site's, not the installed
+package's: `$EXTFORGE_COST_STORE` (e.g. a folder beside the channel on shared storage, so every
+build node learns from every other), else `<cache root>/unit-costs`. A recipe folder may ship an
+entry of its own (RECIPE_FILE, the same format), which plans a site's first build of it; that
+entry may also say what the recipe's author knows of its units beyond their seconds (`planner`,
+RecipeModel: which units a subset variant builds, which can be split, a measured job peak).
 
 What is measured, exactly:
 - each unit's seconds: ninja's start and end of each compile, at the number of compiles the
@@ -45,7 +46,7 @@ from .errors import ExtforgeError
 from .ui import log
 
 STORE_ENV = "EXTFORGE_COST_STORE"
-# A recipe folder's own costs: a store entry (`<store>/<recipe>/<version>.json`) copied beside recipe.yaml.
+# A recipe folder's own costs: a store entry (`<store>/<name>/<version>.json`) copied beside recipe.yaml.
 RECIPE_FILE = "build-costs.json"
 _RECIPE_DIRS: contextvars.ContextVar[Mapping[str, Path]] = contextvars.ContextVar("recipe_dirs",
                                                                                   default=types.MappingProxyType({}))
@@ -55,7 +56,7 @@ SCHEMA = 1
 LEARNED_PEAK_MARGIN = 1.25
 # A rebuild whose compiles came from the compile cache takes a small fraction of a real one
 # (a hit is a copy: ~1 s against minutes); below this share of the stored seconds per arch it
-# measures the cache, not the compiler. Nodes differ less (0.6-1.2x on flash-attn's units), so a
+# measures the cache, not the compiler. Nodes differ less (0.6-1.2x on one recipe's units), so a
 # real build on a faster node still replaces a slower node's entry.
 CACHE_HIT_SHARE = 0.2
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
@@ -70,9 +71,36 @@ def entry_path(recipe: str, version: str, store: Path | None = None) -> Path:
     for what, value in (("recipe", recipe), ("version", version)):
         if not _NAME.fullmatch(value):
             raise ExtforgeError(f"cannot store build costs under the {what} '{value}'",
-                                "a store entry is a file named by recipe and version: letters, digits and ._+- only",
-                                "name the recipe folder (or --profile) and its version without other characters")
+                                "a store entry is a file named by package name and version: letters, digits and ._+- only",
+                                "name the package (or --profile) and its version without other characters")
     return (store or root()) / recipe / f"{version}.json"
+
+
+@dataclass(frozen=True)
+class RecipeModel:
+    """What a recipe folder's own entry says of its units beyond their seconds (its `planner`
+    section): a measured job peak where one process is not the whole job (nvcc's threads), the
+    final link, units that compile for one arch each, how the compiles slow each other down, the
+    nodes measured against the seconds, which units a subset variant builds, which units a
+    recipe-side step can split in two. Its author measured it; a site's learned entry of the
+    same recipe is planned with it too."""
+
+    per_job_peak_gib: float | None = None
+    per_extra_thread_gib: float | None = None
+    seconds_per_unit_arch: float | None = None
+    link_seconds: float = 0.0
+    # Each unit compiles for one arch of its own (FA3's `_sm80.cu` and `_sm90.cu` files): more archs
+    # add no work per unit, and nvcc --threads has nothing to run in parallel.
+    one_arch_per_unit: bool = False
+    # How much longer a unit takes per other compile beside it (unit_costs.Concurrency; the
+    # entry's seconds are at its `jobs` compiles at once), and where that was measured.
+    per_compile: float = 0.0
+    per_compile_measured: str = ""
+    # Nodes measured against the shipped entry's seconds (their compile speed).
+    node_speeds: dict[str, float] = field(default_factory=dict)
+    subsets: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    shards: unit_costs.ShardModel | None = None
+    measured: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,7 +114,7 @@ class Learned:
     archs: tuple[str, ...]
     jobs: int  # compiles the build ran at once (the log's maximum)
     nvcc_threads: int
-    units: dict[str, float]  # seconds, in the order the build started them
+    units: dict[str, float | None]  # seconds, in the order the build started them (None: not measured)
     compile_seconds: float  # first start to last end of each ninja run in the log, added up
     largest_process_bytes: int | None = None
     path: Path = field(default=Path(), compare=False)
@@ -94,6 +122,8 @@ class Learned:
     # The units the build layer could compile as parallel parts: the parts each can have (its
     # explicit instantiations, where more than one and not found to need compiling whole).
     part_limits: dict[str, int] = field(default_factory=dict)
+    # What the recipe folder's own entry says of its units (never in a site's learned entry).
+    model: RecipeModel | None = field(default=None, compare=False)
 
     @property
     def date(self) -> str:
@@ -107,16 +137,19 @@ class Learned:
         compiled with several threads over several archs is taken as if they had parallelised
         perfectly (the planner then never expects fewer threads to be faster than they were)."""
         busy = min(self.nvcc_threads, max(1, len(self.archs)))
-        # The seconds are as they ran, `jobs` at once; how they change with more or fewer beside
-        # them was not measured (no slowdown assumed), so a machine's speed can still be read
-        # against them while it builds.
-        return unit_costs.UnitCosts(self.recipe, {u: s * busy for u, s in self.units.items()}, self.archs,
-                                    self.describe(), concurrency=unit_costs.Concurrency(self.jobs, 0.0), runs=self.runs,
-                                    part_limits=self.part_limits)
+        model = self.model or RecipeModel()
+        # The seconds are as they ran, `jobs` at once; unless the recipe's data says how they
+        # change with more or fewer beside them, no slowdown is assumed, so that a machine's speed
+        # can still be read against them while it builds.
+        return unit_costs.UnitCosts(self.recipe, {u: None if s is None else s * busy for u, s in self.units.items()},
+                                    self.archs, self.describe(), model.shards,
+                                    unit_costs.Concurrency(self.jobs, model.per_compile, model.per_compile_measured),
+                                    model.node_speeds, model.subsets, self.runs, self.part_limits)
 
     def seconds_per_arch(self) -> float:
         """The build's compile seconds of one nvcc thread, per arch: what a cache-hit rebuild lacks."""
-        return sum(self.units.values()) * min(self.nvcc_threads, max(1, len(self.archs))) / max(1, len(self.archs))
+        measured = sum(s for s in self.units.values() if s is not None)
+        return measured * min(self.nvcc_threads, max(1, len(self.archs))) / max(1, len(self.archs))
 
     def to_json(self) -> dict[str, object]:
         return {"schema": SCHEMA, "recipe": self.recipe, "version": self.version, "measured_at": self.measured_at,
@@ -152,13 +185,59 @@ def _sequence(value: object, where: str, most: int) -> list[object]:
     return value
 
 
+# A recipe folder's own words: provenance notes, variant keys and values, parts of unit names.
+_NOTE = re.compile(r"[ -~]{0,4000}")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_VALUE = re.compile(r"[A-Za-z0-9._+-]{1,32}")
+_PART = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+
+
+def _optional(d: dict[object, object], key: str, low: float, high: float) -> float | None:
+    return None if d.get(key) is None else shared_read.number(d[key], f"planner.{key}", low, high)
+
+
+def model_from_json(value: object) -> RecipeModel:
+    """A recipe folder's `planner` section, each value of its type and within its bounds."""
+    d = _mapping(value, "planner", 32)
+    shards = _mapping(d.get("shards") or {}, "planner.shards", 4)
+    kinds = {}
+    for name, kind in _mapping(shards.get("kinds") or {}, "planner.shards.kinds", 64).items():
+        k = _mapping(kind, f"the shard kind {shared_read.shown(name)}", 8)
+        kinds[shared_read.text(name, "a shard kind", _KEY)] = unit_costs.ShardKind(
+            shared_read.text(k["prefix"], "a shard kind's prefix", _PART),
+            shared_read.number(k["repeated"], "a shard kind's repeated share", 0.0, 1.0),
+            shared_read.number(k["twin_share"], "a shard kind's twin share", 0.0, 1.0))
+    subsets = {shared_read.text(key, "a subset key", _KEY): {
+        shared_read.text(v, "a subset value", _VALUE): tuple(
+            shared_read.text(part, "a part of a unit name", _PART)
+            for part in _sequence(parts if isinstance(parts, list) else [parts], "the parts of a subset value", 64))
+        for v, parts in _mapping(values, f"the values of {shared_read.shown(key)}", 256).items()}
+        for key, values in _mapping(d.get("subsets") or {}, "planner.subsets", 64).items()}
+    return RecipeModel(
+        per_job_peak_gib=_optional(d, "per_job_peak_gib", 0.01, 4096.0),
+        per_extra_thread_gib=_optional(d, "per_extra_thread_gib", 0.0, 4096.0),
+        seconds_per_unit_arch=_optional(d, "seconds_per_unit_arch", 0.0, MAX_SECONDS),
+        link_seconds=_optional(d, "link_seconds", 0.0, MAX_SECONDS) or 0.0,
+        one_arch_per_unit=d.get("one_arch_per_unit") is True,
+        per_compile=_optional(d, "per_compile", 0.0, 1.0) or 0.0,
+        per_compile_measured=shared_read.text(d.get("per_compile_measured", ""), "planner.per_compile_measured", _NOTE),
+        node_speeds={shared_read.text(k, "a measured node", _HOST): shared_read.number(v, "a node speed", 0.01, 100.0)
+                     for k, v in _mapping(d.get("node_speeds") or {}, "planner.node_speeds", 256).items()},
+        subsets=subsets,
+        shards=unit_costs.ShardModel(kinds, shared_read.text(shards.get("measured", ""), "planner.shards.measured", _NOTE))
+        if kinds else None,
+        measured=shared_read.text(d.get("measured", ""), "planner.measured", _NOTE))
+
+
 def from_json(d: object, path: Path) -> Learned:
     """An entry's values, each of its type and within its bounds (shared_read): ValueError
     names the first that is not."""
     d = _mapping(d, "the entry", 64)
     if d.get("schema") != SCHEMA:
         raise ValueError(f"not a schema {SCHEMA} cost entry")
-    units = {shared_read.unit_name(u): shared_read.number(s, f"the seconds of {shared_read.shown(u)}", 0.0, MAX_SECONDS)
+    # A shipped entry names units its build did not reach (null): planned at the mean of the rest.
+    units = {shared_read.unit_name(u): None if s is None else
+             shared_read.number(s, f"the seconds of {shared_read.shown(u)}", 0.0, MAX_SECONDS)
              for u, s in _mapping(d["units"], "units", MAX_UNITS).items()}
     if not units:
         raise ValueError("it names no unit")
@@ -175,7 +254,8 @@ def from_json(d: object, path: Path) -> Learned:
         units, shared_read.number(d["compile_seconds"], "compile_seconds", 0.0, MAX_SECONDS),
         None if peak is None else shared_read.integer(peak, "largest_process_bytes", *PEAK_BYTES), path, runs,
         {shared_read.unit_name(u): shared_read.integer(n, f"the parts of {shared_read.shown(u)}", 1, MAX_UNIT_PARTS)
-         for u, n in _mapping(d.get("part_limits", {}), "part_limits", MAX_UNITS).items()})
+         for u, n in _mapping(d.get("part_limits", {}), "part_limits", MAX_UNITS).items()},
+        None if d.get("planner") is None else model_from_json(d["planner"]))
 
 
 def _read(path: Path) -> Learned | None:
@@ -199,28 +279,49 @@ def _warn_once(path: Path, reason: str) -> None:
 
 @contextlib.contextmanager
 def recipe_costs(recipe_dir: Path) -> Iterator[None]:
-    """While the body runs, `load` falls back, for that recipe, to the costs its folder ships
-    (RECIPE_FILE: a store entry its author's build measured), so that a site's first build of it
-    is planned from real numbers; the site's own entry, once it has one, wins."""
-    token = _RECIPE_DIRS.set({**_RECIPE_DIRS.get(), recipe_dir.name: recipe_dir})
+    """While the body runs, `load` falls back, for the recipe in `recipe_dir` (by its package
+    name), to the costs its folder ships (RECIPE_FILE: a store entry its author's build
+    measured), so that a site's first build of it is planned from real numbers; the site's own
+    entry, once it has one, wins, and is planned with what the shipped entry says of the units."""
+    name = recipe_name(_recipe_text(recipe_dir)) or recipe_dir.name
+    token = _RECIPE_DIRS.set({**_RECIPE_DIRS.get(), name: recipe_dir})
     try:
         yield
     finally:
         _RECIPE_DIRS.reset(token)
 
 
+def _recipe_text(recipe_dir: Path) -> str:
+    """The folder's recipe.yaml, or nothing where it has none."""
+    with contextlib.suppress(OSError):
+        return (recipe_dir / "recipe.yaml").read_text()
+    return ""
+
+
 def load(recipe: str, version: str | None = None, store: Path | None = None) -> Learned | None:
-    """The entry for `recipe` at `version`; without a version (or none stored for it), the most
-    recently measured version of the recipe (its units are the likeliest to match); without any,
-    what the recipe folder ships (recipe_costs)."""
-    folder = (store or root()) / recipe
-    # Only names the store writes: a planted name (a terminal escape) is not even named.
-    site = [e for p in sorted(folder.glob("*.json")) if _NAME.fullmatch(p.stem) and (e := _read(p))] \
-        if _NAME.fullmatch(recipe) and folder.is_dir() else []
+    """The entry for the package `recipe` at `version`; without a version (or none stored for
+    it), the most recently measured version (its units are the likeliest to match); without any,
+    what the recipe folder ships (recipe_costs). A site's entry is completed by the shipped one
+    of the same version: the units it did not build (a subset build's), and what the recipe's
+    data says of them. Entries stored under the recipe's folder name (before costs were keyed by
+    package name) are read too."""
     shipped_dir = _RECIPE_DIRS.get().get(recipe)
+    site = []
+    for name in dict.fromkeys([recipe, *([shipped_dir.name] if shipped_dir else [])]):
+        folder = (store or root()) / name
+        # Only names the store writes: a planted name (a terminal escape) is not even named.
+        if _NAME.fullmatch(name) and folder.is_dir():
+            site += [e for p in sorted(folder.glob("*.json")) if _NAME.fullmatch(p.stem) and (e := _read(p))]
     shipped = _read(shipped_dir / RECIPE_FILE) if shipped_dir else None
     exact = [e for e in [*site, *filter(None, [shipped])] if version and e.version == version]
-    return max(exact or site, key=lambda e: e.measured_at, default=shipped)
+    chosen = max(exact or site, key=lambda e: e.measured_at, default=shipped)
+    if chosen is None or shipped is None or chosen is shipped or shipped.model is None:
+        return chosen
+    # The site's seconds, on its own node's scale: a unit it did not build is planned at the mean
+    # of those it did; the shipped nodes' speeds were measured against other seconds.
+    missing = dict.fromkeys(u for u in shipped.units if u not in chosen.units) if shipped.version == chosen.version else {}
+    return dataclasses.replace(chosen, units={**chosen.units, **missing},
+                               model=dataclasses.replace(shipped.model, node_speeds={}))
 
 
 @dataclass(frozen=True)
@@ -276,7 +377,7 @@ def measure(recipe: str, version: str, ninja_log: str, archs: Sequence[str], nvc
     return Learned(
         recipe, version, datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds"), socket.gethostname(),
         tuple(archs), max(n for _, n in unit_costs.running_counts(edges)), max(1, nvcc_threads),
-        units | {u: s for u, s in split.seconds.items() if u in units}, unit_costs.compile_seconds(edges),
+        {u: split.seconds.get(u, s) for u, s in units.items()}, unit_costs.compile_seconds(edges),
         largest_process_bytes, runs=unit_costs.ninja_runs(edges),
         part_limits={u: n for u, n in split.limits.items() if u in units and n > 1})
 
@@ -336,14 +437,25 @@ def learn_from_build(recipe: str, version: str, ninja_log: Path | None, archs: S
         return None
 
 
-def recipe_version(recipe_text: str) -> str | None:
-    """The version a recipe's costs are stored under: its context's or package's literal
-    version (None where it is a template the recipe's variables decide)."""
+def _literal(recipe_text: str, key: str) -> str | None:
+    """The recipe's context or package `key` where it is a literal (None where it is a template
+    the recipe's variables decide)."""
     with contextlib.suppress(YAMLError):
         d = YAML(typ="safe").load(recipe_text)
         if isinstance(d, dict):
             for section in ("context", "package"):
-                value = (d.get(section) or {}).get("version")
+                value = (d.get(section) or {}).get(key)
                 if value is not None and "${{" not in str(value):
                     return str(value)
     return None
+
+
+def recipe_version(recipe_text: str) -> str | None:
+    """The version a recipe's costs are stored under."""
+    return _literal(recipe_text, "version")
+
+
+def recipe_name(recipe_text: str) -> str | None:
+    """The package name a recipe's costs are stored under (not its folder's: a folder renamed
+    keeps what its builds taught the store)."""
+    return _literal(recipe_text, "name")

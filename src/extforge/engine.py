@@ -10,6 +10,7 @@ CLI's light commands (doctor, explain, plan) never need it.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import sys
@@ -138,11 +139,36 @@ def read_variant_files(files: Sequence[Path]) -> tuple[dict[str, list[Any]], lis
     return config.to_dict(), [list(g) for g in (config.zip_keys or [])]
 
 
-def render(recipe_file: Path, config: Any, target_platform: str | None = None) -> list[Any]:
-    """The recipe's rendered variants (rattler_build.RenderedVariant) under a VariantConfig."""
-    from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe
+def parse_recipe(recipe_file: Path, build_string: str | None = None) -> Any:
+    """The recipe as rattler-build reads it (a Stage0Recipe); with `build_string` for a recipe
+    that sets none (what a recipe inherits: build_layer.BUILD_STRING), still read from its own
+    folder (its build script, patches and relative sources resolve there)."""
+    from rattler_build import Stage0Recipe
+    from rattler_build.stage0 import SingleOutputRecipe
+    from rattler_build.stage0 import _stage0 as stage0  # the parser behind Stage0Recipe.from_file
+    from ruamel.yaml import YAML
 
     recipe = Stage0Recipe.from_file(recipe_file)
+    if build_string is None or not isinstance(recipe, SingleOutputRecipe) or recipe.build.string is not None:
+        return recipe
+    yaml = YAML()
+    yaml.width = 1 << 16  # one line per value, as written
+    data = yaml.load(recipe_file.read_text(encoding="utf-8"))
+    if data.get("build") is None:
+        data["build"] = {}
+    data["build"]["string"] = build_string
+    text = io.StringIO()
+    yaml.dump(data, text)
+    wrapper = stage0.Stage0Recipe.from_yaml(text.getvalue())
+    return SingleOutputRecipe(wrapper.as_single_output(), wrapper, Path(recipe_file).resolve())
+
+
+def render(recipe_file: Path, config: Any, target_platform: str | None = None, build_string: str | None = None) -> list[Any]:
+    """The recipe's rendered variants (rattler_build.RenderedVariant) under a VariantConfig
+    (`build_string`: parse_recipe's)."""
+    from rattler_build import PlatformConfig, RenderConfig
+
+    recipe = parse_recipe(recipe_file, build_string)
     if target_platform is None:
         return list(recipe.render(config))
     return list(recipe.render(config, RenderConfig(platform=PlatformConfig(target_platform=target_platform))))

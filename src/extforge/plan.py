@@ -1,6 +1,6 @@
 """Resource planner: MAX_JOBS and NVCC_THREADS that cannot run a build out of memory.
 
-nvcc on flash-attn's kernels peaks at ~4.3 GB per job; torch's default MAX_JOBS is the core
+nvcc on a template-heavy kernel peaks at ~4.3 GB per job; torch's default MAX_JOBS is the core
 count, which on a 16-core/64 GB node means an OOM kill halfway through a 20-minute build.
 The planner picks, among the settings whose predicted peak fits the memory limit (minus
 headroom for the final link and the OS), the fastest; ties go to the lower peak.
@@ -20,7 +20,8 @@ from .errors import ExtforgeError
 from .machine import GIB, Machine
 
 DEFAULT_ARCHS: tuple[str, ...] = ("80", "90")
-DEFAULT_PROFILE = "flash-attn"
+# The name to plan under for no recipe in particular (`extforge doctor`): the default profile.
+UNMEASURED = "an extension nobody measured"
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,8 @@ class BuildProfile:
     per_extra_thread_gib: float
     seconds_per_unit_arch: float
     link_seconds: float
-    calibration: tuple[float, int, int] | None = None  # (wall seconds, jobs, archs) of a measured build
-    # Each unit compiles for one arch of its own (FA3's `_sm80.cu` and `_sm90.cu` files): the unit
-    # count already holds every arch's units, so more archs add no work per unit and nvcc
-    # --threads has nothing to run in parallel.
+    # Each unit compiles for one arch of its own: the unit count already holds every arch's
+    # units, so more archs add no work per unit and nvcc --threads has nothing to run in parallel.
     one_arch_per_unit: bool = False
 
     def work_archs(self, archs: Sequence[str]) -> int:
@@ -94,39 +93,20 @@ class SlurmRequest:
         return [f"--cpus-per-task={self.cpus_per_task}", f"--mem={self.mem}", f"--time={self.time}"]
 
 
-def load_profiles() -> dict[str, BuildProfile]:
-    text = resources.files("extforge").joinpath("data/build-profiles.yaml").read_text()
-    data = YAML(typ="safe").load(text)
-    return {
-        name: BuildProfile(
-            name=name,
-            translation_units=int(d["translation_units"]),
-            per_job_peak_gib=float(d["per_job_peak_gib"]),
-            per_extra_thread_gib=float(d["per_extra_thread_gib"]),
-            seconds_per_unit_arch=float(d["seconds_per_unit_arch"]),
-            link_seconds=float(d["link_seconds"]),
-            calibration=(float(d["calibration"]["wall_seconds"]), int(d["calibration"]["jobs"]),
-                         int(d["calibration"]["archs"])) if d.get("calibration") else None,
-            one_arch_per_unit=bool(d.get("one_arch_per_unit", False)),
-        )
-        for name, d in data.items()
-    }
+def default_profile(name: str) -> BuildProfile:
+    """What a recipe nobody measured is planned from (data/build-profiles.yaml), under its name."""
+    d = YAML(typ="safe").load(resources.files("extforge").joinpath("data/build-profiles.yaml").read_text())["default"]
+    return BuildProfile(name, int(d["translation_units"]), float(d["per_job_peak_gib"]), float(d["per_extra_thread_gib"]),
+                        float(d["seconds_per_unit_arch"]), float(d["link_seconds"]))
 
 
 def unit_seconds(profile: BuildProfile, costs: unit_costs.UnitCosts, n_archs: int, threads: int) -> dict[str, float]:
-    """Each unit's compile seconds for `n_archs` archs on `threads` nvcc threads. Unmeasured
-    costs are scaled so that upstream's order reproduces the profile's calibration build."""
+    """Each unit's compile seconds for `n_archs` archs on `threads` nvcc threads (units nobody
+    measured at the profile's seconds per unit and arch)."""
     per_unit = costs.seconds()
-    if costs.any_measured:
-        data_archs = max(1, len(costs.archs))
-    elif profile.calibration:
-        wall, jobs, data_archs = profile.calibration
-        span = unit_costs.list_schedule(list(per_unit.items()), jobs, costs.concurrency).makespan
-        per_unit = {u: s * (wall - profile.link_seconds) / span for u, s in per_unit.items()}
-    else:
-        data_archs = 1
-        scale = profile.translation_units * profile.seconds_per_unit_arch / sum(per_unit.values())
-        per_unit = {u: s * scale for u, s in per_unit.items()}
+    data_archs = max(1, len(costs.archs))
+    if not costs.any_measured:
+        per_unit, data_archs = {u: s * profile.seconds_per_unit_arch for u, s in per_unit.items()}, 1
     busy = min(threads, n_archs)
     return {u: s * n_archs / data_archs / busy for u, s in per_unit.items()}
 
@@ -150,12 +130,6 @@ def wall_seconds(profile: BuildProfile, jobs: int, threads: int, n_archs: int, c
     return max(cpu_seconds / parallel, critical) + profile.link_seconds
 
 
-# A recipe nobody measured is planned per unit like flash-attn's, the heaviest extension measured
-# so far (4.4 GiB per nvcc job, 3.4 more per extra thread, 220 s per unit and arch on a node): a
-# lighter one then runs fewer jobs than it could, never more than memory holds.
-DEFAULT_LIKE = "flash-attn"
-
-
 @dataclass(frozen=True)
 class Numbers:
     """What a build is planned from, and where they come from (said by `extforge plan`)."""
@@ -167,47 +141,51 @@ class Numbers:
 
 
 def numbers_for(profile: str, version: str | None = None, units: int | None = None) -> Numbers:
-    """The numbers for a build of `profile` (a recipe's name) at `version`: a profile shipped in
-    data/ wins; else what the site's cost store learned from an earlier build of the recipe;
-    else the default estimate, over `units` translation units where known."""
-    profiles = load_profiles()
-    if profile in profiles:
-        return Numbers(profiles[profile], unit_costs.load(profile), "shipped with extforge (data/build-profiles.yaml)")
-    like = profiles[DEFAULT_LIKE]
+    """The numbers for a build of `profile` (a recipe's package name) at `version`: what the
+    site's cost store learned from an earlier build of the recipe, else what the recipe folder
+    ships (cost_store.recipe_costs), else the default estimate, over `units` translation units
+    where known."""
+    default = default_profile(profile)
     learned = cost_store.load(profile, version)
-    if learned:
-        return learned_numbers(profile, learned, version)
-    p = replace(like, name=profile, translation_units=units or 0, calibration=None)
-    return Numbers(p, None, f"default estimate (no measured costs for {profile}: per job as {DEFAULT_LIKE}'s "
-                            f"measured units, {cost_store.root()} has none yet)", units_known=bool(units))
+    if learned is None:
+        p = replace(default, translation_units=units or 0)
+        return Numbers(p, None, f"default estimate (no measured costs for {profile}: per job as the default profile's "
+                                f"measured units, data/build-profiles.yaml; {cost_store.root()} has none yet)",
+                       units_known=bool(units))
+    return learned_numbers(profile, learned, version)
 
 
 def learned_numbers(profile: str, learned: cost_store.Learned, version: str | None = None) -> Numbers:
-    """The numbers for a build of `profile` from what a measured build of it taught the cost store."""
-    like = load_profiles()[DEFAULT_LIKE]
+    """The numbers for a build of `profile` from a measured build of it (the cost store's, or its
+    recipe folder's entry, with what that says of the units)."""
+    default = default_profile(profile)
+    model = learned.model or cost_store.RecipeModel()
     peak = learned.largest_process_bytes
-    per_job = peak * cost_store.LEARNED_PEAK_MARGIN / GIB if peak else like.per_job_peak_gib
-    costs = learned.costs()
-    busy_seconds = sum(s for s in costs.units.values() if s is not None)
     # Each extra nvcc thread compiles another arch beside the first: one more largest process.
-    # The ninja log holds the compiles only; setuptools links after it.
-    p = BuildProfile(profile, len(costs.units), per_job, per_job,
-                     busy_seconds / len(costs.units) / max(1, len(learned.archs)), 0.0)
+    per_job = model.per_job_peak_gib or (peak * cost_store.LEARNED_PEAK_MARGIN / GIB if peak else default.per_job_peak_gib)
+    costs = learned.costs()
+    busy_seconds = sum(s for s in costs.seconds().values())
+    # The ninja log holds the compiles only; setuptools links after it (a recipe's data may say how long).
+    p = BuildProfile(profile, len(costs.units), per_job,
+                     per_job if model.per_extra_thread_gib is None else model.per_extra_thread_gib,
+                     model.seconds_per_unit_arch or busy_seconds / len(costs.units) / max(1, len(learned.archs)),
+                     model.link_seconds, model.one_arch_per_unit)
     version_note = "" if learned.version == version or version is None else f", of version {learned.version}"
-    peak_note = (f"largest compiler process {peak / GIB:.1f} GiB" if peak else
-                 f"no process peak measured, {like.per_job_peak_gib:.1f} GiB per job as {DEFAULT_LIKE}")
+    peak_note = (f"a job peaks at {model.per_job_peak_gib:.1f} GiB (the recipe's data)"
+                 if model.per_job_peak_gib else f"largest compiler process {peak / GIB:.1f} GiB" if peak else
+                 f"no process peak measured, {default.per_job_peak_gib:.1f} GiB per job as the default profile")
     return Numbers(p, costs, f"{learned.describe()}{version_note}; {peak_note}")
 
 
-def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
-               head_dims: tuple[int, ...] = (), node_speed: float = 1.0, version: str | None = None,
-               units: int | None = None, variant: Mapping[str, object] | None = None) -> BuildPlan:
+def plan_build(machine: Machine, profile: str, archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS,
+               node_speed: float = 1.0, version: str | None = None, units: int | None = None,
+               variant: Mapping[str, object] | None = None) -> BuildPlan:
     """`node_speed`: this node's compile seconds per second of the data's (0.7: its CPU compiles
     a unit in 0.7 of the time). Nodes of one kind differ (up to 1.5x between two 16-core H100
     nodes on the same unit), so a site that has one build's ninja log from a node type passes its speed
     (`extforge plan --node-speed-from LOG` reads it) to predict that node type within a few percent.
-    `version`, `units`: the recipe's version and translation units, for a profile extforge does
-    not ship (numbers_for). `variant`: the variant's values, for a recipe whose cost data says
+    `version`, `units`: the recipe's version and its translation units where nothing is
+    measured (numbers_for). `variant`: the variant's values, for a recipe whose cost data says
     which units a subset key leaves out (unit_costs.in_variant)."""
     if node_speed <= 0:
         raise ValueError("node_speed must be positive")
@@ -247,8 +225,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
     parts: dict[str, int] = {}
     slots = jobs
     if costs:
-        in_build = unit_costs.in_variant(unit_costs.with_head_dims(unit_seconds(p, costs, n_archs, threads), head_dims),
-                                         costs.subsets, variant or {})
+        in_build = unit_costs.in_variant(unit_seconds(p, costs, n_archs, threads), costs.subsets, variant or {})
         per_unit = {u: s * node_speed for u, s in in_build.items()}
         # What a plain build does: no unit split, the units in setuptools' order (it sorts an
         # extension's sources before torch writes build.ninja; unit_costs.in_runs), and one ninja
@@ -283,7 +260,7 @@ def plan_build(machine: Machine, profile: str = DEFAULT_PROFILE, archs: tuple[st
         f" x {n_archs} arch(s) per unit x ~{p.seconds_per_unit_arch:.0f} s"
         if not costs else
         f"{len(per_unit)} translation units, per-unit costs "
-        f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'estimated (heuristic, calibrated on the measured build)'}, "
+        f"{'measured (' + str(costs.measured) + ')' if costs.any_measured else 'none measured'}, "
         f"started longest first over {jobs} job slots (upstream's order: ~{upstream_wall:.0f} s)",
     ]
     if costs and costs.concurrency and costs.concurrency.per_compile:
@@ -447,19 +424,19 @@ class BuildProgress:
         return f"compiling: {', '.join(parts)}{speed}"
 
 
-def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_dims: tuple[int, ...],
-                   ninja_log: str, log_age_seconds: float, variant: Mapping[str, object] | None = None,
+def build_progress(machine: Machine, profile: str, archs: Sequence[str], ninja_log: str, log_age_seconds: float,
+                   variant: Mapping[str, object] | None = None,
                    version: str | None = None, units: int | None = None,
                    run_units: tuple[int, int] | None = None, new_run: bool = False) -> BuildProgress:
-    """Where a build planned by `plan_build(machine, profile, archs, head_dims, version=version,
-    units=units, variant=variant)` stands, from its ninja log so far, written `log_age_seconds`
+    """Where a build planned by `plan_build(machine, profile, archs, version=version, units=units,
+    variant=variant)` stands, from its ninja log so far, written `log_age_seconds`
     ago (ninja appends a line as each unit ends; several runs share one log, each on its own
     clock). The time left is the plan's less the time spent until MIN_UNITS_FOR_SPEED units are
     done; then, with per-unit costs, the plan's schedule again at the speed measured on them,
     which predicted whole builds within 4% on 16 and 32 cores (docs/benchmarks.md); without,
     the rest of the units at the pace of those done. `run_units`: ninja's last `[k/N]` line;
     `new_run`: a ninja run started after the last unit the log shows (torch rewrote build.ninja)."""
-    base = plan_build(machine, profile, tuple(archs), head_dims, version=version, units=units, variant=variant)
+    base = plan_build(machine, profile, tuple(archs), version=version, units=units, variant=variant)
     numbers = numbers_for(profile, version, units)
     costs = numbers.costs
     edges = unit_costs.parse_ninja_log(ninja_log)
@@ -485,7 +462,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], head_di
                              version=version)
     if not speed:
         return planned
-    expected = plan_build(machine, profile, tuple(archs), head_dims, node_speed=speed, version=version, units=units,
+    expected = plan_build(machine, profile, tuple(archs), node_speed=speed, version=version, units=units,
                           variant=variant).expected_wall_seconds
     return replace(progress, node_speed=speed, remaining_seconds=max(0, int(round(expected - elapsed))))
 

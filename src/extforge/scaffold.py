@@ -783,8 +783,6 @@ class Scaffold:
             "",
             "build:",
             "  number: 0",
-            "  string: cuda${{ cuda_compiler_version | version_to_buildstring }}_torch${{ pytorch | version_to_buildstring }}"
-            "_py${{ python | version_to_buildstring }}_${{ cxx_abi | default(\"cxx11\") }}_h${{ hash }}_${{ build_number }}",
             "  script:",
             "    env:",
             "      TORCH_CUDA_ARCH_LIST: ${{ cuda_archs }}",
@@ -805,7 +803,6 @@ class Scaffold:
             *(f"    - {r}" for r in self.host_extra),
             "  run:",
             "    - python",
-            "    - ${{ pin_compatible('pytorch', exact=True) }}",
             "    - ${{ pin_compatible('cuda-version', lower_bound='x.x', upper_bound='x') }}",
             *(f"    - {r}" for r in self.run),
             "",
@@ -819,7 +816,11 @@ class Scaffold:
         ]
         return "\n".join(lines) + "\n"
 
-    def variants_yaml(self) -> str:
+    def variants_yaml(self) -> str | None:
+        """The recipe's own variants.yaml: the GPU archs asked for; None where none were (the
+        build layer's variants.yaml gives them, as it gives the build string)."""
+        if not self.archs:
+            return None
         return ("# The GPU archs to compile for (TORCH_CUDA_ARCH_LIST); the channel's variants.yaml gives python,\n"
                 "# pytorch, the CUDA toolkit and the compilers.\n"
                 f"cuda_archs:\n  - {json.dumps(';'.join(self.archs))}\n")
@@ -852,7 +853,7 @@ def _specs(requirements: Iterable[str], skip: set[str], what: str, undecided: li
 def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
     setup = facts.setup
     undecided = [*facts.undecided, *(setup.undecided if setup else ["the sdist has no setup.py: extension modules not read"])]
-    # torch comes from the channel's variants (host) and is pinned exactly at run time.
+    # torch comes from the channel's variants (host) and is pinned exactly at run time (its run_exports).
     torch = sorted({r for r in [*facts.requires, *facts.build_requires] if _requirement_name(r) == "torch"
                     and Requirement(r).specifier})
     if torch:

@@ -1,17 +1,17 @@
 """Per-translation-unit compile costs: read from ninja's `.ninja_log`, kept as data, and used
 to start the longest units first and to predict a build's wall time.
 
-A flash-attn build is 73 independent compiles whose costs differ ~3x (a split-kv forward kernel
-against a causal forward one). ninja starts ready edges in the order of build.ninja, which
-torch's BuildExtension writes in the order of the sources setuptools hands it, sorted by name:
-the split-kv units (flash_fwd_split_*) come last and run alone on an otherwise idle node.
-Started longest first (LPT; recipe/flash-attn/select_sources.py keeps that order through
-setuptools' sort), the tail is short and the wall time is close to sum/jobs.
+A recipe of many independent compiles whose costs differ (flash-attn: 73 units, ~3x apart)
+finishes late when its longest units start last: ninja starts ready edges in the order of
+build.ninja, which torch's BuildExtension writes in the order of the sources setuptools hands it,
+sorted by name. Started longest first (LPT; a recipe-side step keeps that order through
+setuptools' sort, given EXTFORGE_UNIT_ORDER), the tail is short and the wall time is close to
+sum/jobs.
 
-The data (`data/unit-costs.yaml`) lists each profile's units; a unit's seconds are measured on a
-node (written by bench/build_side_by_side.py, calibration/unit_costs_fit.py) or null, in which case a
-heuristic weight stands in for it, scaled so the profile's total matches its measured build
-(build-profiles.yaml).
+The data is a recipe's: what a site's builds taught the cost store (extforge.cost_store), or
+what the recipe folder ships (its build-costs.json, the same format plus what its author knows
+of its units: which units a subset variant builds, which it can split). A unit whose seconds
+are not measured (null) is planned at the mean of the measured ones.
 
 A unit compiles slower the more compile beside it (memory bandwidth, last-level cache, SMT
 siblings): one flash-attn unit took 1.35x as long with 32 copies at once as with 16 on one node.
@@ -34,16 +34,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import PurePosixPath
-
-from ruamel.yaml import YAML
 
 from .errors import ExtforgeError
 
-# flash_{fwd,bwd,fwd_split}_hdim{D}_{fp16,bf16}[_causal]_sm80
-_FLASH_UNIT = re.compile(r"^flash_(?P<kind>fwd_split|fwd|bwd)_hdim(?P<hdim>\d+)_(?P<dtype>fp16|bf16)(?P<causal>_causal)?_sm\d+$")
-# The second translation unit of a unit split in two (recipe/flash-attn/shard_units.py).
+# The second translation unit of a unit split in two (the recipe-side step that splits units
+# names it so; recipe/flash-attn/shard_units.py).
 SHARD_SUFFIX = "_shard1"
 # A part of a unit compiled as parallel parts (split_in_parts), in the planner's schedule.
 PART_SUFFIX = "#part"
@@ -51,15 +47,6 @@ PART_SUFFIX = "#part"
 # backward unit for sm_90 on 2 cores: its two halves 285.6 s and 330.9 s at once (1.0 and 1.1 GiB),
 # whole 697.6 s (2.0 GiB; a compression ran beside it for ~2 of its ~11 minutes).
 PART_REPEAT = 0.05
-# Relative compile cost by kind, masking and head dim, for units the data does not name (another
-# flash-attn version): the means of flash-attn 2.8.3's 73 units for sm_90 on a 32-core H100 node
-# (2026-11-25). The split-kv forward units are the longest (their kernels are instantiated for
-# every combination of the split and append-KV switches), causal masking prunes instantiations,
-# and the head dim is no ordering (128 and 256 cost most, 32 and 192 least).
-_KIND_WEIGHT = {"fwd_split": 1.81, "bwd": 1.27, "fwd": 1.0}
-_CAUSAL_WEIGHT = {"fwd_split": 0.60, "bwd": 0.65, "fwd": 0.74}
-_HDIM_WEIGHT = {32: 0.83, 64: 1.07, 96: 0.97, 128: 1.10, 192: 0.85, 256: 1.18}
-_OTHER_WEIGHT = 0.17  # flash_api.cpp and other host-only units
 
 
 @dataclass(frozen=True)
@@ -82,25 +69,37 @@ class NinjaEdge:
 
 
 @dataclass(frozen=True)
-class ShardModel:
-    """What splitting a unit in two translation units costs, per kind of unit: each half repeats
-    `repeated[kind]` of the unit's seconds (headers, the front end, the kernels both sides
-    share), and the second half takes `twin_share[kind]` of the rest (the dropout kernels of a
-    forward or backward unit, the several-splits kernels of a split-kv one)."""
+class ShardKind:
+    """A kind of unit the recipe can split in two translation units (its names start with
+    `prefix`): each half repeats `repeated` of the unit's seconds (headers, the front end, the
+    code both sides share), and the second half takes `twin_share` of the rest."""
 
-    repeated: dict[str, float]
-    twin_share: dict[str, float]
+    prefix: str
+    repeated: float
+    twin_share: float
+
+
+@dataclass(frozen=True)
+class ShardModel:
+    """What splitting a unit in two translation units costs, per kind of unit (the recipe's data:
+    flash-attn's forward units split on their dropout switch, its split-kv ones on theirs)."""
+
+    kinds: dict[str, ShardKind]
     measured: str = ""
+
+    def kind(self, unit: str) -> ShardKind | None:
+        """The kind of `unit` (the longest prefix that names it); None: it cannot be split."""
+        if unit.endswith(SHARD_SUFFIX):
+            return None
+        return max((k for k in self.kinds.values() if unit.startswith(k.prefix)), key=lambda k: len(k.prefix), default=None)
 
     def halves(self, unit: str, seconds: float) -> tuple[float, float] | None:
         """(the unit's, its twin's) seconds once split; None if this unit cannot be split."""
-        m = _FLASH_UNIT.match(unit)
-        if not m or m["kind"] not in self.twin_share or m["kind"] not in self.repeated:
+        kind = self.kind(unit)
+        if kind is None:
             return None
-        repeated = self.repeated[m["kind"]]
-        fixed, rest = seconds * repeated, seconds * (1 - repeated)
-        share = self.twin_share[m["kind"]]
-        return fixed + rest * (1 - share), fixed + rest * share
+        fixed, rest = seconds * kind.repeated, seconds * (1 - kind.repeated)
+        return fixed + rest * (1 - kind.twin_share), fixed + rest * kind.twin_share
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,8 @@ class Concurrency:
 
 @dataclass(frozen=True)
 class UnitCosts:
-    """One profile's units and their measured seconds (None: not measured, use the heuristic)."""
+    """One recipe's units and their measured seconds (None: not measured), with what its data
+    says of them."""
 
     profile: str
     units: dict[str, float | None]
@@ -134,9 +134,8 @@ class UnitCosts:
     # The units of each ninja run, where the build ran several one after another (setuptools: one
     # per extension); () when every unit can run beside every other.
     runs: tuple[tuple[str, ...], ...] = ()
-    # A learned recipe's units the build layer may compile as parallel parts (split_in_parts): the
-    # parts each can have, as a build counted them. None: the profile's units are not split so
-    # (flash-attn has its own split in two, `shards`).
+    # The units the build layer may compile as parallel parts (split_in_parts): the parts each
+    # can have, as a build counted them. None: the units are not split so.
     part_limits: dict[str, int] | None = None
 
     @property
@@ -144,25 +143,11 @@ class UnitCosts:
         return any(s is not None for s in self.units.values())
 
     def seconds(self) -> dict[str, float]:
-        """Every unit's cost: measured where known; else the measured twins of the same kind,
-        dtype and masking at other head dims, scaled by head dim; else heuristic weights scaled
-        to the measured units (with none measured, the bare weights, for the caller to calibrate)."""
-        weights = {u: heuristic_weight(u) for u in self.units}
-        known = {u: s for u, s in self.units.items() if s is not None}
-        scale = sum(known.values()) / sum(weights[u] for u in known) if known else 1.0
-        twins: dict[str, list[tuple[int, float]]] = {}
-        for u, sec in known.items():
-            if (hd := head_dim(u)) is not None:
-                twins.setdefault(_twin_key(u), []).append((hd, sec))
-
-        def estimate(u: str) -> float:
-            hd = head_dim(u)
-            measured = twins.get(_twin_key(u)) if hd is not None else None
-            if hd is None or not measured:
-                return weights[u] * scale
-            return sum(sec * _hdim_weight(hd) / _hdim_weight(d) for d, sec in measured) / len(measured)
-
-        return {u: known[u] if u in known else estimate(u) for u in self.units}
+        """Every unit's cost: measured where known, else the mean of the measured units (with
+        none measured, 1.0 each, for the caller to scale)."""
+        known = [s for s in self.units.values() if s is not None]
+        mean = sum(known) / len(known) if known else 1.0
+        return {u: mean if s is None else s for u, s in self.units.items()}
 
 
 def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | None,
@@ -246,13 +231,12 @@ def split_in_parts(per_unit: Mapping[str, float], jobs: int, cores: int, runs: S
 
 def joined(per_unit: Mapping[str, float], model: ShardModel | None) -> dict[str, float]:
     """Measured seconds of a build that split units, as the unsplit units would have cost: a
-    unit and its twin together repeat `model.repeated` of it once more."""
+    unit and its twin together repeat `model`'s share of it once more."""
     out = {u: s for u, s in per_unit.items() if not u.endswith(SHARD_SUFFIX)}
     for u, s in per_unit.items():
         if u.endswith(SHARD_SUFFIX) and (main := u[: -len(SHARD_SUFFIX)]) in out:
-            m = _FLASH_UNIT.match(main)
-            repeated = model.repeated.get(m["kind"], 0.0) if model and m else 0.0
-            out[main] = (out[main] + s) / (1 + repeated)
+            kind = model.kind(main) if model else None
+            out[main] = (out[main] + s) / (1 + (kind.repeated if kind else 0.0))
     return out
 
 
@@ -263,28 +247,6 @@ def unit_name(path: str) -> str:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name
-
-
-def heuristic_weight(unit: str) -> float:
-    m = _FLASH_UNIT.match(unit)
-    if not m:
-        return _OTHER_WEIGHT
-    weight = _KIND_WEIGHT[m["kind"]] * _hdim_weight(int(m["hdim"]))
-    return weight * (_CAUSAL_WEIGHT[m["kind"]] if m["causal"] else 1.0)
-
-
-def _hdim_weight(hdim: int) -> float:
-    return _HDIM_WEIGHT.get(hdim, 1.0)
-
-
-def _twin_key(unit: str) -> str:
-    """The unit's name without its head dim: units that differ only in head dim are twins."""
-    return re.sub(r"_hdim\d+_", "_hdim*_", unit)
-
-
-def head_dim(unit: str) -> int | None:
-    m = _FLASH_UNIT.match(unit)
-    return int(m["hdim"]) if m else None
 
 
 def parse_ninja_log(text: str) -> list[NinjaEdge]:
@@ -535,28 +497,6 @@ def fit_concurrency(runs: Sequence[tuple[Sequence[NinjaEdge], Sequence[tuple[flo
     return Concurrency(reference, round((lo + hi) / 2, 4), measured)
 
 
-def _data() -> dict:
-    text = resources.files("extforge").joinpath("data/unit-costs.yaml").read_text()
-    return YAML(typ="safe").load(text) or {}
-
-
-def load(profile: str) -> UnitCosts | None:
-    d = _data().get(profile)
-    if not d:
-        return None
-    units = {str(k): (None if v is None else float(v)) for k, v in (d.get("units") or {}).items()}
-    sh = d.get("shards")
-    shards = ShardModel({str(k): float(v) for k, v in sh["repeated"].items()},
-                        {str(k): float(v) for k, v in sh["twin_share"].items()}, str(sh.get("measured", ""))) if sh else None
-    cc = d.get("concurrency")
-    concurrency = Concurrency(int(cc["reference"]), float(cc["per_compile"]), str(cc.get("measured", ""))) if cc else None
-    speeds = {str(k): float(v) for k, v in (d.get("node_speeds") or {}).items()}
-    subsets = {str(key): {str(v): tuple(str(t) for t in (parts if isinstance(parts, list) else [parts]))
-                          for v, parts in values.items()} for key, values in (d.get("subsets") or {}).items()}
-    return UnitCosts(profile, units, tuple(str(a) for a in d.get("archs") or ()), d.get("measured"), shards, concurrency,
-                     speeds, subsets)
-
-
 def _chosen(value: object) -> set[str] | None:
     """The values a variant key names ("bf16;fp8", a matrix's list of them); None: every value."""
     out: set[str] = set()
@@ -575,17 +515,3 @@ def in_variant(per_unit: Mapping[str, float], subsets: Mapping[str, Mapping[str,
     drop = [part for key, values in subsets.items() if key in variant and (chosen := _chosen(variant[key])) is not None
             for value, parts in values.items() if value not in chosen for part in parts]
     return {u: s for u, s in per_unit.items() if not any(part in u for part in drop)}
-
-
-def with_head_dims(per_unit: Mapping[str, float], head_dims: Iterable[int] | None) -> dict[str, float]:
-    """Only the units a head-dim subset build compiles (units without a head dim stay)."""
-    keep = set(head_dims or ())
-    return {u: s for u, s in per_unit.items() if not keep or head_dim(u) is None or head_dim(u) in keep}
-
-
-def to_yaml_entry(profile: str, seconds: Mapping[str, float], archs: Sequence[str], measured: str,
-                  extra: Mapping[str, object] | None = None) -> dict:
-    """The data-file entry for measured units (what bench/build_side_by_side.py emits), in the
-    order given: the build's own source order, so the planner can compare it with LPT."""
-    return {profile: {"measured": measured, "archs": list(archs), **(extra or {}),
-                      "units": {u: round(s, 1) for u, s in seconds.items()}}}

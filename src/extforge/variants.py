@@ -22,12 +22,12 @@ import itertools
 import json
 import re
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import engine
+from . import build_layer, engine
 from .channel_ref import local_folder
 from .cuda_rule import fitting_toolkits, missing_toolkit, takes, version_key
 from .errors import ExtforgeError
@@ -54,14 +54,21 @@ def channel_files(channels: Sequence[str]) -> list[Path]:
     return [f / CHANNEL_VARIANTS for f in folders if f is not None and (f / CHANNEL_VARIANTS).is_file()]
 
 
+def inherited_files(recipe: Path) -> list[Path]:
+    """The variant files a recipe reads before its own: the build layer's, for a recipe that lists it."""
+    return [build_layer.variants_file()] if build_layer.uses_layer(recipe.read_text()) else []
+
+
 def recipe_files(recipe: Path, given: Sequence[Path]) -> list[Path]:
+    """The variant files of a build, lowest precedence first: those the recipe inherits, then
+    the given ones, else the recipe's own variants.yaml."""
     for f in given:
         if not Path(f).is_file():
             raise ExtforgeError(f"variant config {f} does not exist", "", "check the --variant-config path")
     if given:
-        return [Path(f) for f in given]
+        return [*inherited_files(recipe), *map(Path, given)]
     own = recipe.parent / "variants.yaml"
-    return [own] if own.is_file() else []
+    return [*inherited_files(recipe), *([own] if own.is_file() else [])]
 
 
 def narrow(
@@ -236,10 +243,10 @@ def resolve(
 ) -> Matrix:
     files = recipe_files(recipe, given)
     values, zips = engine.read_variant_files(files)
-    source = " ".join(f"-m {f}" for f in files) if given else (str(files[0]) if files else "the recipe")
+    source = " ".join(f"-m {f}" for f in given) if given else (str(files[-1]) if files else "the recipe")
     # Arch lists reach the build in the form its variant files write them, whatever a flag said.
     values = normal_archs(values, source)
-    overrides = normal_archs(overrides, "--variant", like=values)
+    overrides = normal_archs(overrides, "--variant")
     found = channel_files(channels)
     channel_values, channel_zips = engine.read_variant_files(found)
     folder = found[0].parent if found else None
@@ -287,7 +294,8 @@ def render(recipe_file: Path, matrix: Matrix) -> list[Any]:
     """rattler-build's rendered variants of the recipe over `matrix`; a Jinja name no variant file
     defines is named with the file that would define it (this runs before anything is solved)."""
     try:
-        return engine.render(recipe_file, matrix.config())
+        inherits = build_layer.uses_layer(recipe_file.read_text())
+        return engine.render(recipe_file, matrix.config(), build_string=build_layer.BUILD_STRING if inherits else None)
     except BaseException as exc:  # rattler-build's own exception types for every parse step, or a panic
         if not engine.engine_failure(exc):
             raise
@@ -324,12 +332,14 @@ def recipe_yaml_error(exc: BaseException, recipe_file: Path) -> ExtforgeError | 
 def undefined_variable(template: str, recipe_file: Path, matrix: Matrix) -> ExtforgeError:
     key = next(iter(undefined_keys(template, matrix.values)), template)
     own = engine.read_variant_files([matrix.replaced])[0] if matrix.replaced else {}
-    given = ", ".join(map(str, matrix.files)) or "none"
+    # The build layer's file is read whatever is given: the fix names the files given alone.
+    files = [f for f in matrix.files if f not in inherited_files(recipe_file)]
+    given = ", ".join(map(str, files)) or "none"
     if key in own:
         why = (f"{matrix.replaced} defines {key}, but -m FILE replaces the recipe's own variants.yaml "
                f"(rattler-build's rule), and {given} does not define it")
         fix = (f"add `{key}: {json.dumps([str(v) for v in own[key]])}` to {given}, or pass the recipe's file first "
-               f"so both are read (later files win): -m {matrix.replaced} " + " ".join(f"-m {f}" for f in matrix.files))
+               f"so both are read (later files win): -m {matrix.replaced} " + " ".join(f"-m {f}" for f in files))
     else:
         why = f"no variant file read defines it (read: {given}; and the channel's {CHANNEL_VARIANTS})"
         fix = f"define it in a variant file (-m FILE) or on the command line: --variant {key}=VALUE"
@@ -352,73 +362,33 @@ def parse_variant_overrides(items: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def head_dims(values: Mapping[str, object]) -> tuple[int, ...]:
-    """Head dims a head-dim subset variant builds (flash_attn_head_dims="64;128"), () for every
-    head dim. A matrix of several subsets is planned as their union; one "all" means all."""
-    found: set[int] = set()
-    for item in _items_of_keys(values, "head_dims"):
-        if item.strip() in ("", "all"):
-            return ()
-        found.update(int(d) for d in re.findall(r"\d+", item))
-    return tuple(sorted(found))
+ARCH_KEY = "cuda_archs"  # the variant key of a build's GPU archs (TORCH_CUDA_ARCH_LIST's spelling)
 
 
 def archs(values: Mapping[str, object]) -> list[str]:
-    """GPU archs named by a variant, from any key about archs (cuda_archs="8.0;9.0",
-    flash_attn_cuda_archs="80;90"), as ["80", "90"]; values may be one value or a list."""
+    """GPU archs a variant names (cuda_archs="8.0;9.0", one value or a list of them), as ["80", "90"]."""
     found: dict[str, None] = {}
-    for key in _arch_keys(values):
-        value = values[key]
-        for item in value if isinstance(value, list) else [value]:
-            found |= dict.fromkeys(a.code for a in _arch_list(key, str(item), "the variant"))
+    value = values.get(ARCH_KEY)
+    for item in value if isinstance(value, list) else [] if value is None else [value]:
+        found |= dict.fromkeys(a.code for a in _arch_list(str(item), "the variant"))
     return list(found)
 
 
-def _arch_keys(values: Mapping[str, object]) -> list[str]:
-    """The variant keys that hold GPU arch lists: every key whose name says arch."""
-    return [k for k in values if "arch" in k.lower()]
-
-
-def _arch_list(key: str, value: str, source: str) -> tuple[Arch, ...]:
+def _arch_list(value: str, source: str) -> tuple[Arch, ...]:
     try:
         return parse_arch_list(value)
     except ValueError as exc:
         raise ExtforgeError(
-            f"{source} {key}={value!r} is not a list of GPU archs", str(exc),
-            f"write {key} like 9.0 or 8.0;9.0 (one variant's archs separated by ';'; a comma in --variant starts "
+            f"{source} {ARCH_KEY}={value!r} is not a list of GPU archs", str(exc),
+            f"write {ARCH_KEY} like 9.0 or 8.0;9.0 (one variant's archs separated by ';'; a comma in --variant starts "
             "another variant)") from exc
 
 
-# A key whose variant files write every value as numbers (flash-attn's FLASH_ATTN_CUDA_ARCHS="80;90").
-_NUMBERS = re.compile(r"\d+[af]?(?:[;\s,]+\d+[af]?)*")
-
-
-def normal_archs(values: Mapping[str, list], source: str, like: Mapping[str, list] | None = None) -> dict[str, list]:
-    """`values` with every arch list (cuda_archs, flash_attn_cuda_archs) in one spelling: numbers
-    ("80;90") for a key whose values in `like` (default: `values` itself) are all numbers, else
-    TORCH_CUDA_ARCH_LIST's ("8.0;9.0"), which the build layer reads. Whatever spelling a flag or a
-    file used (sm_90, 90, 9.0), the build gets that form, and a value that names no arch is
-    refused here, before anything is solved or compiled."""
-    like = values if like is None else like
+def normal_archs(values: Mapping[str, list], source: str) -> dict[str, list]:
+    """`values` with cuda_archs in TORCH_CUDA_ARCH_LIST's spelling ("8.0;9.0a"), which the build
+    layer reads: whatever spelling a flag or a file used (sm_90, 90, 9.0), the build gets that
+    form, and a value that names no arch is refused here, before anything is solved or compiled."""
     out = dict(values)
-    for key in _arch_keys(values):
-        numbers = bool(like.get(key)) and all(_NUMBERS.fullmatch(str(v).strip()) for v in like[key])
-        out[key] = [_arch_value(key, str(v), source, numbers) for v in values[key]]
+    if ARCH_KEY in values:
+        out[ARCH_KEY] = [";".join(torch_arch_list(_arch_list(str(v), source))) for v in values[ARCH_KEY]]
     return out
-
-
-def _arch_value(key: str, value: str, source: str, numbers: bool) -> str:
-    archs = _arch_list(key, value, source)
-    if not numbers:
-        return ";".join(torch_arch_list(archs))
-    if any(a.ptx for a in archs):
-        raise ExtforgeError(f"{source} {key}={value!r} asks for PTX", f"{key} is written as numbers (80;90), "
-                            "which name SASS only", f"write {key} without compute_XX or +PTX")
-    return ";".join(dict.fromkeys(a.code for a in archs))
-
-
-def _items_of_keys(values: Mapping[str, object], word: str) -> Iterator[str]:
-    """Each value (one, or each of a list) of the keys whose name contains `word`."""
-    for key, value in values.items():
-        if word in key.lower():
-            yield from (str(item) for item in (value if isinstance(value, list) else [value]))

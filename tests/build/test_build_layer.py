@@ -32,11 +32,11 @@ needs_nvcc = pytest.mark.skipif(not Path(NVCC).exists(), reason="no nvcc on this
 KERNEL = "__global__ void twice(float *x) { x[threadIdx.x] *= 2.0f; }\n"
 
 
-def wrapper_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    gencodes, names, _ = subprocess.run([sys.executable, str(LAYER / "archs.py"), "9.0"], capture_output=True,
+def wrapper_env(tmp_path: Path, archs: str = "9.0", **extra: str) -> dict[str, str]:
+    gencodes, names, _ = subprocess.run([sys.executable, str(LAYER / "archs.py"), archs], capture_output=True,
                                         text=True, check=True).stdout.split()
     return {**os.environ, "EXTFORGE_LAYER_SHARE": str(LAYER), "EXTFORGE_REAL_NVCC": NVCC, "EXTFORGE_REWRITES_LOG": str(tmp_path / "rewrites.log"),
-            "EXTFORGE_GENCODE_LIST": gencodes, "EXTFORGE_ARCH_NAMES": names, "TORCH_CUDA_ARCH_LIST": "9.0",
+            "EXTFORGE_GENCODE_LIST": gencodes, "EXTFORGE_ARCH_NAMES": names, "TORCH_CUDA_ARCH_LIST": archs,
             "NVCC_THREADS": "1", "EXTFORGE_CXX_STD": "c++17", **extra}
 
 
@@ -93,6 +93,49 @@ def test_a_foreign_arch_is_refused_when_the_recipe_asks_for_refusal(tmp_path: Pa
                           env=wrapper_env(tmp_path, EXTFORGE_ARCH_FLAGS="refuse"), capture_output=True, text=True)
     assert proc.returncode == 1 and not (tmp_path / "k.o").exists()
     assert "upstream passes '-arch=sm_80' but the variant's archs are sm_90" in proc.stderr
+
+
+@needs_nvcc
+def test_units_that_compile_for_archs_of_their_own_keep_those_the_variant_names(tmp_path: Path) -> None:
+    """FlashAttention-3's shape (EXTFORGE_ARCH_FLAGS=within): `_sm80.cu` units for sm_80, the rest
+    for sm_90a, a few for both. Rewritten as every other recipe's, each unit compiled for every
+    arch of the variant (the Hopper kernels for sm_80 too: twice the work, or no compile at all)."""
+    (tmp_path / "k.cu").write_text(KERNEL)
+    env = wrapper_env(tmp_path, "8.0;9.0a", EXTFORGE_ARCH_FLAGS="within")
+
+    def nvcc(*flags: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(LAYER / "extforge-nvcc"), "-c", "k.cu", "-o", "k.o", *flags], cwd=tmp_path,
+                              env=env | extra, capture_output=True, text=True)
+
+    assert nvcc("-gencode", "arch=compute_80,code=sm_80").returncode == 0
+    assert fatbin_archs(tmp_path / "k.o") == (["sm_80"], [])
+    # A unit for both, on a variant of Hopper alone: the arch it does not name is dropped, and said.
+    hopper = wrapper_env(tmp_path, "9.0a", EXTFORGE_ARCH_FLAGS="within")
+    assert nvcc("-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80", **hopper).returncode == 0
+    assert fatbin_archs(tmp_path / "k.o") == (["sm_90a"], [])
+    assert "arch: -gencode arch=compute_80,code=sm_80" in (tmp_path / "rewrites.log").read_text().splitlines()
+    # A unit written for an arch the variant does not name is refused, not compiled for another.
+    (tmp_path / "k.o").unlink()
+    refused = nvcc("-gencode", "arch=compute_80,code=sm_80", **hopper)
+    assert refused.returncode == 1 and not (tmp_path / "k.o").exists()
+    assert "this compile names none of the variant's archs sm_90a" in refused.stderr
+
+
+def test_a_recipes_own_facts_join_the_build_record_and_never_replace_the_layers(tmp_path: Path) -> None:
+    """flash-attn and FA3 wrote records of their own (a heredoc in each build.sh); on the layer
+    they add their facts (the subset built) to its record through EXTFORGE_RECORD_EXTRA."""
+    extra = tmp_path / "record-extra.json"
+    extra.write_text(json.dumps({"subset": {"head_dims": [128]}, "network": "none", "torch": "9.9"}))
+    env = {"PATH": os.environ["PATH"], "PREFIX": str(tmp_path / "prefix"), "SRC_DIR": str(tmp_path), "PKG_NAME": "fa",
+           "EXTFORGE_RECORD_EXTRA": str(extra), "EXTFORGE_NETWORK": "namespace", "EXTFORGE_TORCH_VERSION": "2.14.1",
+           "EXTFORGE_ARCH_NAMES": "sm_90a", "TORCH_CUDA_ARCH_LIST": "9.0a"}
+    subprocess.run([sys.executable, str(LAYER / "record.py")], env=env, check=True)
+    record = json.loads((tmp_path / "prefix" / "share" / "extforge" / "build" / "fa.json").read_text())
+    assert record["subset"] == {"head_dims": [128]}
+    assert (record["network"], record["torch"], record["cuda_archs"]) == ("namespace", "2.14.1", ["sm_90a"])
+    extra.write_text("[1, 2]")
+    bad = subprocess.run([sys.executable, str(LAYER / "record.py")], env=env, capture_output=True, text=True)
+    assert bad.returncode == 1 and "holds no JSON object" in bad.stderr
 
 
 # causal-conv1d's shape: one kernel template, instantiated explicitly for each type pair.
@@ -214,6 +257,13 @@ def test_known_download_switches_are_data_and_found_from_the_url() -> None:
     assert build_layer.switch_for("flash_attn-2.8.3+cu12torch2.6-cp312.whl").package == "flash-attn"
     assert build_layer.switch_for("no wheel here") is None
     assert "export MAMBA_FORCE_BUILD=TRUE" in build_layer.switches_sh()
+    # The ABI switches activate.sh named package by package are data too, beside each package's
+    # download switch; no recipe sets either (flash-attn's and FA3's did).
+    shell = build_layer.switches_sh()
+    assert "_xf_abi_switches='FLASH_ATTENTION_FORCE_CXX11_ABI CAUSAL_CONV1D_FORCE_CXX11_ABI MAMBA_FORCE_CXX11_ABI'" in shell
+    assert "FORCE_CXX11_ABI" not in (LAYER / "activate.sh").read_text()
+    for recipe in (LAYER.parents[3] / "recipe").glob("*/recipe.yaml"):
+        assert not any(k in recipe.read_text() for sw in build_layer.switches() for k in sw.values), recipe
 
 
 def test_settings_reach_the_build_as_a_file_only_its_owner_writes(tmp_path: Path) -> None:
@@ -328,6 +378,23 @@ def test_tests_that_cannot_start_name_the_missing_run_requirement(tmp_path: Path
     assert "--no-test" in proc.stderr and "Traceback" not in proc.stderr
     kept = [f.name for f in (tmp_path / "out" / "broken").iterdir()]
     assert len(kept) == 1 and kept[0].startswith("needs-dep-1.0-") and f"out/broken/{kept[0]}" in proc.stderr
+
+
+def test_recipes_inherit_the_build_string_the_archs_and_the_torch_pin() -> None:
+    """Five recipes carried one 220-character build-string line each, four the same variants.yaml,
+    every one the exact torch pin: they come from the layer (its build string and variants.yaml)
+    and from the mirror's pytorch (run_exports) now. flash-attn and FA3 name their subsets in
+    their own build strings; FA3 runs on every torch of its CUDA major (the stable C ABI)."""
+    recipes = Path(__file__).resolve().parents[2] / "recipe"
+    layer_variants = build_layer.variants_file().read_text().split("cuda_archs:", 1)[1]
+    for recipe in sorted(recipes.glob("*/recipe.yaml")):
+        text = recipe.read_text()
+        assert "pin_compatible('pytorch'" not in text, recipe
+        own = recipe.parent / "variants.yaml"
+        assert not own.is_file() or own.read_text().split("cuda_archs:", 1)[-1] != layer_variants, own
+        if recipe.parent.name not in ("flash-attn", "flash-attn-3"):
+            assert "\n  string:" not in text, recipe
+    assert "version_to_buildstring }}_${{ cxx_abi" in build_layer.BUILD_STRING
 
 
 def test_a_torch_extension_recipe_without_the_layer_is_told_so() -> None:

@@ -1,6 +1,5 @@
 """extforge build's pure parts: solve-failure extraction, variant overrides, recipe/channel checks."""
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +14,15 @@ from extforge.explain import explain_text
 from extforge.variants import parse_variant_overrides
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _flash_attn_costs():
+    """flash-attn's builds are planned from the costs its recipe folder ships."""
+    from recipe_costs import shipped
+
+    with shipped("flash-attn"):
+        yield
 
 LOG = [
     "info: Starting build of 1 outputs",
@@ -60,14 +68,14 @@ def test_missing_recipe_and_channel_are_clear_errors(tmp_path):
     assert channel_url("http://127.0.0.1:8000/ch") == "http://127.0.0.1:8000/ch"
 
 
-def test_planner_gets_the_archs_of_any_arch_variant_key():
-    """flash-attn names its archs flash_attn_cuda_archs: the planner must see sm_90 alone, not the
-    default A100+H100 pair (on an H100 node that is 16x1 jobs instead of 8x2: 17 min, not 50)."""
+def test_planner_gets_the_archs_of_the_variant():
+    """The planner must see the variant's sm_90 alone, not the default A100+H100 pair (on an H100
+    node that is 16x1 jobs instead of 8x2: 17 min, not 50)."""
     from extforge import machine, plan
     from extforge.build import build_environment
 
     here = machine.detect()
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn")
+    env = build_environment("", [], {"cuda_archs": ["9.0"]}, "flash-attn")
     want = plan.plan_build(here, "flash-attn", ["90"]).env()
     assert {k: env[k] for k in want} == want
     h100 = machine.Machine(16, 128 * 2**30, "2.39", "test", "test")
@@ -75,40 +83,41 @@ def test_planner_gets_the_archs_of_any_arch_variant_key():
     assert (h100_env["MAX_JOBS"], h100_env["NVCC_THREADS"]) == ("16", "1")
 
 
-def test_planner_gets_the_head_dims_of_a_subset_variant():
-    """The planner orders (and splits) only the units a head-dim subset build compiles."""
+def test_planner_gets_the_units_of_a_subset_variant():
+    """The planner orders (and splits) only the units a head-dim subset build compiles (which,
+    the recipe's data says)."""
     from extforge.build import build_environment
 
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"], "flash_attn_head_dims": ["128"]}, "flash-attn")
+    env = build_environment("", [], {"cuda_archs": ["9.0"], "flash_attn_head_dims": ["128"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
     assert "flash_api" in order and {u.split("_hdim")[1][:3] for u in order if "_hdim" in u} == {"128"}
 
 
-def test_the_recipe_is_rendered_with_the_planners_variables(tmp_path, monkeypatch):
-    """flash-attn's recipe reads MAX_JOBS, NVCC_THREADS and the unit order with env.get when it is
-    rendered. Rendered outside them (a regression an H100 node caught: 2 jobs, upstream order,
-    a 13-unit build at 3 units in 14 min) the build gets the recipe's defaults."""
+def test_the_planners_variables_reach_the_recipe_through_the_layer(tmp_path, monkeypatch):
+    """flash-attn's recipe read MAX_JOBS, NVCC_THREADS and the unit order with env.get when it was
+    rendered (a render outside them gave the recipe's defaults: 2 jobs, upstream order, a 13-unit
+    build at 3 units in 14 min on an H100 node). On the layer they reach its build through the
+    settings file the activation reads, whatever the render saw."""
+    import subprocess
+
     from test_variant_requests import channel_of
 
-    from extforge import machine
-    from extforge.build import build_environment, render_in
+    from extforge import build_layer, machine
+    from extforge.build import build_environment
     from extforge.variants import resolve
 
-    for name in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER"):
-        monkeypatch.delenv(name, raising=False)
-    # A node whose plan differs from the recipe's defaults (2 jobs, 1 thread, upstream order).
     monkeypatch.setattr(machine, "detect", lambda: machine.Machine(16, 128 * 2**30, "2.39", "test", "test"))
     recipe = REPO / "recipe" / "flash-attn" / "recipe.yaml"
+    assert "env.get(\"MAX_JOBS\"" not in recipe.read_text() and build_layer.uses_layer(recipe.read_text())
     channel = channel_of(tmp_path / "mirror", [("3.11", "2.14.1", "13.0", "cxx11")])
     matrix = resolve(recipe, [str(channel)], [recipe.parent / "variants-offline.yaml"],
-                     {"flash_attn_head_dims": ["128"], "flash_attn_cuda_archs": ["80;90"]})
+                     {"flash_attn_head_dims": ["128"], "cuda_archs": ["8.0;9.0"]})
     env = build_environment(recipe.read_text(), [str(channel)], matrix.values, "flash-attn")
-    assert (env["MAX_JOBS"], env["NVCC_THREADS"]) == ("8", "2")
-    (variant,) = render_in(env, recipe, matrix)
-    script_env = variant.recipe.build.script["env"]
-    assert {k: script_env[k] for k in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER")} == {
-        k: env[k] for k in ("MAX_JOBS", "NVCC_THREADS", "EXTFORGE_UNIT_ORDER")}
-    assert "MAX_JOBS" not in os.environ
+    assert (env["MAX_JOBS"], env["NVCC_THREADS"]) == ("8", "2") and env["EXTFORGE_UNIT_ORDER"]
+    settings = build_layer.write_settings(tmp_path / "out", env)
+    shown = subprocess.run(["bash", "-c", f'source {settings}; echo "$MAX_JOBS $NVCC_THREADS $EXTFORGE_UNIT_ORDER"'],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert shown == [env["MAX_JOBS"], env["NVCC_THREADS"], env["EXTFORGE_UNIT_ORDER"]]
 
 
 def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):
@@ -157,7 +166,7 @@ def test_build_passes_the_longest_first_unit_order():
     sources by EXTFORGE_UNIT_ORDER, the measured longest (a non-causal split-kv forward) first."""
     from extforge.build import build_environment
 
-    env = build_environment("", [], {"flash_attn_cuda_archs": ["90"]}, "flash-attn")
+    env = build_environment("", [], {"cuda_archs": ["9.0"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
     assert len(order) == 73 and order[0].startswith("flash_fwd_split_") and "_causal" not in order[0]
     assert order.index("flash_bwd_hdim32_fp16_sm80") < order.index("flash_fwd_hdim32_fp16_sm80")
@@ -166,9 +175,10 @@ def test_build_passes_the_longest_first_unit_order():
 
 def ninja_log_text(costs: dict[str, float], jobs: int, speed: float) -> str:
     """A ninja log of a build whose machine compiles every unit in `speed` of `costs`."""
-    from extforge.unit_costs import list_schedule, load
+    from extforge.plan import numbers_for
+    from extforge.unit_costs import list_schedule
 
-    data = load("flash-attn")
+    data = numbers_for("flash-attn").costs
     assert data is not None
     spans = list_schedule([(u, s * speed) for u, s in costs.items()], jobs, data.concurrency).spans
     return "# ninja log v7\n" + "".join(f"{round(a * 1000)}\t{round(b * 1000)}\t0\tsrc/{u}.o\th\n" for u, (a, b) in spans.items())
@@ -179,14 +189,17 @@ def test_a_finished_build_reports_its_machines_speed(tmp_path: Path, archs: list
     """The build's ninja log, read before its work folder goes, gives the speed the next plan
     on this machine takes (`extforge plan --node-speed`)."""
     from extforge.build import measured_node_speed
-    from extforge.plan import load_profiles, unit_seconds
-    from extforge.unit_costs import load, with_head_dims
+    from extforge.plan import numbers_for, unit_seconds
+    from extforge.unit_costs import in_variant
 
-    per_unit = with_head_dims(unit_seconds(load_profiles()["flash-attn"], load("flash-attn"), len(archs), threads), [128])
+    numbers = numbers_for("flash-attn")
+    assert numbers.costs is not None
+    per_unit = in_variant(unit_seconds(numbers.profile, numbers.costs, len(archs), threads), numbers.costs.subsets,
+                          {"flash_attn_head_dims": ["128"]})
     work = tmp_path / "rattler-build_flash-attn_1" / "work" / "build" / "temp.linux-x86_64-cpython-312"
     work.mkdir(parents=True)
     (work / ".ninja_log").write_text(ninja_log_text(per_unit, 8, 0.8))
-    variants = {"flash_attn_cuda_archs": [";".join(archs)]}
+    variants = {"cuda_archs": [";".join(f"{a[0]}.{a[1:]}" for a in archs)]}
     speed = measured_node_speed("flash-attn", [tmp_path / "rattler-build_flash-attn_1"], variants,
                                 {"NVCC_THREADS": str(threads)}, None)
     assert speed == pytest.approx(0.8, abs=0.01)
@@ -214,10 +227,11 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
 
     from extforge.build import Planned, progress_reports
     from extforge.engine import LogSink
-    from extforge.plan import load_profiles, unit_seconds
-    from extforge.unit_costs import load
+    from extforge.plan import numbers_for, unit_seconds
 
-    per_unit = unit_seconds(load_profiles()["flash-attn"], load("flash-attn"), 1, 1)
+    numbers = numbers_for("flash-attn")
+    assert numbers.costs is not None
+    per_unit = unit_seconds(numbers.profile, numbers.costs, 1, 1)
     bld = tmp_path / "bld"
     (bld / "rattler-build_earlier_1" / "work").mkdir(parents=True)  # an earlier variant's folder is not read
     (bld / "rattler-build_earlier_1" / "work" / ".ninja_log").write_text(ninja_log_text(per_unit, 16, 0.8))
@@ -226,7 +240,7 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
     with (tmp_path / "build.log").open("w") as fh:
         sink = LogSink(fh, screen.append)
         line = SimpleNamespace(level="info", message="[10/73] nvcc ...")
-        variants = {"flash_attn_cuda_archs": ["90"]}
+        variants = {"cuda_archs": ["9.0"]}
         with progress_reports(sink, bld, before, Planned("flash-attn", variants), interval=0):
             sink.on_log(line)
             assert screen == []

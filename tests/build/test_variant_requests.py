@@ -153,19 +153,29 @@ def test_rows_a_file_asks_for_that_the_channel_lacks_are_named(tmp_path, caplog)
 
 
 def test_an_undefined_variant_key_names_the_file_that_defines_it(tmp_path, one_python, capsys):
-    """The issue's second case: -m without cuda_archs gave a raw template error and a log of headers."""
+    """The issue's second case: -m without a key of the recipe's own variants.yaml (then demo-ext's
+    cuda_archs, the build layer's now) gave a raw template error and a log of headers."""
+    folder = tmp_path / "r"
+    shutil.copytree(DEMO, folder)
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("TORCH_CUDA_ARCH_LIST: ${{ cuda_archs }}",
+                                                 "TORCH_CUDA_ARCH_LIST: ${{ cuda_archs }}\n      DEMO_MODE: ${{ demo_mode }}"))
+    (folder / "variants.yaml").write_text('demo_mode:\n  - "fast"\n')
     asked = tmp_path / "v.yaml"
     asked.write_text('python: ["3.11"]\n')
-    code, err = build(capsys, tmp_path / "out", "-c", str(one_python), "-m", str(asked))
-    assert code == 2 and nothing_built(tmp_path / "out") and not (tmp_path / "out" / "logs").exists()
-    assert f"the variant key `cuda_archs` is undefined: {DEMO / 'recipe.yaml'} uses it in ${{{{ cuda_archs }}}}" in err
-    assert f"{DEMO / 'variants.yaml'} defines cuda_archs, but -m FILE replaces the recipe's own variants.yaml" in err
+    out = tmp_path / "out"
+    code = main(["build", str(folder), "--output-dir", str(out), "-c", str(one_python), "-m", str(asked)])
+    err = capsys.readouterr().err
+    assert code == 2 and nothing_built(out) and not (out / "logs").exists()
+    assert f"the variant key `demo_mode` is undefined: {recipe} uses it in ${{{{ demo_mode }}}}" in err
+    assert f"{folder / 'variants.yaml'} defines demo_mode, but -m FILE replaces the recipe's own variants.yaml" in err
     # The fix it names works: both files, the recipe's first.
     fix = err[err.index("(later files win): ") + len("(later files win): "):].split()
     from extforge.variants import render, resolve
     files = [Path(fix[i + 1]) for i, w in enumerate(fix) if w == "-m"]
-    assert files == [DEMO / "variants.yaml", asked]
-    (variant,) = render(DEMO / "recipe.yaml", resolve(DEMO / "recipe.yaml", [str(one_python)], files, {}))
+    assert files == [folder / "variants.yaml", asked]
+    (variant,) = render(recipe, resolve(recipe, [str(one_python)], files, {}))
+    # The build string the recipe inherits from the build layer.
     assert variant.recipe.build.string.startswith("cuda130_torch214_py311_cxx11_h")
 
 

@@ -20,7 +20,7 @@ import zstandard
 
 from extforge.archive import check_package
 from extforge.mirror.channel import _build_with_rattler, build_jobs, place
-from extforge.mirror.recipes import PackageJob, bytecode_spec
+from extforge.mirror.recipes import PackageJob, bytecode_spec, exact_self_pin
 from extforge.mirror.wheels import console_script
 
 # The package's python is the one running the tests: it compiles the .pyc the package ships.
@@ -51,7 +51,7 @@ def _job(tmp_path: Path, installed: Path) -> PackageJob:
              "include": f"include/python{SHORT}/demo-pkg"}
     return PackageJob(
         name="demo-pkg", version="1.0", build_string="py_h${{ hash }}_0", identity="demo-pkg-test",
-        constrains=["other-pkg >=2"], run_exports=["demo-pkg >=1.0"],
+        constrains=["other-pkg >=2"], run_exports=["demo-pkg >=1.0", exact_self_pin("demo-pkg")],
         manifest={"python": f"bin/python{SHORT}", "wheels": [wheel],
                   "texts": [console_script("demo", "demo_pkg:main", f"bin/python{SHORT}")],
                   "files": [[str(installed), "share/demo/config.py", "s"]],
@@ -116,7 +116,10 @@ def test_written_like_rattler_build_would_package_it(tmp_path: Path, monkeypatch
     their_index = json.loads(their_info["info/index.json"])
     assert {k: v for k, v in our_index.items() if k not in ("build", "timestamp")} == \
         {k: v for k, v in their_index.items() if k not in ("build", "timestamp")}
-    assert json.loads(our_info["info/run_exports.json"]) == json.loads(their_info["info/run_exports.json"])
+    # An exact self-pin (the mirror's pytorch exports one) names each package's own build.
+    assert json.loads(our_info["info/run_exports.json"]) == {"weak": ["demo-pkg >=1.0", f"demo-pkg ==1.0 {our_index['build']}"]}
+    assert json.loads(their_info["info/run_exports.json"]) == {"weak": ["demo-pkg >=1.0",
+                                                                        f"demo-pkg ==1.0 {their_index['build']}"]}
     assert json.loads(our_info["info/about.json"])["summary"] == json.loads(their_info["info/about.json"])["summary"]
     # The cache entry's record is the whole file's, as the channel index would compute it.
     record = json.loads((direct.path.parent / "package.json").read_text())["record"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.mirror.recipes import PackageJob
+from extforge.mirror.recipes import PackageJob, exact_self_pin
 from extforge.mirror.torch_pkg import NUMPY_SPEC, TorchFacts, as_pytorch
 
 
@@ -21,6 +21,12 @@ def _job() -> PackageJob:
 def test_cuda_torch_depends_on_its_driver_major(version, cuda, want):
     depends = as_pytorch(_job(), TorchFacts(version, cuda), "3.12").depends
     assert [d for d in depends if d.startswith("__cuda")] == [want]
+
+
+def test_an_extension_built_against_it_is_pinned_to_this_exact_torch():
+    """Every recipe wrote `pin_compatible('pytorch', exact=True)` itself; the mirror's pytorch exports
+    that pin (version and build string), as conda-forge's exports its own minor pin."""
+    assert as_pytorch(_job(), TorchFacts("2.14.1+cu130", "13.0"), "3.11").run_exports == [exact_self_pin("pytorch")]
 
 
 def test_cpu_torch_needs_no_driver():

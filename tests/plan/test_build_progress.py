@@ -15,9 +15,10 @@ def simulated(speed: float) -> tuple[dict[str, tuple[float, float]], float]:
     """When each unit of the planned full sm_90 build starts and ends on a machine compiling at
     `speed` of the cost data, and the whole build's expected compile + link at that speed."""
     p = plan.plan_build(NODE, "flash-attn", ("90",))
-    costs = unit_costs.load("flash-attn")
+    numbers = plan.numbers_for("flash-attn")
+    costs = numbers.costs
     assert costs is not None and not p.split_units
-    seconds = plan.unit_seconds(plan.load_profiles()["flash-attn"], costs, 1, p.nvcc_threads)
+    seconds = plan.unit_seconds(numbers.profile, costs, 1, p.nvcc_threads)
     schedule = unit_costs.list_schedule([(u, seconds[u] * speed) for u in p.unit_order], p.max_jobs, costs.concurrency)
     return schedule.spans, plan.plan_build(NODE, "flash-attn", ("90",), node_speed=speed).expected_wall_seconds
 
@@ -34,7 +35,7 @@ def test_time_left_is_the_plan_again_at_the_speed_the_units_so_far_show(speed: f
     spans, expected = simulated(speed)
     t = 0.35 * max(b for _, b in spans.values())
     log, age = log_until(spans, t)
-    progress = plan.build_progress(NODE, "flash-attn", ["90"], (), log, age)
+    progress = plan.build_progress(NODE, "flash-attn", ["90"], log, age)
     assert progress is not None and progress.total == 73
     assert progress.done == sum(1 for _, b in spans.values() if b <= t) >= plan.MIN_UNITS_FOR_SPEED
     assert progress.node_speed == pytest.approx(speed, abs=0.01)
@@ -50,19 +51,19 @@ def test_before_the_speed_is_known_the_time_left_is_the_plans() -> None:
     (the old code said no time at all, and nothing for a recipe without unit costs)."""
     spans, _ = simulated(0.8)
     first_two = sorted(b for _, b in spans.values())[1]
-    progress = plan.build_progress(NODE, "flash-attn", ["90"], (), *log_until(spans, first_two))
+    progress = plan.build_progress(NODE, "flash-attn", ["90"], *log_until(spans, first_two))
     planned = plan.plan_build(NODE, "flash-attn", ("90",)).expected_wall_seconds
     assert progress.done == 2 and progress.node_speed is None
     assert progress.remaining_seconds == round(planned - first_two)
     assert progress.describe() == f"compiling: units 2/73, ~{plan.minutes(progress.remaining_seconds)} left"
-    assert plan.build_progress(NODE, "flash-attn", ["90"], (), "# ninja log v7\n", 3.0).describe() == \
+    assert plan.build_progress(NODE, "flash-attn", ["90"], "# ninja log v7\n", 3.0).describe() == \
         f"compiling: units 0/73, ~{plan.minutes(planned - 3)} left"
 
 
 def test_a_finished_compile_is_finishing() -> None:
     spans, _ = simulated(1.0)
     t = max(b for _, b in spans.values())
-    progress = plan.build_progress(NODE, "flash-attn", ["90"], (), *log_until(spans, t + 600))
+    progress = plan.build_progress(NODE, "flash-attn", ["90"], *log_until(spans, t + 600))
     assert progress.done == 73 and progress.remaining_seconds == 0
     assert progress.describe().startswith("compiling: units 73/73, finishing (")
 
@@ -92,16 +93,16 @@ def test_a_build_of_several_ninja_runs_says_which_run_and_the_units_of_the_sdist
     the plan, then at the pace of the units done (the old code said nothing for such a recipe)."""
     log, age = pyg_log(SCATTER_RUNS, 70.0)
     # 70 s in: the first run's 2 units are done and the second run started (build.ninja rewritten).
-    progress = plan.build_progress(NODE, "torch-scatter", ["90"], (), log, age, units=7, run_units=(2, 2), new_run=True)
+    progress = plan.build_progress(NODE, "torch-scatter", ["90"], log, age, units=7, run_units=(2, 2), new_run=True)
     assert (progress.run, progress.runs, progress.done, progress.total, progress.run_units) == (2, None, 2, 7, None)
     planned = plan.plan_build(NODE, "torch-scatter", ("90",), units=7).expected_wall_seconds
     assert progress.remaining_seconds == round(planned - 70.0)
     assert progress.describe() == f"compiling: ninja run 2, units 2/7, ~{plan.minutes(progress.remaining_seconds)} left"
-    later = plan.build_progress(NODE, "torch-scatter", ["90"], (), *pyg_log(SCATTER_RUNS, 130.0), units=7, new_run=True)
+    later = plan.build_progress(NODE, "torch-scatter", ["90"], *pyg_log(SCATTER_RUNS, 130.0), units=7, new_run=True)
     assert (later.run, later.done) == (3, 4) and later.remaining_seconds == round(130.0 * 3 / 4)
     # Without a count: the units done, and ninja's own count of the run.
     log, age = pyg_log(SCATTER_RUNS, 112.0)
-    unknown = plan.build_progress(NODE, "torch-scatter", ["90"], (), log, age, run_units=(1, 2))
+    unknown = plan.build_progress(NODE, "torch-scatter", ["90"], log, age, run_units=(1, 2))
     assert unknown.describe() == "compiling: ninja run 2, 3 units done (1/2 of this run)"
 
 
@@ -114,7 +115,7 @@ def test_a_learned_pyg_build_says_its_run_of_the_runs_learned(tmp_path) -> None:
     first, _ = pyg_log(SCATTER_RUNS, 1000.0)
     cost_store.save(cost_store.measure("torch-scatter", "2.1.2", first, ("90",), 1, None))
     log, age = pyg_log([{u: s * 1.1 for u, s in run.items()} for run in SCATTER_RUNS], 140.0)
-    progress = plan.build_progress(NODE, "torch-scatter", ["90"], (), log, age, version="2.1.2", new_run=True)
+    progress = plan.build_progress(NODE, "torch-scatter", ["90"], log, age, version="2.1.2", new_run=True)
     assert (progress.run, progress.runs, progress.done, progress.total) == (3, 4, 4, 7)
     assert progress.node_speed == pytest.approx(1.1, abs=0.01) and progress.remaining_seconds is not None
     assert progress.describe().startswith("compiling: ninja run 3 of 4, units 4/7, ")

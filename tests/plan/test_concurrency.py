@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
 
 from extforge import unit_costs
+from extforge.plan import numbers_for
 from extforge.unit_costs import Concurrency, NinjaEdge, at_reference, fit_concurrency, list_schedule, parse_ninja_log
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -74,20 +74,16 @@ def test_the_slowdown_is_fitted_back_from_two_builds_at_different_concurrency() 
 
 
 def test_shipped_data_is_what_the_fit_makes_of_the_node_logs(tmp_path: Path) -> None:
-    """src/extforge/data/unit-costs.yaml's flash-attn units and slowdown are calibration/unit_costs_fit.py's
+    """recipe/flash-attn/build-costs.json's units and slowdown are calibration/unit_costs_fit.py's
     output on bench/data's logs: the 32-core full build (a head-dim-128 build ran beside its tail)
     and a 16-core node's head-dim-128 build."""
-    out = tmp_path / "costs.yaml"
+    out = tmp_path / "build-costs.json"
     proc = subprocess.run([sys.executable, str(CALIBRATION / "unit_costs_fit.py"), "--emit-costs", str(out), "--no-record"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    fitted = YAML(typ="safe").load(out.read_text())["flash-attn"]
-    shipped = unit_costs.load("flash-attn")
+    assert json.loads(out.read_text()) == json.loads((BENCH.parent / "recipe" / "flash-attn" / "build-costs.json").read_text())
+    shipped = numbers_for("flash-attn").costs
     assert shipped is not None and shipped.concurrency is not None
-    assert fitted["concurrency"]["per_compile"] == shipped.concurrency.per_compile
-    assert fitted["concurrency"]["measured"] == shipped.concurrency.measured
-    assert fitted["units"] == shipped.units
-    assert fitted["node_speeds"] == shipped.node_speeds
     log = parse_ninja_log((BENCH / "data" / "2026-11-25-h100-32cores-flash-attn-full.ninja_log").read_text())
     assert sum(e.seconds for e in log) == pytest.approx(21889, abs=1)
     # The slowdown is the one measured on one node, not one fitted across nodes of other speeds:
@@ -115,7 +111,7 @@ def test_a_node_that_compiles_faster_reads_as_its_speed() -> None:
 def test_the_fresh_16_core_node_of_the_bench_data_is_faster_than_the_datas() -> None:
     # Run P's node compiled each unit in ~0.7 of the time of the nodes the costs come from; the
     # planner's error on that build (+45%) is this speed, not the schedule (calibration/unit_costs_fit.py).
-    data = unit_costs.load("flash-attn")
+    data = numbers_for("flash-attn").costs
     assert data and data.concurrency
     log = BENCH / "data" / "2026-11-26-h100-16cores-flash-attn-full-first32.ninja_log"
     speed, units = unit_costs.node_speed(parse_ninja_log(log.read_text()), data.seconds(), data.concurrency)

@@ -70,7 +70,7 @@ def learn(tmp_path: Path, units: dict[str, float] = UNITS, jobs: int = 2, versio
 
 
 def test_a_recipe_never_measured_is_planned_so_it_cannot_oom() -> None:
-    flash = plan.load_profiles()[plan.DEFAULT_LIKE]
+    flash = plan.default_profile("causal-conv1d")
     for cores, gib in [(2, 23), (16, 64), (64, 128), (128, 32)]:
         p = plan.plan_build(node(cores, gib), "causal-conv1d", ("90",))
         assert p.numbers_from.startswith("default estimate")
@@ -199,12 +199,39 @@ def test_a_store_beside_the_channel_and_versions(tmp_path: Path, monkeypatch: py
     assert "of version 1.7.0" in other.numbers_from  # the newest measured stands in
 
 
-def test_shipped_profiles_win_over_the_store(tmp_path: Path) -> None:
+def test_a_sites_subset_build_is_planned_with_what_the_recipe_ships(tmp_path: Path) -> None:
+    """flash-attn's numbers were the product's and always won: a site's own builds never counted.
+    Now the site's entry wins, keeping the recipe's units it did not build (at the mean of the
+    measured) and what the recipe's data says of them (its head-dim subsets, its split)."""
     log = tmp_path / ".ninja_log"
-    log.write_text(ninja_log({"flash_api": 1.0}, 1))
+    hd128 = {"flash_api": 30.0, "flash_fwd_hdim128_fp16_sm80": 100.0, "flash_fwd_split_hdim128_fp16_sm80": 300.0}
+    log.write_text(ninja_log(hd128, 3))
     assert cost_store.learn_from_build("flash-attn", "2.8.3", log, ("90",), {}) is not None
-    p = plan.plan_build(node(16, 128), "flash-attn", ("90",))
-    assert p.numbers_from.startswith("shipped") and len(p.unit_order) == 73
+    full = plan.plan_build(node(16, 128), "flash-attn", ("90",), version="2.8.3")
+    assert full.numbers_from.startswith("learned on") and len(full.unit_order) == 73
+    assert full.unit_order[0] == "flash_fwd_split_hdim128_fp16_sm80"
+    subset = plan.plan_build(node(16, 128), "flash-attn", ("90",), version="2.8.3",
+                             variant={"flash_attn_head_dims": ["128"]})
+    assert len(subset.unit_order) == 13 + len(subset.split_units) and subset.split_units
+
+
+def test_costs_follow_the_package_name_not_the_folder(tmp_path: Path, own_cost_store: Path) -> None:
+    """The store was keyed by the recipe folder's name: a folder renamed lost its learned costs.
+    Entries of the old key (a folder named like the package) are still read."""
+    folder = tmp_path / "my-renamed-folder"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text("context:\n  name: causal-conv1d\n  version: '1.7.0'\n")
+    assert cost_store.recipe_name((folder / "recipe.yaml").read_text()) == "causal-conv1d"
+    learn(tmp_path)
+    with cost_store.recipe_costs(folder):
+        assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",)).numbers_from.startswith("learned on")
+    old = tmp_path / "old-name"
+    old.mkdir()
+    (old / "recipe.yaml").write_text("context:\n  name: renamed-package\n  version: '1.7.0'\n")
+    (own_cost_store / "old-name").mkdir()
+    (own_cost_store / "causal-conv1d" / "1.7.0.json").rename(own_cost_store / "old-name" / "1.7.0.json")
+    with cost_store.recipe_costs(old):
+        assert cost_store.load("renamed-package", "1.7.0") is not None
 
 
 def test_an_unwritable_store_or_a_bad_log_never_fails_the_build(tmp_path: Path, monkeypatch) -> None:
@@ -344,9 +371,9 @@ def test_a_learned_recipe_shows_progress_and_its_machines_speed(tmp_path: Path) 
     assert plan.build_node_speed("causal-conv1d", full, ("90",), 1) == 1.2
     # Three of four units done, the longest still compiling: the time left at that speed.
     partial = "".join(line + "\n" for line in full.splitlines() if "causal_conv1d_update.o" not in line)
-    progress = plan.build_progress(node(2, 23), "causal-conv1d", ("90",), (), partial, 0.0)
+    progress = plan.build_progress(node(2, 23), "causal-conv1d", ("90",), partial, 0.0)
     assert progress is not None and (progress.done, progress.total) == (3, 4) and progress.node_speed == 1.2
     assert progress.describe().startswith("compiling: units 3/4, ~18 s left (this machine: 1.20x")
     # A recipe never built has no unit count here: the units done alone.
-    assert plan.build_progress(node(2, 23), "never-built", ("90",), (), partial, 0.0).describe() == \
+    assert plan.build_progress(node(2, 23), "never-built", ("90",), partial, 0.0).describe() == \
         "compiling: 3 units done"

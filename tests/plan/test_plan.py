@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from extforge.cli import main
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine, parse_memory
-from extforge.plan import load_profiles, plan_build, slurm_request
+from extforge.plan import numbers_for, plan_build, slurm_request
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipe"
 
 
 def node(cores: int, gib: float) -> Machine:
@@ -44,7 +47,7 @@ def test_reproduces_the_measured_h100_build() -> None:
 def test_predicts_the_measured_head_dim_128_build() -> None:
     # The head-dim-128 build on that node, no unit split: 447 s from start to package, 18 s before
     # the first nvcc. (With 13 units on 16 slots upstream's order is the longest-first schedule.)
-    plan = plan_build(node(16, 128), "flash-attn", ("90",), head_dims=(128,))
+    plan = plan_build(node(16, 128), "flash-attn", ("90",), variant={"flash_attn_head_dims": ["128"]})
     assert plan.upstream_order_wall_seconds is not None
     assert abs(plan.upstream_order_wall_seconds - (447 - 18)) < 0.1 * 447
 
@@ -76,10 +79,16 @@ def test_slurm_request_replans_to_the_same_settings() -> None:
     assert h * 3600 + m * 60 + s > plan.expected_wall_seconds
 
 
-def test_profiles_cover_flash_attn_and_demo() -> None:
-    profiles = load_profiles()
-    assert profiles["flash-attn"].translation_units == 73
-    assert "demo-ext" in profiles
+def test_recipe_folders_ship_their_numbers_and_the_product_none() -> None:
+    """flash-attn's and FA3's numbers were the product's (data/build-profiles.yaml, unit-costs.yaml);
+    they are their recipes' now, and a name nobody measured gets the default estimate."""
+    assert numbers_for("flash-attn").profile.translation_units == 73
+    assert numbers_for("flash-attn-3").profile.one_arch_per_unit
+    assert numbers_for("demo-ext").costs is None  # its folder's numbers count where its folder is planned
+    data = Path(__file__).resolve().parents[2] / "src" / "extforge" / "data"
+    assert not (data / "unit-costs.yaml").exists() and "flash-attn:" not in (data / "build-profiles.yaml").read_text()
+    unknown = numbers_for("no-such-recipe")
+    assert unknown.costs is None and unknown.source.startswith("default estimate")
 
 
 @pytest.mark.parametrize("text,value", [("128G", 128 * GIB), ("64GiB", 64 * GIB), ("512M", 512 * 1024**2), ("1024", GIB)])
@@ -90,11 +99,11 @@ def test_parse_memory(text: str, value: int) -> None:
 def test_cli_plans_a_subset_variant_from_its_own_units(capsys) -> None:
     """`extforge plan --variant` plans what `extforge build --variant` builds: FA3 at head dim 128
     with bf16+fp16, softcap and split is 11 units, not the full build's 293."""
-    base = ["plan", "--profile", "flash-attn-3", "--cores", "8", "--memory", "120G", "--json"]
+    base = ["plan", str(RECIPES / "flash-attn-3"), "--cores", "8", "--memory", "120G", "--json"]
     assert main(base) == 0
     full = json.loads(capsys.readouterr().out)["plan"]
     assert main([*base, "--variant", "fa3_head_dims=128", "--variant", "fa3_dtypes=bf16;fp16",
-                 "--variant", "fa3_features=softcap;split"]) == 0
+                 "--variant", "fa3_features=softcap;split", "--variant", "cuda_archs=sm_90a"]) == 0
     subset = json.loads(capsys.readouterr().out)["plan"]
     assert len(subset["unit_order"]) == 11 and len(full["unit_order"]) == 293
     assert subset["expected_wall_seconds"] < full["expected_wall_seconds"] / 5
@@ -102,7 +111,8 @@ def test_cli_plans_a_subset_variant_from_its_own_units(capsys) -> None:
 
 def test_cli_json_for_both_reference_nodes(capsys) -> None:
     for cores, mem in ((16, "128G"), (2, "24G")):
-        assert main(["plan", "--cores", str(cores), "--memory", mem, "--archs", "80,90", "--json"]) == 0
+        assert main(["plan", str(RECIPES / "flash-attn"), "--cores", str(cores), "--memory", mem, "--archs", "80,90",
+                     "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["plan"]["predicted_peak_bytes"] <= out["plan"]["memory_limit_bytes"]
         assert out["env"]["MAX_JOBS"] == str(out["plan"]["max_jobs"])
@@ -115,7 +125,7 @@ def test_node_speed_scales_the_compiles_not_the_settings() -> None:
     base = plan_build(node(16, 125.9), "flash-attn", ("90",))
     fast = plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.745)
     assert (fast.max_jobs, fast.nvcc_threads, fast.unit_order) == (base.max_jobs, base.nvcc_threads, base.unit_order)
-    link = load_profiles()["flash-attn"].link_seconds
+    link = numbers_for("flash-attn").profile.link_seconds
     assert fast.expected_wall_seconds - link == pytest.approx(0.745 * (base.expected_wall_seconds - link), abs=2)
     assert abs(fast.expected_wall_seconds - link - 850) < 0.1 * 850
     assert any("--node-speed" in r for r in fast.reasons)
@@ -125,14 +135,14 @@ def test_node_speed_scales_the_compiles_not_the_settings() -> None:
 
 @pytest.mark.parametrize("speed", ["0", "-1", "nan", "fast"])
 def test_a_node_speed_that_is_no_positive_number_is_refused(speed: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--node-speed", speed]) == 2
+    assert main(["plan", "--profile", "flash-attn", "--node-speed", speed]) == 2
     assert "argument --node-speed" in capsys.readouterr().err
 
 
 def test_two_arch_peak_covers_the_measured_build() -> None:
     # The head-dim-128 subset for sm_80 + sm_90, MAX_JOBS=8 NVCC_THREADS=2, peaked at 61.9 GiB
     # above idle on a 16-core, 125.9 GiB H100 node (2026-11-26); the plan before said 47.2.
-    plan = plan_build(node(16, 125.9), "flash-attn", ("80", "90"), head_dims=(128,))
+    plan = plan_build(node(16, 125.9), "flash-attn", ("80", "90"), variant={"flash_attn_head_dims": ["128"]})
     assert (plan.max_jobs, plan.nvcc_threads) == (8, 2)
     assert plan.predicted_peak_bytes >= 61.9 * GIB
 
@@ -143,14 +153,14 @@ def test_the_plan_shows_the_wall_time_over_the_measured_nodes(capsys: pytest.Cap
     plan = plan_build(node(16, 125.9), "flash-attn", ("90",))
     assert plan.wall_range_seconds is not None
     fastest, slowest = plan.wall_range_seconds
-    link = load_profiles()["flash-attn"].link_seconds
+    link = numbers_for("flash-attn").profile.link_seconds
     assert fastest < 850 + link < plan.expected_wall_seconds < slowest
     # The Slurm request covers the slowest node measured.
     h, m, s = map(int, slurm_request(plan).time.split(":"))
     assert h * 3600 + m * 60 + s > slowest
     # A node type measured once has its own speed: no range.
     assert plan_build(node(16, 125.9), "flash-attn", ("90",), node_speed=0.745).wall_range_seconds is None
-    assert main(["plan", "--cores", "16", "--memory", "125.9G", "--archs", "90"]) == 0
+    assert main(["plan", str(RECIPES / "flash-attn"), "--cores", "16", "--memory", "125.9G", "--archs", "90"]) == 0
     shown = capsys.readouterr()
     assert "on the nodes measured so far" in shown.out + shown.err
 
@@ -166,10 +176,13 @@ def test_fa3_units_compile_for_one_arch_each_whatever_the_variant_names() -> Non
 
 @pytest.mark.parametrize(("variant", "units"), [
     ({}, 293),
-    ({"fa3_head_dims": ["128"], "fa3_dtypes": ["bf16;fp16"], "fa3_features": ["bwd;varlen"]}, 6),
+    ({"fa3_head_dims": ["128"], "fa3_dtypes": ["bf16;fp16"], "fa3_features": ["bwd;varlen"], "cuda_archs": ["9.0a"]}, 6),
     # run X's set: no softcap, so upstream builds the `_softcapall` backward units under plain names
-    ({"fa3_head_dims": ["all"], "fa3_dtypes": ["bf16;fp8"], "fa3_features": ["appendkv;bwd;cluster;local;packgqa;paged;split;varlen"]}, 58),
-    ({"fa3_head_dims": ["64"], "fa3_dtypes": ["bf16"], "fa3_features": ["varlen"]}, 3),
+    ({"fa3_head_dims": ["all"], "fa3_dtypes": ["bf16;fp8"], "fa3_features": ["appendkv;bwd;cluster;local;packgqa;paged;split;varlen"],
+      "cuda_archs": ["9.0a"]}, 58),
+    ({"fa3_head_dims": ["64"], "fa3_dtypes": ["bf16"], "fa3_features": ["varlen"], "cuda_archs": ["9.0a"]}, 3),
+    # upstream's A100 code path (sm80 units) goes with 8.0 in the variant's archs
+    ({"fa3_head_dims": ["64"], "fa3_dtypes": ["bf16"], "fa3_features": ["varlen"], "cuda_archs": ["8.0;9.0a"]}, 4),
 ])
 def test_an_fa3_subset_is_planned_from_its_own_units(variant, units) -> None:
     """The unit counts upstream's setup.py builds for these subsets (runs L, X and Y compiled 6, 58, 3)."""

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
 
-from extforge import unit_costs
+from extforge import cost_store, unit_costs
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "build_side_by_side.py"
 
@@ -91,14 +90,19 @@ def test_emitted_costs_are_what_the_planner_reads(bench, tmp_path: Path, monkeyp
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps([bench.asdict(_side(bench, "plain", 1004.0, flash_bwd_hdim128_fp16_sm80=250.0,
                                                     flash_fwd_hdim128_fp16_sm80=100.0))]))
-    out = tmp_path / "costs.yaml"
+    folder = tmp_path / "flash-attn"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text("context:\n  name: flash-attn\n  version: '2.8.3'\n")
+    out = folder / cost_store.RECIPE_FILE
     monkeypatch.setattr(sys, "argv", [str(BENCH), str(sdist), "--merge", str(plain), "--emit-costs", str(out), "--no-record"])
     assert bench.main() == 0
-    data = YAML(typ="safe").load(out.read_text())
-    monkeypatch.setattr(unit_costs, "_data", lambda: data)
-    costs = unit_costs.load("flash-attn")
-    assert costs is not None and costs.archs == ("90",) and "H100 node" in (costs.measured or "")
-    assert costs.seconds() == {"flash_bwd_hdim128_fp16_sm80": 250.0, "flash_fwd_hdim128_fp16_sm80": 100.0}
+    with cost_store.recipe_costs(folder):
+        learned = cost_store.load("flash-attn", "2.8.3")
+    assert learned is not None and learned.archs == ("90",) and learned.model is not None
+    assert learned.host == "H100-node-(16-cores,-125.9-GiB)" and learned.model.measured.startswith("H100 node (16 cores")
+    assert learned.costs().seconds() == {"flash_bwd_hdim128_fp16_sm80": 250.0, "flash_fwd_hdim128_fp16_sm80": 100.0}
+    # What the recipe's data says of its units stays with them.
+    assert learned.model.shards is not None
 
 
 def test_the_timeline_keeps_every_line_and_mark_in_time_order(bench, tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from extforge import unit_costs
+from extforge import cost_store, unit_costs
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine
-from extforge.plan import load_profiles, plan_build, unit_seconds
-from extforge.unit_costs import head_dim, heuristic_weight, list_schedule, longest_first, lpt_makespan, parse_ninja_log
+from extforge.plan import numbers_for, plan_build, unit_seconds
+from extforge.unit_costs import list_schedule, longest_first, lpt_makespan, parse_ninja_log
 
 
 def brute_force_makespan(costs: list[float], jobs: int) -> float:
@@ -61,17 +61,6 @@ def test_longest_first_order_is_reproducible() -> None:
     assert longest_first({"b": 2.0, "a": 2.0, "c": 3.0}) == ["c", "a", "b"]
 
 
-def test_heuristic_follows_the_measured_kinds_for_units_without_data() -> None:
-    # The node measured split-kv forward > backward > forward, causal cheaper, head dim no ordering.
-    w = heuristic_weight
-    assert w("flash_fwd_split_hdim128_bf16_sm80") > w("flash_bwd_hdim128_bf16_sm80") > w("flash_fwd_hdim128_bf16_sm80")
-    for kind in ("fwd_split", "bwd", "fwd"):
-        assert w(f"flash_{kind}_hdim64_fp16_causal_sm80") < w(f"flash_{kind}_hdim64_fp16_sm80")
-    assert w("flash_bwd_hdim192_bf16_sm80") < w("flash_bwd_hdim128_bf16_sm80") < w("flash_bwd_hdim256_bf16_sm80")
-    assert w("flash_api") < w("flash_fwd_hdim32_fp16_causal_sm80")
-    assert head_dim("flash_fwd_split_hdim192_fp16_causal_sm80") == 192 and head_dim("flash_api") is None
-
-
 # v5: the mtime is the output's, as its edge ended; the last line is an incremental rebuild 15 min later
 # (the same command: its hash).
 NINJA_LOG = """# ninja log v5
@@ -101,36 +90,20 @@ def test_not_a_ninja_log_is_refused() -> None:
         parse_ninja_log("0\t1\t2\tx.o\th\n")
 
 
-def test_emitted_entry_round_trips_into_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_learned_entry_round_trips_into_the_planner(tmp_path: Path) -> None:
     seconds = unit_costs.unit_seconds(parse_ninja_log(NINJA_LOG))
-    entry = unit_costs.to_yaml_entry("flash-attn", seconds, ["90"], "test node, 2026-11-23")
-    monkeypatch.setattr(unit_costs, "_data", lambda: entry)
-    costs = unit_costs.load("flash-attn")
-    assert costs is not None and costs.any_measured and costs.archs == ("90",)
-    assert costs.seconds() == pytest.approx(seconds)
-    # Measured data wins over the heuristic: the planner's wall time is the longest unit + link.
-    node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
-    plan = plan_build(node, "flash-attn", ("90",))
-    assert plan.expected_wall_seconds == round(398.0 + load_profiles()["flash-attn"].link_seconds)
+    entry = cost_store.measure("some-recipe", "1.0", NINJA_LOG, ["90"], 1, None)
+    cost_store.save(entry, tmp_path)
+    costs = cost_store.load("some-recipe", store=tmp_path)
+    assert costs is not None and costs.costs().any_measured and costs.archs == ("90",)
+    assert costs.costs().seconds() == pytest.approx(seconds)
 
 
-def test_partly_measured_units_scale_the_heuristic() -> None:
-    costs = unit_costs.UnitCosts("x", {"flash_fwd_hdim128_fp16_sm80": 100.0, "flash_bwd_hdim128_fp16_sm80": None}, ("90",))
-    assert costs.seconds()["flash_bwd_hdim128_fp16_sm80"] == pytest.approx(127.0)
-
-
-def test_unmeasured_head_dims_follow_their_measured_twins() -> None:
-    costs = unit_costs.UnitCosts("x", {"flash_fwd_split_hdim128_fp16_sm80": 400.0, "flash_fwd_split_hdim256_fp16_sm80": None,
-                                       "flash_bwd_hdim128_fp16_sm80": 300.0, "flash_bwd_hdim64_fp16_causal_sm80": None,
-                                       "flash_api": None}, ("90",))
-    seconds = costs.seconds()
-    # Same kind, dtype and masking at another head dim: the twin's seconds, scaled by head dim.
-    assert seconds["flash_fwd_split_hdim256_fp16_sm80"] == pytest.approx(400.0 * 1.18 / 1.10)
-    assert seconds["flash_fwd_split_hdim256_fp16_sm80"] > seconds["flash_api"]
-    # No measured twin (causal backward): the heuristic, scaled to the measured units.
-    measured_weight = heuristic_weight("flash_fwd_split_hdim128_fp16_sm80") + heuristic_weight("flash_bwd_hdim128_fp16_sm80")
-    assert seconds["flash_bwd_hdim64_fp16_causal_sm80"] == pytest.approx(
-        heuristic_weight("flash_bwd_hdim64_fp16_causal_sm80") * 700.0 / measured_weight)
+def test_unmeasured_units_are_planned_at_the_mean_of_the_measured() -> None:
+    """The old code weighed an unmeasured unit by flash-attn's kinds and head dims, whatever the recipe."""
+    costs = unit_costs.UnitCosts("x", {"a": 100.0, "b": 300.0, "c": None}, ("90",))
+    assert costs.seconds() == {"a": 100.0, "b": 300.0, "c": 200.0}
+    assert unit_costs.UnitCosts("x", {"a": None, "b": None}).seconds() == {"a": 1.0, "b": 1.0}
 
 
 def run_j_node_speed(costs: unit_costs.UnitCosts) -> float:
@@ -140,11 +113,11 @@ def run_j_node_speed(costs: unit_costs.UnitCosts) -> float:
 
 
 def test_shipped_flash_attn_data_measures_every_unit() -> None:
-    costs = unit_costs.load("flash-attn")
-    assert costs is not None and len(costs.units) == load_profiles()["flash-attn"].translation_units == 73
+    numbers = numbers_for("flash-attn")
+    costs, profile = numbers.costs, numbers.profile
+    assert costs is not None and len(costs.units) == profile.translation_units == 73
     assert all(s is not None and s > 0 for s in costs.units.values())
     assert costs.concurrency is not None and costs.concurrency.reference == 16
-    profile = load_profiles()["flash-attn"]
     per_unit = unit_seconds(profile, costs, 1, 1)
     # Run G took 1407 s (16 jobs, compile + link; setuptools' name order) on a 16-core node; the
     # costs come from a 32-core node's build, paced at 16 compiles at once. Nodes differ in speed:
@@ -153,7 +126,7 @@ def test_shipped_flash_attn_data_measures_every_unit() -> None:
     upstream = list_schedule(sorted((u, s * speed) for u, s in per_unit.items()), 16, costs.concurrency).makespan
     assert upstream + profile.link_seconds == pytest.approx(1407, rel=0.05)
     assert lpt_makespan(per_unit, 16, costs.concurrency) + profile.link_seconds < upstream
-    slim = unit_costs.with_head_dims(per_unit, [128])
+    slim = unit_costs.in_variant(per_unit, costs.subsets, {"flash_attn_head_dims": ["128"]})
     assert len(slim) == 13 and "flash_api" in slim
 
 
@@ -177,13 +150,14 @@ def test_a_full_build_starts_the_split_kv_units_first() -> None:
 def test_head_dim_subset_plan_is_shorter() -> None:
     node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
     full = plan_build(node, "flash-attn", ("90",))
-    slim = plan_build(node, "flash-attn", ("90",), head_dims=(128,))
+    slim = plan_build(node, "flash-attn", ("90",), variant={"flash_attn_head_dims": ["128"]})
     assert slim.expected_wall_seconds < 0.5 * full.expected_wall_seconds
     assert full.upstream_order_wall_seconds is not None and full.upstream_order_wall_seconds > full.expected_wall_seconds
 
 
-SHARDS = unit_costs.ShardModel(repeated={"fwd": 0.2, "bwd": 0.2, "fwd_split": 0.2},
-                                twin_share={"fwd": 0.4, "bwd": 0.5, "fwd_split": 0.5})
+SHARDS = unit_costs.ShardModel({"fwd": unit_costs.ShardKind("flash_fwd_hdim", 0.2, 0.4),
+                                 "bwd": unit_costs.ShardKind("flash_bwd_hdim", 0.2, 0.5),
+                                 "fwd_split": unit_costs.ShardKind("flash_fwd_split_hdim", 0.2, 0.5)})
 
 
 def test_a_unit_longer_than_the_rest_of_the_schedule_is_split() -> None:
@@ -208,7 +182,7 @@ def test_busy_slots_split_nothing() -> None:
 def test_only_kernel_units_of_a_known_switch_are_split() -> None:
     costs = {"flash_api": 500.0, "flash_fwd_hdim64_fp16_sm80": 100.0}
     assert unit_costs.split_units(costs, 4, SHARDS)[1] == []
-    no_split_kv = unit_costs.ShardModel({"fwd": 0.2}, {"fwd": 0.4})
+    no_split_kv = unit_costs.ShardModel({"fwd": unit_costs.ShardKind("flash_fwd_hdim", 0.2, 0.4)})
     assert unit_costs.split_units({"flash_fwd_split_hdim64_fp16_sm80": 500.0}, 4, no_split_kv)[1] == []
     assert unit_costs.split_units({"flash_fwd_hdim64_fp16_sm80": 500.0}, 4, None)[1] == []
 
@@ -216,7 +190,7 @@ def test_only_kernel_units_of_a_known_switch_are_split() -> None:
 def test_shipped_data_splits_the_head_dim_128_build_only() -> None:
     node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
     full = plan_build(node, "flash-attn", ("90",))
-    slim = plan_build(node, "flash-attn", ("90",), head_dims=(128,))
+    slim = plan_build(node, "flash-attn", ("90",), variant={"flash_attn_head_dims": ["128"]})
     assert full.split_units == () and "EXTFORGE_SHARD_UNITS" not in full.env()
     assert slim.split_units and slim.split_units[0] == "flash_fwd_split_hdim128_fp16_sm80"
     assert slim.env()["EXTFORGE_SHARD_UNITS"].split(";") == list(slim.split_units)

@@ -1,17 +1,19 @@
-"""Every variable extforge.compile_cache.env() sets reaches the build scripts of flash-attn and FA3.
+"""Every variable extforge.compile_cache.env() sets reaches the build script of every recipe.
 
-rattler-build runs build scripts in a strictly isolated environment: a variable that the
-recipe does not list under build.script.env silently disappears and the cache stays cold.
+rattler-build runs build scripts in a strictly isolated environment: a variable that the recipe
+does not list under build.script.env silently disappears and the cache stays cold. flash-attn and
+FA3 listed the dozen one by one; every recipe is on the build layer now, whose activation reads
+them from the settings file `extforge build` writes beside the work folders.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 
-from extforge import compile_cache
+from extforge import build_layer, compile_cache
 from extforge.errors import ExtforgeError
 
 
@@ -27,27 +29,22 @@ def tools_on_path(tmp_path: Path, monkeypatch) -> Path:
     return bin_dir
 
 
-@pytest.mark.parametrize("recipe", ["flash-attn", "flash-attn-3"])
 @pytest.mark.parametrize("tool", compile_cache.TOOLS)
-def test_recipe_passes_every_cache_variable(recipe_dir: Path, tools_on_path: Path, tmp_path: Path,
-                                            monkeypatch, tool: str, recipe: str) -> None:
-    recipe_dir = recipe_dir.parent / recipe
+def test_every_cache_variable_reaches_every_recipe_through_the_layer(recipe_dir: Path, tools_on_path: Path,
+                                                                     tmp_path: Path, tool: str) -> None:
     env = compile_cache.env(tool, cache_dir=tmp_path / "cache")
     assert env["EXTFORGE_COMPILER_LAUNCHER"].endswith("/compile-launcher.sh " + str(tools_on_path / tool))
     assert compile_cache.cache_tool(env["EXTFORGE_COMPILER_LAUNCHER"]) == str(tools_on_path / tool)
     assert (tmp_path / "cache").is_dir()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    recipe = Stage0Recipe.from_file(recipe_dir / "recipe.yaml")
-    (variant, *_) = recipe.render(
-        VariantConfig.from_file(recipe_dir / "variants-offline.yaml"),
-        RenderConfig(platform=PlatformConfig(target_platform="linux-64")),
-    )
-    script_env = variant.recipe.to_dict()["build"]["script"]["env"]
-    assert {k: script_env.get(k) for k in env} == env
-    meta = (recipe_dir / "meta.yaml").read_text()
-    for key in env:
-        assert f"- {key}={{{{ environ.get('{key}'" in meta, key
+    settings = build_layer.write_settings(tmp_path / "out", env)
+    shown = subprocess.run(["/bin/bash", "-c", f"source {settings}; env -0"], capture_output=True, check=True,
+                           env={"PATH": "/usr/bin:/bin"}).stdout.decode()
+    seen = dict(line.split("=", 1) for line in shown.split("\0") if "=" in line)
+    assert {k: seen.get(k) for k in env} == env
+    for recipe in sorted(recipe_dir.parent.glob("*/recipe.yaml")):
+        text = recipe.read_text() + "".join(f.read_text() for f in recipe.parent.glob("meta.yaml"))
+        assert build_layer.uses_layer(text) and "EXTFORGE_LAYER" not in text, recipe
+        assert not [k for k in env if k in text], recipe  # the layer's, never a recipe's to pass on
 
 
 def test_ccache_ignores_work_dir_paths(tools_on_path: Path, tmp_path: Path) -> None:

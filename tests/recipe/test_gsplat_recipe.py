@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from extforge import engine
+from extforge import build_layer, engine
 from extforge.mirror import rows
 
 from .conda_build_render import render, v1_pin
@@ -35,8 +35,11 @@ def rendered(tmp_path_factory) -> list[tuple[dict, dict]]:
         rows.Row({"python": py, "pytorch": torch, "cxx_abi": abi, "c_compiler": "gcc", "c_compiler_version": gcc,
                   "cxx_compiler": "gxx", "cxx_compiler_version": gcc, "cuda_compiler": "cuda-nvcc",
                   "cuda_compiler_version": cuda}) for py, torch, cuda, gcc, abi in SERVED]))
-    config = engine.load_variant_files([channel, RECIPE / "variants.yaml"])
-    return [(v.variant, v.recipe.to_dict()) for v in engine.render(RECIPE / "recipe.yaml", config, "linux-64")]
+    # What `extforge build` reads: the layer's variants (the archs), the channel's rows, and the
+    # build string the recipe inherits.
+    config = engine.load_variant_files([build_layer.variants_file(), channel])
+    return [(v.variant, v.recipe.to_dict())
+            for v in engine.render(RECIPE / "recipe.yaml", config, "linux-64", build_layer.BUILD_STRING)]
 
 
 def test_one_package_per_served_row_named_by_it(rendered) -> None:
@@ -58,7 +61,7 @@ def test_the_kernels_are_compiled_in_the_build_for_the_variants_archs(rendered) 
 
 def test_the_conda_build_twin_says_the_same_for_every_row(rendered) -> None:
     yaml = YAML(typ="safe")
-    assert yaml.load(RECIPE / "conda_build_config.yaml") == yaml.load(RECIPE / "variants.yaml")
+    assert yaml.load(RECIPE / "conda_build_config.yaml") == yaml.load(build_layer.variants_file())
     for variant, v1 in rendered:
         meta = render(RECIPE, {k: str(v) for k, v in variant.items()})
         assert meta["package"] == {"name": v1["package"]["name"], "version": v1["package"]["version"]}

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 
+from extforge import build_layer
+
 VARIANT_FILES = ["variants.yaml", "variants-offline.yaml"]
 BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)_cxx(?:11|98)_h[0-9a-f]{7}_(\d+)$")
 
@@ -53,31 +55,35 @@ def test_build_strings_name_the_variant_and_are_distinct(rendered) -> None:
 def test_pytorch_pinned_to_one_exact_build(rendered) -> None:
     for variant, r in rendered:
         host = r["requirements"]["host"]
-        # Host: exactly the variant's torch release, a CUDA build of it.
+        # Host: exactly the variant's torch release, a CUDA build of it; its run_exports pin the
+        # package to the exact build the host solve picked (the mirror's pytorch exports it,
+        # tests/mirror/test_conda_writer.py), as every recipe of the layer gets it.
         assert f"pytorch {variant['pytorch']}.* cuda*" in host
-        # Run: the exact version AND build string the host solve picked (resolved at build time).
         run = r["requirements"]["run"]
         pins = [d["pin_compatible"] for d in run if isinstance(d, dict) and "pin_compatible" in d]
-        assert {"name": "pytorch", "exact": True} in pins
+        assert not any(p["name"] == "pytorch" for p in pins) and "ignore_run_exports" not in r["requirements"]
         assert f"cuda-version {variant['cuda_compiler_version']}.*" in host
         assert any(p["name"] == "cuda-version" for p in pins)
         cuda_major = variant["cuda_compiler_version"].split(".")[0]
         assert f"__cuda >={cuda_major}" in run
 
 
-def test_build_env_forces_source_build_with_variant_archs(rendered) -> None:
+def test_the_layer_builds_it_for_the_variants_archs(rendered) -> None:
+    """The recipe set EXTFORGE_LAYER=files (the layer's activation returned at once), passed its
+    archs in flash-attn's own FLASH_ATTN_CUDA_ARCHS and the planner's and compile cache's settings
+    one by one; the layer does all that now, for the archs of cuda_archs."""
     for variant, r in rendered:
         env = r["build"]["script"]["env"]
-        assert env["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
-        assert env["FLASH_ATTENTION_SKIP_CUDA_BUILD"] == "FALSE"
-        assert env["FLASH_ATTN_CUDA_ARCHS"] == variant["flash_attn_cuda_archs"]
-        assert "TORCH_CUDA_ARCH_LIST" not in env  # upstream's setup.py ignores it
+        assert env == {"TORCH_CUDA_ARCH_LIST": variant["cuda_archs"], "FLASH_ATTN_HEAD_DIMS": "all"}
+        assert "extforge-torch-build" in r["requirements"]["build"]
         assert r["build"]["script"]["file"] == "build.sh"
+    # Upstream's download switch is the layer's data, set in every build.
+    assert "export FLASH_ATTENTION_FORCE_BUILD=TRUE" in build_layer.switches_sh()
 
 
 def test_default_archs_cover_a100_and_h100(recipe_dir: Path) -> None:
     for _, r in _render(recipe_dir, "variants.yaml"):
-        assert {"80", "90"} <= set(r["build"]["script"]["env"]["FLASH_ATTN_CUDA_ARCHS"].split(";"))
+        assert {"8.0", "9.0"} <= set(r["build"]["script"]["env"]["TORCH_CUDA_ARCH_LIST"].split(";"))
 
 
 def test_source_is_the_pinned_sdist_with_offline_cache_first(rendered) -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from extforge import engine, scaffold, sources
+from extforge import scaffold, sources
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
 from extforge.errors import ExtforgeError
+from extforge.variants import Matrix, render
 from servers import serving
 
 # Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.
@@ -164,7 +165,9 @@ def test_recipe_new_offline_writes_the_recipe_shape(tmp_path: Path, sdist: Path,
     assert recipe["requirements"]["build"][3:] == ["extforge-torch-build", "ninja"]
     assert recipe["requirements"]["host"] == ["python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch",
                                               "cuda-version ${{ cuda_compiler_version }}.*", "pybind11 >=2.10"]
-    assert recipe["requirements"]["run"][3:] == ["packaging", "einops >=0.7", "triton"]
+    # torch's exact pin is its run_exports': python, cuda-version, then upstream's own.
+    assert recipe["requirements"]["run"][2:] == ["packaging", "einops >=0.7", "triton"]
+    assert "string" not in recipe["build"]  # the build layer's
     assert recipe["tests"] == [{"python": {"imports": ["tiny_conv", "tiny_conv_cuda"], "pip_check": False}}]
     assert recipe["about"] == {"homepage": "https://example.org/tiny-conv", "summary": "Tiny causal conv: a test extension",
                                "license": "BSD-3-Clause"}
@@ -172,6 +175,11 @@ def test_recipe_new_offline_writes_the_recipe_shape(tmp_path: Path, sdist: Path,
     # Written once; a second run asks before it overwrites.
     assert main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path)]) == 2
     assert "exists" in capsys.readouterr().err
+    # Without --archs no variants.yaml: the build layer's gives the archs (9.0), as it gives the build
+    # string; one that --force would leave behind would keep its archs over the layer's.
+    main(["recipe", "new", "tiny-conv==1.7.0", "--sdist", str(sdist), "--dest", str(tmp_path), "--force", "--json"])
+    assert json.loads(capsys.readouterr().out)["files"] == [str(folder / "recipe.yaml")]
+    assert not (folder / "variants.yaml").exists()
 
 
 def test_the_recipe_renders_for_a_channel_row(tmp_path: Path, sdist: Path) -> None:
@@ -179,9 +187,9 @@ def test_the_recipe_renders_for_a_channel_row(tmp_path: Path, sdist: Path) -> No
                  "--url", "https://example.invalid/tiny-conv-1.7.0.tar.gz"]) == 1
     row = {"python": ["3.12"], "pytorch": ["2.14.1"], "cuda_compiler_version": ["13.0"], "cxx_abi": ["cxx11"],
            "cuda_archs": ["9.0"]}
-    (variant,) = engine.render(tmp_path / "tiny-conv" / "recipe.yaml", engine.variant_config(row), "linux-64")
+    (variant,) = render(tmp_path / "tiny-conv" / "recipe.yaml", Matrix(row, [], []))
     d = variant.recipe.to_dict()
-    assert d["build"]["string"].startswith("cuda130_torch214_py312_cxx11_h")
+    assert d["build"]["string"].startswith("cuda130_torch214_py312_cxx11_h")  # the build layer's scheme
     assert d["source"][0]["url"][-1] == "https://example.invalid/tiny-conv-1.7.0.tar.gz"
 
 

@@ -31,13 +31,14 @@ def test_flash_attn_sbatch_matches_plan_on_a_16_core_128g_node(tmp_path):
     assert len(scripts) == 5
     seen_archs = set()
     for text in scripts.values():
-        archs = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#   flash_attn_cuda_archs"))
+        archs = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#   cuda_archs"))
         archs = archs.strip().replace(";", ",")
         seen_archs.add(archs)
-        plan = json.loads(extforge("plan", "--cores", "16", "--memory", "128G", "--archs", archs, "--json"))
+        plan = json.loads(extforge("plan", str(REPO / "recipe" / "flash-attn"), "--cores", "16", "--memory", "128G",
+                                   "--archs", archs, "--json"))
         requested = [line.removeprefix("#SBATCH ") for line in text.splitlines()
                      if line.startswith(("#SBATCH --cpus-per-task", "#SBATCH --mem", "#SBATCH --time"))]
         assert requested == plan["slurm"]["sbatch_args"], archs
         assert "--profile flash-attn" in text
-    assert seen_archs == {"80,90", "90", "80"}
+    assert seen_archs == {"8.0,9.0", "9.0", "8.0"}
     assert not (tmp_path / "out").exists(), "a dry run writes nothing"

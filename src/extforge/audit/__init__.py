@@ -83,7 +83,8 @@ def _audit_payload(
                 "error", "packaging", mismatch,
                 cause="the run requirement on pytorch is not taken from the host pytorch, so users "
                       "get a torch the module was never linked against",
-                fix="pin it from the host in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}"))
+                fix="build against a pytorch that exports its exact pin (an `extforge mirror` channel's does), or "
+                    "pin it from the host in the recipe: run: ${{ pin_compatible('pytorch', exact=True) }}"))
         else:
             against, source = build_env, "build"
     if against is None and payload.kind == "conda" and channel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import re
 from pathlib import Path
 
 from ..errors import EXIT_OK, ExtforgeError
@@ -23,20 +22,21 @@ def parse_archs(text: str) -> tuple[str, ...]:
 
 
 def recipe_name(recipe: Path) -> str:
-    """The name `extforge build` plans a recipe folder under (its folder's name)."""
+    """The name `extforge build` plans a recipe under: its package name (else its folder's)."""
+    from ..cost_store import recipe_name as package_name
     from ..engine import find_recipe
 
-    return find_recipe(recipe).parent.name
+    recipe_file = find_recipe(recipe)
+    return package_name(recipe_file.read_text()) or recipe_file.parent.name
 
 
 def recipe_facts(recipe: Path) -> tuple[str | None, tuple[str, ...], int | None]:
-    """A recipe folder's version, GPU archs (its variants.yaml) and translation units (its sdist's
+    """A recipe folder's version, GPU archs (its variant files) and translation units (its sdist's
     setup.py, where the source cache, $EXTFORGE_SOURCES or the default, holds the sdist)."""
     from .. import cost_store, engine, scaffold, sources, variants
 
     recipe_file = engine.find_recipe(recipe)
-    own = recipe_file.parent / "variants.yaml"
-    archs = tuple(variants.archs(engine.read_variant_files([own])[0])) if own.is_file() else ()
+    archs = tuple(variants.archs(engine.read_variant_files(variants.recipe_files(recipe_file, []))[0]))
     units = None
     with contextlib.suppress(ExtforgeError):
         spec = sources.read_spec(recipe_file)
@@ -53,17 +53,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=option_type(positive_int), help="plan for this many cores instead of this machine's")
     parser.add_argument("--memory", type=option_type(positive_size(parse_memory)), help="plan for this much memory, e.g. 128G")
     parser.add_argument("--profile", default=None,
-                        help="the recipe to plan for: a profile shipped with extforge (flash-attn, flash-attn-3, demo-ext), "
-                        "else what earlier builds of it taught the cost store ($EXTFORGE_COST_STORE, default "
-                        "<cache root>/unit-costs), else a conservative estimate (default: the recipe folder's name, "
-                        "else flash-attn)")
+                        help="the name the cost store knows the recipe by ($EXTFORGE_COST_STORE, default <cache root>/unit-costs; "
+                        "default: the recipe's package name); without measured costs, a conservative estimate")
     parser.add_argument("--version", default=None, help="the recipe's version in the cost store (default: the newest measured)")
     parser.add_argument("--archs", type=option_type(parse_archs), default=None,
-                        help="GPU archs, e.g. 80,90 or sm_80,sm_90 or 8.0;9.0 (default: the recipe's variants.yaml, else 80,90)")
-    parser.add_argument("--head-dims", default="", help="a head-dim subset build, e.g. 128 or 64,128 (flash-attn)")
+                        help="GPU archs, e.g. 80,90 or sm_80,sm_90 or 8.0;9.0 (default: the variant's cuda_archs, the "
+                        "recipe's variants.yaml, else 80,90)")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="plan this variant, as `extforge build --variant` builds it (repeatable): a subset's units "
-                        "where the cost data says which it builds (e.g. fa3_head_dims=128, flash_attn_head_dims=128)")
+                        "where the recipe's cost data says which it builds (e.g. flash_attn_head_dims=128)")
     speed = parser.add_mutually_exclusive_group()
     speed.add_argument("--node-speed", type=option_type(positive_float), default=1.0,
                        help="this node type's compile seconds per second of the cost data (e.g. 0.7), from one "
@@ -86,27 +84,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import cost_store, engine
     from ..machine import detect
-    from ..plan import DEFAULT_ARCHS, DEFAULT_PROFILE, minutes, plan_build, slurm_request
+    from ..plan import DEFAULT_ARCHS, minutes, plan_build, slurm_request
     from ..variants import archs as variant_archs
-    from ..variants import head_dims as variant_head_dims
-    from ..variants import parse_variant_overrides
+    from ..variants import normal_archs, parse_variant_overrides
 
     machine = detect()
     if args.cores:
         machine = dataclasses.replace(machine, cores=args.cores, cores_source="--cores")
     if args.memory:
         machine = dataclasses.replace(machine, memory_bytes=args.memory, memory_source="--memory")
-    variant = parse_variant_overrides(args.variant)
-    head_dims = tuple(int(d) for d in re.split(r"[,;]", args.head_dims) if d.strip()) or variant_head_dims(variant)
+    variant = normal_archs(parse_variant_overrides(args.variant), "--variant")
     version, archs, units = recipe_facts(args.recipe) if args.recipe else (None, (), None)
     archs = args.archs or tuple(variant_archs(variant)) or archs or DEFAULT_ARCHS
     if args.compare:
         return compare(args, archs)
-    profile = args.profile or (recipe_name(args.recipe) if args.recipe else DEFAULT_PROFILE)
+    if not (args.recipe or args.profile):
+        raise ExtforgeError("no recipe to plan for", "the plan is made from the recipe's measured unit costs",
+                            "name a recipe folder (extforge plan recipe/NAME), or the name its costs are stored "
+                            "under (--profile NAME)")
+    profile = args.profile or recipe_name(args.recipe)
     with cost_store.recipe_costs(engine.find_recipe(args.recipe).parent) if args.recipe else contextlib.nullcontext():
         speed = node_speed_from(args.node_speed_from, profile, archs, args.nvcc_threads) if args.node_speed_from \
             else args.node_speed
-        plan = plan_build(machine, profile, archs, head_dims, speed,
+        plan = plan_build(machine, profile, archs, speed,
                           version=args.version or version, units=units, variant=variant)
     slurm = slurm_request(plan)
     if args.json:

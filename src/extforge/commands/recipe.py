@@ -22,7 +22,8 @@ def cuda_archs(text: str) -> tuple[str, ...]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("new",), help="new: write <dest>/<name>/recipe.yaml and variants.yaml")
+    parser.add_argument("action", choices=("new",), help="new: write <dest>/<name>/recipe.yaml (and variants.yaml "
+                        "with --archs)")
     parser.add_argument("requirement", metavar="NAME==VERSION", help="the PyPI release, e.g. causal-conv1d==1.7.0")
     parser.add_argument("--sdist", type=Path, help="the release's sdist on disk (offline): its sha256 is computed here")
     parser.add_argument("--url", help="with --sdist: the URL the recipe names after the source cache (default: "
@@ -30,8 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", default=None,
                         help="the package index's JSON API root (default https://pypi.org/pypi; a PyPI proxy's own)")
     parser.add_argument("--dest", type=Path, default=Path("recipe"), help="folder of recipe folders (default: recipe)")
-    parser.add_argument("--archs", type=option_type(cuda_archs), default="9.0",
-                        help="GPU archs of variants.yaml, e.g. 8.0,9.0 or sm_80,sm_90 (default 9.0)")
+    parser.add_argument("--archs", type=option_type(cuda_archs), default=(),
+                        help="GPU archs of the recipe's own variants.yaml, e.g. 8.0,9.0 or sm_80,sm_90 (default: no "
+                        "variants.yaml, extforge-torch-build's gives 9.0)")
     parser.add_argument("-c", "--channel", action="append", default=[], metavar="CHANNEL",
                         help="the channel the recipe will build from (a folder, repeatable): the run requirements and "
                         "upstream's test requirements it lacks are named, with the `extforge mirror --extra` that adds them")
@@ -85,12 +87,18 @@ def run(args: argparse.Namespace) -> int:
                          "check the channel names them alike (-c CHANNEL checks a channel folder)")
     # Nothing below --dest is followed: a link planted at <dest>/<name> is refused, not written through.
     safe_files.make_dirs(folder, beneath=args.dest)
-    safe_files.write_atomic(folder / "recipe.yaml", made.recipe_yaml().encode(), beneath=args.dest)
-    safe_files.write_atomic(folder / "variants.yaml", made.variants_yaml().encode(), beneath=args.dest)
+    files = {folder / "recipe.yaml": made.recipe_yaml(), folder / "variants.yaml": made.variants_yaml()}
+    for path, text in files.items():
+        if text is not None:
+            safe_files.write_atomic(path, text.encode(), beneath=args.dest)
+        elif path.is_file():
+            # A variants.yaml of an earlier `recipe new --archs` would keep its archs over the layer's.
+            safe_files.remove(path, beneath=args.dest)
+    written = [path for path, text in files.items() if text is not None]
     mirror = (f"extforge mirror --channel {shlex.quote(args.channel[0])} "
               + " ".join(f"--extra {shlex.quote(x.pypi)}" for x in lacking)) if lacking else None
     if args.json:
-        emit_json({"recipe": str(folder), "files": [str(folder / "recipe.yaml"), str(folder / "variants.yaml")],
+        emit_json({"recipe": str(folder), "files": [str(f) for f in written],
                    "sdist": {"filename": sdist.filename, "url": sdist.url, "sha256": sdist.sha256},
                    "imports": made.imports, "run": made.run, "translation_units": made.units,
                    "decided": [{"decides": d.decides, "set": dict(d.values), "reason": d.reason} for d in made.decisions],
@@ -99,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                                       "url": made.tests.url, "requires": list(made.tests.requires)},
                    "channel_lacks": [{"name": x.conda, "pypi": x.pypi, "for": x.needed_by} for x in lacking],
                    "mirror_command": mirror, "undecided": undecided})
-    console.print(f"wrote {folder}/recipe.yaml and variants.yaml ({facts.name} {facts.version}, imports: "
+    console.print(f"wrote {' and '.join(str(f) for f in written)} ({facts.name} {facts.version}, imports: "
                   f"{', '.join(made.imports) or 'none'})", markup=False)
     for d in made.decisions:
         console.print(f"decided ({d.decides}): {', '.join(f'{k}={v}' for k, v in d.values.items())}: {d.reason}",

@@ -9,14 +9,13 @@ from ..errors import EXIT_OK, ExtforgeError
 from ..ui import console, emit_json, step
 
 HELP = "fetch a recipe's source archives into the offline source cache, verified by sha256"
-DEFAULT_RECIPE = Path("recipe/flash-attn")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("fetch", "path"),
                         help="fetch: take each source from --from folders, pip (a package's sdist) or the recipe's "
                         "URLs, check its sha256, store it; path: print where each source is cached")
-    parser.add_argument("recipe", nargs="?", type=Path, default=DEFAULT_RECIPE, help="recipe dir or recipe.yaml")
+    parser.add_argument("recipe", type=Path, help="recipe dir or recipe.yaml")
     parser.add_argument("--dest", type=Path, default=None,
                         help="cache root (e.g. on shared storage); default <cache root>/sources")
     parser.add_argument("--from", dest="from_dirs", type=Path, action="append", default=[], metavar="DIR",

@@ -19,7 +19,7 @@ from .. import compile_cache
 from .. import machine as machine_mod
 from ..audit import audit_target
 from ..errors import ExtforgeError
-from ..plan import plan_build
+from ..plan import UNMEASURED, plan_build
 from .checks import diagnose
 from .compiler import probe_compiler
 from .driver import probe_driver
@@ -31,10 +31,10 @@ __all__ = ["DoctorReport", "Facts", "Finding", "diagnose", "planner_values", "ru
 
 
 def planner_values(m: machine_mod.Machine, archs: Sequence[str] = ()) -> tuple[dict[str, Any] | None, str | None]:
-    """What the build planner would choose on this machine (for `archs`, else the recipe's
-    default list), or why it cannot say."""
+    """What the build planner would choose on this machine for an extension nobody measured yet
+    (for `archs`, else the default list), or why it cannot say."""
     try:
-        plan = plan_build(m, archs=tuple(archs))
+        plan = plan_build(m, UNMEASURED, archs=tuple(archs))
         values: dict[str, Any] = dict(plan.job_env())
         values["archs"] = list(plan.archs)
         for key in ("predicted_peak_bytes", "memory_limit_bytes", "expected_wall_seconds"):

@@ -35,7 +35,7 @@ from rattler import Subdir
 from ..channel.hashing import digests_file
 from ..errors import ExtforgeError
 from ._stage import compile_bytecode, rewrite_shebang, wheel_member_target
-from .recipes import PackageJob
+from .recipes import PackageJob, exact_self_pin
 
 # What the files that name the prefix hold in the package; the installer puts the real prefix in.
 # Long, as conda-build's, so that no real path starts with it by chance.
@@ -215,7 +215,9 @@ def write_package(job: PackageJob, out_dir: Path, threads: int = 1) -> tuple[Pat
     mtime = int(now)
     index = _index(job, build, int(now * 1000))
     out = out_dir / f"{stem}.conda"
-    exports = {k: v for k, v in (("weak", job.run_exports), ("strong", job.strong_run_exports)) if v}
+    # An exact self-pin (recipes.exact_self_pin) as rattler-build renders it: version and build string.
+    weak = [f"{job.name} =={job.version} {build}" if e == exact_self_pin(job.name) else e for e in job.run_exports]
+    exports = {k: v for k, v in (("weak", weak), ("strong", job.strong_run_exports)) if v}
     zips = [zipfile.ZipFile(w["path"]) for w in job.manifest.get("wheels", [])]
     staging = out_dir / "bytecode"
     try:

@@ -20,6 +20,12 @@ def template_text() -> str:
     return resources.files("extforge").joinpath("data/mirror/recipe.yaml").read_text(encoding="utf-8")
 
 
+def exact_self_pin(name: str) -> str:
+    """A run export that pins whatever builds against the package to exactly its own build
+    (version and build string), as rattler-build's pin_subpackage writes it."""
+    return f"${{{{ pin_subpackage('{name}', exact=True) }}}}"
+
+
 STAGE_SCRIPT = Path(__file__).with_name("_stage.py")
 # What writes a distribution's package without rattler-build (its behaviour is in the key too).
 CONDA_WRITER = Path(__file__).with_name("conda_writer.py")

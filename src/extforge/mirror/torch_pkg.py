@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ExtforgeError
 from .inputs import Artifact, MirrorInputs
-from .recipes import PackageJob
+from .recipes import PackageJob, exact_self_pin
 
 VERSION_PY = "torch/version.py"
 TORCH_CONFIG = "torch/share/cmake/Torch/TorchConfig.cmake"
@@ -83,6 +83,10 @@ def as_pytorch(job: PackageJob, facts: TorchFacts, py_short: str, *, numpy: bool
     """torch's package as conda-forge names and pins it; `numpy`: the channel has numpy, which
     conda-forge's pytorch requires (pip's torch does not)."""
     job.build_string = build_string(facts.cuda, py_short)
+    # An extension compiled against it calls into libtorch's C++ ABI, which only this exact build
+    # has: whatever lists it in its host requirements is pinned to it at run time, as conda-forge's
+    # pytorch exports its own pin (there to the minor version).
+    job.run_exports.append(exact_self_pin(job.name))
     if numpy:
         job.depends.append(NUMPY_SPEC)
     if facts.cuda:

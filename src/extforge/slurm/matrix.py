@@ -31,7 +31,7 @@ class Variant:
         return [a for k, v in self.values for a in ("--variant", f"{k}={v}")]
 
     def archs(self) -> list[str] | None:
-        """CUDA archs from the variant (a key containing 'arch', e.g. cuda_archs="80;90")."""
+        """CUDA archs from the variant (cuda_archs="8.0;9.0")."""
         return variant_archs(dict(self.values)) or None
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import cost_store, paths
 from ..build_options import BuildOptions
 from ..channel_ref import channel_url
 from ..engine import find_recipe
@@ -85,8 +85,8 @@ def node_type(config: SlurmConfig) -> Machine:
 
 
 def profile_for(variant: Variant, configured: str | None) -> str:
-    """The planner profile: configured, else the package's name (a shipped profile, what the
-    cost store learned from its earlier builds, or the planner's conservative estimate)."""
+    """The planner profile: configured, else the package's name (what the cost store learned
+    from its earlier builds, what the recipe's folder ships, or the planner's conservative estimate)."""
     return configured or variant.name
 
 
@@ -152,7 +152,9 @@ def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
         return result
     machine = node_type(req.config)
     for v in todo:
-        job = make_job(req, v, channels, machine)
+        # Planned as `extforge build` plans it: from the costs the recipe's folder ships too.
+        with cost_store.recipe_costs(recipe.parent):
+            job = make_job(req, v, channels, machine)
         parts_text = render_parts_script(job, req.config) if job.parts > 1 else None
         if parts_text:
             result.scripts[f"{v.id}:parts"] = parts_text

@@ -5,14 +5,16 @@
 #     behind a proxy to nowhere; every Python process of the build refuses to resolve or connect
 #     to a non-local address (sitecustomize), and any attempt fails the build at its end;
 #   - the GPU archs are the variant's: nvcc goes through extforge-nvcc, which replaces upstream's
-#     own -gencode/-arch flags with TORCH_CUDA_ARCH_LIST (or refuses them);
-#   - the C++ ABI and standard come from the host torch; MAX_JOBS / NVCC_THREADS and the compile
-#     cache come from `extforge build` (its settings file), else safe defaults;
+#     own -gencode/-arch flags with TORCH_CUDA_ARCH_LIST (or refuses them; or, for a recipe whose
+#     units each compile for archs of their own, keeps those of them the variant names);
+#   - the C++ ABI and standard come from the host torch; MAX_JOBS / NVCC_THREADS, the planner's
+#     unit settings and the compile cache come from `extforge build` (its settings file), else
+#     safe defaults;
 #   - a build record ($PREFIX/share/extforge/build/$PKG_NAME.json) and ninja's log go into the package.
+# A recipe with steps of its own (a build script that picks or splits the sources) runs them in
+# the same shell, after this: it reads what is exported here and adds its own facts to the build
+# record through EXTFORGE_RECORD_EXTRA (a JSON object; the layer's own keys win).
 # Runs under the host env's bash with `set -e`; every failure says what and how to fix it.
-
-# A recipe with a build script of its own (flash-attn) takes only the files: EXTFORGE_LAYER=files.
-[[ "${EXTFORGE_LAYER:-}" == files ]] && return 0
 
 _xf_share="${BUILD_PREFIX}/share/extforge-torch-build"
 _xf_state="${SRC_DIR}/.extforge"
@@ -44,12 +46,22 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
     source "${_xf_share}/torch_facts.sh"
     export CPPFLAGS="${CPPFLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
     export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -D_GLIBCXX_USE_CXX11_ABI=${EXTFORGE_TORCH_ABI}"
-    # Upstream switches that pick the ABI themselves (causal-conv1d, flash-attn) must agree with torch.
-    if [[ "${EXTFORGE_TORCH_ABI}" == 1 ]]; then
-        export FLASH_ATTENTION_FORCE_CXX11_ABI=TRUE CAUSAL_CONV1D_FORCE_CXX11_ABI=TRUE MAMBA_FORCE_CXX11_ABI=TRUE
-    else
-        export FLASH_ATTENTION_FORCE_CXX11_ABI=FALSE CAUSAL_CONV1D_FORCE_CXX11_ABI=FALSE MAMBA_FORCE_CXX11_ABI=FALSE
+    # Upstream switches that pick the ABI themselves (data: switches.sh) must agree with torch.
+    for _xf_v in ${_xf_abi_switches}; do
+        if [[ "${EXTFORGE_TORCH_ABI}" == 1 ]]; then export "${_xf_v}=TRUE"; else export "${_xf_v}=FALSE"; fi
+    done
+    # The shared libstdc++ that torch loads, never a private static copy: a g++ with only
+    # libstdc++.a beside it (some relocated toolchains) links the runtime into the module and
+    # exports it; `extforge audit` refuses that, so stop before a long compile.
+    if [[ -n "${CXX:-}" && ! -e "$("${CXX}" -print-file-name=libstdc++.so)" ]]; then
+        _xf_fail "${CXX} finds no libstdc++.so and would link libstdc++.a into the module (a second C++ runtime" \
+                 "beside torch's libstdc++.so.6); build with conda's gxx or a g++ that has libstdc++.so"
     fi
+    # pip builds a wheel only to unpack it into $PREFIX: deflating a 200+ MiB module took ~10 s of a
+    # 32-core node's build for an archive that lives seconds (rattler-build compresses the package
+    # itself). setuptools reads DIST_EXTRA_CONFIG after setup.cfg.
+    printf '[bdist_wheel]\ncompression = stored\n' > "${_xf_state}/wheel.cfg"
+    export DIST_EXTRA_CONFIG="${_xf_state}/wheel.cfg"
 
     # --- GPU archs: the variant's, as TORCH_CUDA_ARCH_LIST (the recipe maps cuda_archs to it) ----
     [[ -n "${TORCH_CUDA_ARCH_LIST:-}" ]] || _xf_fail "no GPU arch list: add \`TORCH_CUDA_ARCH_LIST: \${{ cuda_archs }}\` to build.script.env and cuda_archs to variants.yaml (e.g. [\"9.0\"])"
@@ -108,12 +120,23 @@ if [[ -z "${EXTFORGE_LAYER:-}" ]]; then
         SCCACHE_SERVER_UDS SCCACHE_BASEDIRS; do
         [[ -z "${!_xf_v:-}" ]] && unset "${_xf_v}"
     done
+    if [[ -n "${EXTFORGE_COMPILER_LAUNCHER:-}" ]]; then
+        # torch's include paths name lib/pythonX.Y/site-packages, so two Python versions preprocess
+        # the same .cu to different text and never share a cache entry. Reached through a link whose
+        # name does not carry the version, they preprocess alike (the -I options themselves are not
+        # in ccache's preprocessor-mode key) and a second Python version reuses the kernel objects.
+        ln -sfn "$("${PYTHON}" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("torch").origin)))')" \
+            "${_xf_state}/site"
+        export PYTHONPATH="${_xf_state}/site${PYTHONPATH:+:${PYTHONPATH}}"
+    fi
 
     # --- Upstream's own arch / thread / standard flags, named before the compile --------------
     "${PYTHON}" "${_xf_share}/scan_flags.py" "${SRC_DIR}" "${EXTFORGE_ARCH_FLAGS}" "${EXTFORGE_ARCH_NAMES}" \
         || _xf_fail "upstream's build files fix GPU archs that differ from the variant's (above); EXTFORGE_ARCH_FLAGS=refuse was asked for"
     # Which units could compile as parallel parts, for the planner's next build of the recipe.
     "${PYTHON}" "${_xf_share}/split_unit.py" --count "${SRC_DIR}" || true
+
+    export EXTFORGE_RECORD_EXTRA="${_xf_state}/record-extra.json"
 
     # --- No network ----------------------------------------------------------------------------
     export PYTHONPATH="${_xf_share}/python${PYTHONPATH:+:${PYTHONPATH}}"

@@ -1,7 +1,8 @@
 """At the end of a successful build (in-build.sh): the build record
 $PREFIX/share/extforge/build/$PKG_NAME.json, which `extforge audit` reads for the archs the
 package promises (and the units compiled as parallel parts), and ninja's log beside it (the
-per-unit times the planner learns from).
+per-unit times the planner learns from). A recipe's own facts (EXTFORGE_RECORD_EXTRA: a JSON
+object its steps wrote, e.g. the kernel subset it built) join the record; the layer's keys win.
 Also says, once, what extforge-nvcc replaced in upstream's compile lines."""
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def main() -> int:
         "ninja_log": bool(logs),
         "split_units": split,
     }
+    extra_file = Path(env.get("EXTFORGE_RECORD_EXTRA", "/nonexistent"))
+    if extra_file.is_file():
+        extra = json.loads(extra_file.read_text())
+        if not isinstance(extra, dict):
+            print(f"error: extforge-torch-build: {extra_file} (EXTFORGE_RECORD_EXTRA) holds no JSON object", file=sys.stderr)
+            return 1
+        record = {**extra, **record}
     (out / f"{env['PKG_NAME']}.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     if rewrites:
         print(f"extforge-torch-build: replaced in upstream's compile lines: {'; '.join(rewrites)} "

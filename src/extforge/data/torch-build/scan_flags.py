@@ -1,7 +1,8 @@
 """Names, before the compile, the flags in upstream's build files that would override what the
 variant says: GPU archs (-gencode/-arch/-code), nvcc threads, a C++ standard. Usage:
 `scan_flags.py SRC_DIR MODE ARCH_NAMES`; MODE `rewrite` notes them (extforge-nvcc replaces them
-at each compile), `refuse` exits 1 on an arch that is not the variant's."""
+at each compile), `within` too (extforge-nvcc drops them), `refuse` exits 1 on an arch that is not
+the variant's."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     src, mode, names = Path(argv[1]), argv[2], set(argv[3].split(","))
     notes, foreign = scan(src, names)
     for line in foreign:
-        verb = "refused" if mode == "refuse" else "replaced at each compile by"
+        verb = {"refuse": "refused", "within": "dropped at each compile, kept:"}.get(mode, "replaced at each compile by")
         print(f"extforge-torch-build: {line}: an arch outside the variant's, {verb} {','.join(sorted(names))}",
               file=sys.stderr)
     for line in notes:
