@@ -139,6 +139,19 @@ def _run(argv: list[str]) -> int:
         return EXIT_CANNOT_RUN
     setup_logging(args.verbose)
     try:
+        return _dispatch(args, argv)
+    except BrokenPipeError:
+        # The reader went away (`extforge plan --json | head`), while the command ran or while its
+        # error was written: nothing is wrong and nobody is left to tell. Later writes and the
+        # flush at exit go to /dev/null instead of raising.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
         return int(args._module.run(args))
     except ExtforgeError as exc:
         return _report(exc, args.json)
@@ -146,12 +159,7 @@ def _run(argv: list[str]) -> int:
         console.print("interrupted")
         return 130
     except BrokenPipeError:
-        # The reader went away (`extforge plan --json | head`): nothing is wrong and nobody is
-        # left to tell. Later writes and the flush at exit go to /dev/null instead of raising.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return EXIT_BROKEN_PIPE
+        raise  # the reader went away: _run's to say, not a crash
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # a bug, or a Rust panic (pyo3's PanicException is a BaseException)
@@ -166,9 +174,10 @@ def _run(argv: list[str]) -> int:
 
 
 def _report(exc: ExtforgeError, as_json: bool) -> int:
+    # stderr first: where stdout's reader went away, the person still reads why.
+    console.print(exc.render(), markup=False)
     if as_json:
         emit_json(exc.to_json())
-    console.print(exc.render(), markup=False)
     return exc.exit_code
 
 

@@ -23,6 +23,7 @@ from extforge.build import Planned, progress_reports
 from extforge.engine import LogSink
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build-logs"
+DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "demo-ext"
 T0 = 1_800_000_000.0
 
 
@@ -97,8 +98,10 @@ def demo_events() -> list[Event]:
 
 def test_a_real_demo_ext_build_shows_its_units_and_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The old code reported progress only for recipes with per-unit costs, and its screen showed
-    nothing where stderr is no terminal; here each unit shows, with the time the plan leaves."""
-    reports, shown = replay(tmp_path, monkeypatch, demo_events(), Planned("demo-ext", {"cuda_archs": ["9.0"]}))
+    nothing where stderr is no terminal; here each unit shows, with the time the plan leaves. The
+    plan comes from the costs the recipe folder ships, as in `extforge build`."""
+    with cost_store.recipe_costs(DEMO_RECIPE):
+        reports, shown = replay(tmp_path, monkeypatch, demo_events(), Planned("demo-ext", {"cuda_archs": ["9.0"]}))
     lines = [m for _, m in shown]
     # Its two units end 0.13 s apart: the first report, at most 10 s after the last, sees both.
     assert {(r.done, r.total) for r in reports} == {(2, 2)}

@@ -98,10 +98,13 @@ def test_a_recipe_yaml_error_names_its_line(sandbox):
     assert doc["why"] == "line 6 reads: '    - echo'" and "see the log" not in res.output
 
 
-def test_a_reader_that_goes_away_gets_no_traceback(sandbox):
-    """`extforge plan --json | head -1`: the pipe closes before the JSON is written; the command
-    ends quietly with 141, as a shell reports a process that SIGPIPE ended."""
-    proc = subprocess.Popen([sys.executable, "-m", "extforge", "plan", "--cores", "32", "--memory", "256G", "--json"],
+@pytest.mark.parametrize("what", ["a plan", "an error"])
+def test_a_reader_that_goes_away_gets_no_traceback(sandbox, what):
+    """`extforge plan --json | head -1`: the pipe closes before the JSON is written, the plan's or
+    an error's (a plan with no recipe: the error's JSON met the closed pipe and gave a traceback);
+    the command ends quietly with 141, as a shell reports a process that SIGPIPE ended."""
+    recipe = [str(Path(__file__).resolve().parents[2] / "recipe" / "demo-ext")] if what == "a plan" else []
+    proc = subprocess.Popen([sys.executable, "-m", "extforge", "plan", *recipe, "--cores", "32", "--memory", "256G", "--json"],
                             cwd=sandbox.root, env=sandbox.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the interpreter has started: every write meets a closed pipe
