@@ -10,7 +10,6 @@ extforge's own dependency.
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from extforge.channel.index import index_channel
 from extforge.locking import exclusive
+from pip_clients import clean_client_env
 from security.crafted import craft_package
 
 PURE_SETUP = 'from setuptools import setup\nsetup(name="pip-pure", version="1.0", packages=["pip_pure"])\n'
@@ -43,14 +43,8 @@ EXT_VERSION = "1.0+cpu"
 PIP_CLIENT = "pip>=26.3,<27"  # the first pip that installs `-r pylock.toml`
 
 
-def client_env() -> dict[str, str]:
-    """The machine's pip and uv settings left out: the test's index is the only source."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    return env | {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-
-
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=client_env(), **kwargs)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_client_env(), **kwargs)
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))}:\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -65,7 +59,7 @@ def build_wheels(work: Path, dest: Path) -> list[Path]:
     (ext / "setup.py").write_text(EXT_SETUP.format(version=EXT_VERSION))
     (ext / "pip_ext" / "__init__.py").write_text("from ._core import greet\n")
     (ext / "core.cpp").write_text(EXT_SOURCE)
-    env = client_env() | {"CC": "g++", "CXX": "g++"}
+    env = clean_client_env() | {"CC": "g++", "CXX": "g++"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest),
                     str(pure), str(ext)], check=True, capture_output=True, env=env)
     return sorted(dest.glob("*.whl"))
@@ -144,11 +138,11 @@ class PipSite:
 
     def pip_install(self, venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.pip), "-m", "pip", "--python", str(venv / "bin" / "python"), "install", *args],
-                              capture_output=True, text=True, env=client_env())
+                              capture_output=True, text=True, env=clean_client_env())
 
     def uv_pip(self, command: str, venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([self.uv, "pip", command, "--no-config", "--python", str(venv / "bin" / "python"), *args],
-                              capture_output=True, text=True, env=client_env())
+                              capture_output=True, text=True, env=clean_client_env())
 
 
 def pip_client(fixtures_dir: Path) -> Path:

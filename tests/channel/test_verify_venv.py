@@ -116,7 +116,8 @@ def test_a_shared_venv_is_verified_by_another_user_and_a_co_tenants_pth_is_named
     member planted is named. Run as the real users extforge-peer and extforge-peer2."""
     import os
 
-    from channel.pip_envs import MANIFEST, client_env, python_channel, write_index
+    from channel.pip_envs import MANIFEST, python_channel, write_index
+    from pip_clients import clean_client_env
 
     root = peer_site.root / "pip-users"
     index = write_index(root / "wheels", pip_site.wheels)
@@ -127,7 +128,7 @@ def test_a_shared_venv_is_verified_by_another_user_and_a_co_tenants_pth_is_named
     (ws / "pixi.toml").write_text(MANIFEST.format(channel=channel.as_uri(), python=short, ext_version="1.0+cpu", index=index))
     assert run_extforge("lock", "--manifest", str(ws / "pixi.toml")).returncode == 0
     venv = root / "venv"
-    subprocess.run([peer_site.python, "-m", "venv", "--without-pip", str(venv)], check=True, env=client_env())
+    subprocess.run([peer_site.python, "-m", "venv", "--without-pip", str(venv)], check=True, env=clean_client_env())
     res = pip_site.pip_install(venv, "-r", str(ws / "pylock.node.toml"))
     assert res.returncode == 0, res.stderr
     for top, dirs, files in os.walk(root):
