@@ -49,7 +49,7 @@ run_chain() {
     }
     step node "$PY" -c 'import sys, torch, os; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), os.cpu_count(), "cores")'
     local recipes=(causal-conv1d mamba-ssm torch-scatter gsplat)
-    [[ -n "${XF_ONLY:-}" ]] && recipes=("$XF_ONLY")
+    [[ -n "${XF_ONLY:-}" ]] && read -ra recipes <<< "$XF_ONLY"
     for r in "${recipes[@]}"; do
         step "sources-$r" "${xf[@]}" sources fetch "recipe/$r" --from "$XF_WORK/repo/.carry/sdists" --dest "$XF_WORK/sources" || return
     done
@@ -138,7 +138,7 @@ for m in sys.argv[1:]: importlib.import_module(m.replace("-", "_")); print(m, "i
     done
     # Upstream's tests of the last extension with the pip venv's python (the same files as the prefix's).
     local r=${only[-1]}
-    [[ -d "$XF_WORK/upstream-tests" ]] && EXTFORGE_SAMPLE_EVERY=1 PYTHONPATH="$XF_WORK/repo/node" step "test-$r-wheel" \
+    [[ -d "$XF_WORK/upstream-tests" ]] && EXTFORGE_SAMPLE_EVERY=1 step "test-$r-wheel" env "PYTHONPATH=$XF_WORK/repo/node" \
         "$XF_WORK/venv-pip/bin/$(basename "$PY")" -m pytest -q -p pytest_sample -p no:cacheprovider "$XF_WORK/upstream-tests/$(ls "$XF_WORK/upstream-tests" | grep -m1 "${r#torch-}")/test"
 }
 
@@ -150,8 +150,9 @@ publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channe
     step verify "${xf[@]}" verify "$XF_WORK/env" --env "$env" --lock "$XF_WORK/pixi.lock" "${maps[@]}"
     mkdir -p "$XF_WORK/upstream-tests"
     # Upstream's test files, run from outside any source tree so the installed packages are imported.
-    export PYTHONPATH="$XF_WORK/repo/node" EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
-    pt=("$XF_WORK/env/bin/python" -m pytest -q -p pytest_sample -p no:cacheprovider)
+    # (PYTHONPATH for the tests alone: the steps after them run extforge from the repo's src/.)
+    export EXTFORGE_SAMPLE_EVERY=${XF_SAMPLE_EVERY:-7}
+    pt=(env "PYTHONPATH=$XF_WORK/repo/node" "$XF_WORK/env/bin/python" -m pytest -q -p pytest_sample -p no:cacheprovider)
 }
 
 test_pyg() {  # test_pyg RECIPE ARCHIVE: upstream's test/ folder (.carry/ARCHIVE-tests.tar.gz), every test
