@@ -12,7 +12,7 @@
 # XF_ONLY="RECIPE ...": those extensions alone, one after another, then envs/gpu-node's env XF_ENV (default:
 # the first's own) installed and upstream's tests, a warm install, their wheels installed by pip and uv into
 # copies of the node's pip torch venv; with XF_SECOND=1, then each built again, planned from its first
-# build (the planner's error).
+# build (the planner's error). XF_PACKAGES=DIR: no builds, the wheels of those packages alone.
 # XF_EXTRAS="scipy ...": more distributions of the node's env to mirror (torch-cluster runs scipy).
 # Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
 # (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
@@ -91,6 +91,13 @@ only() {  # only MIRROR OUT: the XF_ONLY extensions (a space-separated list), on
     local ch=$1 out=$2 r
     local -a only
     read -ra only <<< "$XF_ONLY"
+    if [[ -n "${XF_PACKAGES:-}" ]]; then
+        # XF_PACKAGES=DIR: the packages of an earlier run, no build: their wheels alone.
+        mkdir -p "$XF_WORK/upstream-tests"
+        for r in "${only[@]}"; do tar -C "$XF_WORK/upstream-tests" -xzf .carry/*"${r#torch-}"*-tests.tar.gz; done
+        wheels "$XF_PACKAGES"/*.conda
+        return
+    fi
     # Each first, alone on the node, into an output folder of its own (its ninja log is the planner's
     # first measurement), with its recipe's tests.
     for r in "${only[@]}"; do
@@ -136,10 +143,12 @@ for m in sys.argv[1:]: importlib.import_module(m.replace("-", "_")); print(m, "i
     for p in "$index"/*/simple/*/*.whl; do
         step "audit-wheel-$(basename "${p%%-*}")" "${xf[@]}" audit "$p" --against "$XF_WORK/venv-pip"
     done
-    # Upstream's tests of the last extension with the pip venv's python (the same files as the prefix's).
-    local r=${only[-1]}
-    [[ -d "$XF_WORK/upstream-tests" ]] && EXTFORGE_SAMPLE_EVERY=1 step "test-$r-wheel" env "PYTHONPATH=$XF_WORK/repo/node" \
-        "$XF_WORK/venv-pip/bin/$(basename "$PY")" -m pytest -q -p pytest_sample -p no:cacheprovider "$XF_WORK/upstream-tests/$(ls "$XF_WORK/upstream-tests" | grep -m1 "${r#torch-}")/test"
+    # Upstream's tests with the pip venv's python (the same files as the prefix's).
+    local r
+    for r in "${only[@]}"; do
+        EXTFORGE_SAMPLE_EVERY=1 step "test-$r-wheel" env "PYTHONPATH=$XF_WORK/repo/node" "$XF_WORK/venv-pip/bin/$(basename "$PY")" \
+            -m pytest -q -p pytest_sample -p no:cacheprovider "$XF_WORK/upstream-tests/$(ls "$XF_WORK/upstream-tests" | grep -m1 "${r#torch-}")/test"
+    done
 }
 
 publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channel, then envs/gpu-node's ENV

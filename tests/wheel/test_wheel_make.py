@@ -17,6 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from cli_run import run_extforge
 from crafted_ext import (
     DEPENDS,
     MODULE,
@@ -136,6 +138,27 @@ def test_publish_wheels_runs_from_a_source_tree(tmp_path: Path) -> None:
     (entry,) = json.loads(proc.stdout)["wheels"]["wheels"]
     with zipfile.ZipFile(tmp_path / "index" / entry["file"]) as zf:
         assert f"Generator: extforge ({__version__})" in zf.read(f"{STEM}.dist-info/WHEEL").decode()
+
+
+def test_a_torch_op_library_package_publishes_its_wheel(tmp_path: Path) -> None:
+    """torch-scatter and torch-cluster ship op libraries (`_scatter_cuda.so`, no Python ABI tag in
+    the name: torch.ops.load_library loads them). The old code's audit of the wheel looked for
+    them under a `*-packages` folder, which a wheel (whose root is site-packages) has none of, and
+    refused the wheel: "ships 1 Python file(s) but no compiled module beside them"."""
+    channel = tmp_path / "torch-channel"
+    torch_package(channel)
+    from extforge.channel.index import index_channel
+
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    depends = [d for d in DEPENDS if not d.startswith("__")]
+    package = extension_package(tmp_path / "pkg", extension(tmp_path, env, PLAIN, "_x_cuda.so"), depends=depends,
+                                module_name="_x_cuda.so")
+    proc = run_extforge("publish", str(package), "--wheels", str(tmp_path / "index"), "--upstream", str(channel), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads(proc.stdout)["wheels"]["wheels"]
+    assert entry["file"].endswith(f"/{STEM}-cp311-cp311-manylinux_2_5_x86_64.whl"), entry
+    assert "demo_x/_x_cuda.so" in _members(tmp_path / "index" / entry["file"])
 
 
 def _auditwheel_verdict(wheel: Path) -> dict:

@@ -225,8 +225,14 @@ def _extract_wheel(path: Path, root: Path) -> Payload:
 def beside_python_code(payload: Payload) -> list[Path]:
     """Shared objects inside an installed Python package (`*-packages/<pkg>/...so`): extension
     modules, or torch op libraries a package loads with torch.ops.load_library (torch-scatter's
-    `_scatter_cuda.so` has no Python ABI tag in its name and is no importable module)."""
-    return [p for p in payload.elf_files if any(part.endswith("-packages") for part in Path(payload.relative(p)).parts[:-2])]
+    `_scatter_cuda.so` has no Python ABI tag in its name and is no importable module). A wheel's
+    root is site-packages itself: there, any shared object in a package folder."""
+    def beside(parts: tuple[str, ...]) -> bool:
+        if payload.kind == "wheel":
+            return len(parts) >= 2 and not parts[0].endswith((".data", ".dist-info"))
+        return any(part.endswith("-packages") for part in parts[:-2])
+
+    return [p for p in payload.elf_files if beside(Path(payload.relative(p)).parts)]
 
 
 def packaging_findings(payload: Payload) -> list[Finding]:
