@@ -9,10 +9,8 @@
 #                                         background, then poll up to SECONDS
 #   node/extensions.sh poll [SECONDS]    wait for it up to SECONDS; print the summary
 # To share a node with other work, start it under `taskset -c CPUS` and with CUDA_VISIBLE_DEVICES.
-# XF_ONLY="RECIPE ...": those extensions alone, one after another, then envs/gpu-node's env XF_ENV (default:
-# the first's own) installed and upstream's tests, a warm install, their wheels installed by pip and uv into
-# copies of the node's pip torch venv; with XF_SECOND=1, then each built again, planned from its first
-# build (the planner's error).
+# XF_ONLY=RECIPE: that extension alone (its envs/gpu-node env and tests); with XF_SECOND=1, its
+# build twice instead, the second planned from the first (the planner's error), nothing installed.
 # XF_EXTRAS="scipy ...": more distributions of the node's env to mirror (torch-cluster runs scipy).
 # Each call copies the summary and logs into $OUT (if set). Needs in .carry/: site312.tar.xz
 # (extforge's dependencies for the node's python), sdists/*.tar.gz, and upstream's test archives.
@@ -57,7 +55,19 @@ run_chain() {
     for e in einops transformers pytest packaging rich ${XF_EXTRAS:-}; do extras+=(--extra "$e"); done
     step mirror "${xf[@]}" mirror --from-env "$PY" --channel "$ch" --cuda-home /usr/local/cuda "${extras[@]}" || return
     if [[ -n "${XF_ONLY:-}" ]]; then
-        only "$ch" "$out"
+        # One extension alone (XF_ONLY=gsplat): its build, envs/gpu-node's env of that name, its tests.
+        if [[ -n "${XF_SECOND:-}" ]]; then
+            # XF_SECOND=1: the planner's error on its second build, planned from the first. Only the
+            # compiles count: no recipe tests (mamba-ssm's need causal-conv1d in the channel).
+            step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" --no-test || return
+            step "plan-$XF_ONLY-second" "${xf[@]}" plan "recipe/$XF_ONLY"
+            step "build-$XF_ONLY-second" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$XF_WORK/out2" --no-test || return
+            step "planner-error-$XF_ONLY" "${xf[@]}" plan --compare "$out"/logs/*.ninja_log "$XF_WORK"/out2/logs/*.ninja_log
+            return
+        fi
+        step "build-$XF_ONLY" "${xf[@]}" build "recipe/$XF_ONLY" -c "$ch" -o "$out" || return
+        publish_lock_install "$XF_ONLY" "$out"/linux-64/*.conda || return
+        "test_$XF_ONLY"
         return
     fi
     # causal-conv1d first, alone: its build time is compared across runs (its backward unit compiles
@@ -85,61 +95,6 @@ run_chain() {
     EXTFORGE_SAMPLE_EVERY=1 step test-torch-scatter "${pt[@]}" "$tests/pytorch_scatter-2.1.2/test"
     test_gsplat
     step mamba-tiny-model "$XF_WORK/env/bin/python" node/mamba_tiny.py
-}
-
-only() {  # only MIRROR OUT: the XF_ONLY extensions (a space-separated list), one after another
-    local ch=$1 out=$2 r
-    local -a only
-    read -ra only <<< "$XF_ONLY"
-    # Each first, alone on the node, into an output folder of its own (its ninja log is the planner's
-    # first measurement), with its recipe's tests.
-    for r in "${only[@]}"; do
-        step "build-$r" "${xf[@]}" build "recipe/$r" -c "$ch" -o "$out/$r" || return
-    done
-    # XF_ENV: the envs/gpu-node env that holds them (default: the one extension's own), its upstream tests.
-    local env=${XF_ENV:-${only[0]}} packages=("$out"/*/linux-64/*.conda)
-    publish_lock_install "$env" "${packages[@]}" || return
-    for r in "${only[@]}"; do "test_$r"; done
-    step install-warm "${xf[@]}" install "$env" --prefix "$XF_WORK/env-warm" --lock "$XF_WORK/pixi.lock" --manifest envs/gpu-node/pixi.toml "${maps[@]}"
-    wheels "${packages[@]}"
-    # XF_SECOND=1: each built again, planned from what its first build taught the cost store (the
-    # planner's error); only the compiles count: no recipe tests.
-    [[ -n "${XF_SECOND:-}" ]] || return 0
-    for r in "${only[@]}"; do
-        step "plan-$r-second" "${xf[@]}" plan "recipe/$r"
-        step "build-$r-second" "${xf[@]}" build "recipe/$r" -c "$ch" -o "$XF_WORK/out2/$r" --no-test || return
-        step "planner-error-$r" "${xf[@]}" plan --compare "$out/$r"/logs/*.ninja_log "$XF_WORK/out2/$r"/logs/*.ninja_log
-    done
-}
-
-wheels() {  # wheels PACKAGE...: as wheels in an index, installed by pip and by uv into copies of the node's pip torch venv
-    local index="$XF_WORK/wheels" venv base projects=() p
-    step publish-wheels "${xf[@]}" publish "$@" --wheels "$index" --upstream "$ch" || return
-    for p in "$@"; do p=$(basename "$p"); projects+=("${p%-*-*}"); done
-    local url
-    url="file://$(ls -d "$index"/*/simple | head -1)"
-    base=$("$PY" -c 'import sys; print(sys.prefix)')
-    local uv
-    uv=$("$PY" -c 'import uv; print(uv.find_uv_bin())')
-    for client in pip uv; do
-        venv="$XF_WORK/venv-$client"
-        step "venv-$client" bash -c "cp -al '$base' '$venv' 2>/dev/null || { rm -rf '$venv'; cp -a '$base' '$venv'; }" || continue
-        local vpy="$venv/bin/$(basename "$PY")"
-        if [[ $client == pip ]]; then
-            step "pip-install-wheels" env -u PYTHONPATH PIP_CONFIG_FILE=/dev/null "$vpy" -m pip install --no-cache-dir --index-url "$url" "${projects[@]}" || continue
-        else
-            step "uv-install-wheels" env -u PYTHONPATH UV_NO_CONFIG=1 "$uv" pip install --no-cache --python "$vpy" --index-url "$url" "${projects[@]}" || continue
-        fi
-        step "import-wheels-$client" env -u PYTHONPATH "$vpy" -c 'import sys, importlib, torch
-for m in sys.argv[1:]: importlib.import_module(m.replace("-", "_")); print(m, "imports beside torch", torch.__version__)' "${projects[@]}"
-    done
-    for p in "$index"/*/simple/*/*.whl; do
-        step "audit-wheel-$(basename "${p%%-*}")" "${xf[@]}" audit "$p" --against "$XF_WORK/venv-pip"
-    done
-    # Upstream's tests of the last extension with the pip venv's python (the same files as the prefix's).
-    local r=${only[-1]}
-    [[ -d "$XF_WORK/upstream-tests" ]] && EXTFORGE_SAMPLE_EVERY=1 PYTHONPATH="$XF_WORK/repo/node" step "test-$r-wheel" \
-        "$XF_WORK/venv-pip/bin/$(basename "$PY")" -m pytest -q -p pytest_sample -p no:cacheprovider "$XF_WORK/upstream-tests/$(ls "$XF_WORK/upstream-tests" | grep -m1 "${r#torch-}")/test"
 }
 
 publish_lock_install() {  # publish_lock_install ENV PACKAGE...: into the channel, then envs/gpu-node's ENV
@@ -178,7 +133,7 @@ summarize() {
         echo "|---|---|---|"
         cat "$XF_WORK/steps.md" 2>/dev/null
         echo
-        for t in causal-conv1d mamba-selective-scan torch-scatter torch-cluster torch-scatter-wheel torch-cluster-wheel gsplat; do
+        for t in causal-conv1d mamba-selective-scan torch-scatter torch-cluster gsplat; do
             local f="$XF_WORK/logs/test-$t.log"
             [[ -f $f ]] && echo "- upstream tests, $t: $(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$f" | tail -1)"
         done
@@ -194,7 +149,7 @@ if [[ $mode == start && ! -d "$XF_WORK/repo" ]]; then
     mkdir -p "$XF_WORK/logs" "$XF_WORK/site"
     cp -a . "$XF_WORK/repo"
     tar -C "$XF_WORK/site" -xJf .carry/site312.tar.xz
-    export -f run_chain only wheels summarize publish_lock_install test_gsplat test_pyg test_torch-scatter test_torch-cluster
+    export -f run_chain summarize publish_lock_install test_gsplat test_pyg test_torch-scatter test_torch-cluster
     export XF_WORK PY
     setsid bash -c 'run_chain; echo done > "$XF_WORK/done"' > "$XF_WORK/chain.log" 2>&1 < /dev/null &
 fi
