@@ -28,7 +28,7 @@ import stat
 import subprocess
 import tarfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -412,10 +412,12 @@ def _torch(package: Path, depends: list[str], dep: Dep, py_tag: str, torch_prefi
 
 
 def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux: tuple[int, int] | None = None,
-                     beneath: Path | None = None) -> Wheel:
+                     beneath: Path | None = None, served: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> Wheel:
     """Write the wheel of the audited conda `package` into the folder `dest` (through safe_files,
     anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins (for a
-    stable-ABI package's range, the torch whose row the wheel is served from)."""
+    stable-ABI package's range, the torch whose row the wheel is served from); `served`: row ->
+    project (PEP 503 name) -> the versions the wheel index serves there, which a requirement on
+    a package built per torch is pinned to."""
     package = Path(package)
     with scratch_dir("wheel") as root:
         meta, entries = _extract(package, root)
@@ -441,7 +443,7 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         tag = f"{py_tag}-{platform_tag(needs, arch, manylinux)}"
         meta_bytes = metadata_text(layout.metadata, project, version, str(about.get("summary") or ""),
                                    str(about.get("license") or meta.index.get("license") or ""), requires_python,
-                                   requires_dist(depends, dep))
+                                   requires_dist(depends, dep, meta.name, torch.row, (served or {}).get(torch.row, {})))
         generated = {name: path.read_bytes() for name, path in layout.dist_info.items()}
         generated["METADATA"] = meta_bytes
         generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({__version__})\n"
