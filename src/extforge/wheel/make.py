@@ -10,8 +10,9 @@ way pip's torch arranges its own (`$ORIGIN/../torch/lib`, `$ORIGIN/../nvidia/cu1
 as torch's libraries have), found in the pinned torch's environment, whose site-packages are
 pip's layout (the mirror writes torch and the nvidia wheels as they are).
 
-The bytes depend on the package alone (and this extforge): members sorted, fixed times and
-modes, RECORD last, so the same package always gives the same wheel hash.
+The bytes depend on the package alone (and this extforge, and for a requirement on a package
+built per torch, the version its row serves): members sorted, fixed times and modes, RECORD
+last, so the same package always gives the same wheel hash.
 """
 
 from __future__ import annotations
