@@ -7,6 +7,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from .errors import ExtforgeError
@@ -62,3 +63,10 @@ def manylinux_policy(text: str) -> tuple[int, int]:
     if not m:
         raise ValueError(f"{text!r} is not a manylinux policy: write it like 2_28")
     return int(m.group(1)), int(m.group(2))
+
+
+def add_wheel_index(group: argparse._ActionsContainer, what: str) -> None:
+    """`--wheels DIR`: one option for `extforge publish` and the Slurm jobs of `extforge build`."""
+    group.add_argument("--wheels", type=Path, metavar="DIR",
+                       help=f"{what} into the wheel index DIR, one PEP 503/691 index per torch row: "
+                       "DIR/torch<X.Y.Z>-cu<NNN>/simple/<project>/ (pip install NAME --index-url file://DIR/torch.../simple)")

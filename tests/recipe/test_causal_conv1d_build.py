@@ -11,26 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, sources
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge import cost_store
 from package_files import package_member
-
-RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "causal-conv1d"
 
 
 @pytest.mark.slow
 def test_causal_conv1d_builds_for_the_variants_arch_with_its_long_unit_in_parallel_parts(
-        mirror_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stored, _ = sources.fetch(sources.read_spec(RECIPE))  # PyPI once, then the source cache; sha256 checked
-    monkeypatch.setenv("EXTFORGE_SOURCES", str(stored.parents[2]))
-    # The site's cost store is empty (own_cost_store): the recipe's build-costs.json plans the build.
-    (pkg,) = build_recipe(BuildOptions.make(RECIPE, [mirror_channel], tmp_path / "out"))
-    assert pkg.audit_verdict == "pass" and pkg.build_string.startswith("cuda130_torch214_py311_cxx11_")
-    record = json.loads(package_member(pkg.path, "share/extforge/build/causal-conv1d.json"))
+        causal_conv1d_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The build's cost store started empty (causal_conv1d_build): the recipe's build-costs.json planned it.
+    (pkg,) = sorted((causal_conv1d_build / "channel" / "linux-64").glob("causal-conv1d-*.conda"))
+    stamp = json.loads(package_member(pkg, "share/extforge/audit/causal-conv1d.json"))
+    assert stamp["verdict"] == "pass" and pkg.name.startswith("causal-conv1d-1.7.0-cuda130_torch214_py311_cxx11_")
+    record = json.loads(package_member(pkg, "share/extforge/build/causal-conv1d.json"))
     # Upstream's 9 archs became the variant's one: the audit passed a package of sm_90 code only.
     assert record["cuda_archs"] == ["sm_90"] and "arch: -gencode arch=compute_75,code=sm_75" in record["upstream_flags_replaced"]
-    stamp = json.loads(package_member(pkg.path, "share/extforge/audit/causal-conv1d.json"))
     assert stamp["sass_archs"] == ["sm_90"] and not stamp.get("ptx_archs")
     # No download: the build ran without network, upstream's switch set from data.
     assert record["network"] in ("namespace", "proxy")
@@ -39,8 +33,9 @@ def test_causal_conv1d_builds_for_the_variants_arch_with_its_long_unit_in_parall
     assert split["unit"] == "causal_conv1d_bwd" and split["parts"] >= 2 and split["instantiations"] == 18
     assert "compiled_whole" not in split and len(split["seconds"]) == split["parts"]
     # What the build taught the site's store: the unit whole, and which units could be split.
+    monkeypatch.setenv(cost_store.STORE_ENV, str(causal_conv1d_build / "cost-store"))
     learned = cost_store.load("causal-conv1d", "1.7.0")
     assert learned is not None and learned.part_limits == {"causal_conv1d_bwd": 18, "causal_conv1d_fwd": 18,
                                                            "causal_conv1d_update": 9}
-    split_log = next((tmp_path / "out" / "logs").glob("causal-conv1d-*.split.log")).read_text()
+    split_log = next((causal_conv1d_build / "channel" / "logs").glob("causal-conv1d-*.split.log")).read_text()
     assert '"parts": ' in split_log

@@ -238,3 +238,61 @@ def test_a_split_build_is_a_job_array_of_parts_then_a_link_job_that_publishes(tm
     build = next(line for line in link.splitlines() if " build " in line)
     assert "--link-parts 3" in build and " publish " in link
     assert "--dependency" not in render_build_script(job(), SlurmConfig())
+
+
+def test_a_slurm_job_asked_for_wheels_publishes_the_wheel_first_then_the_package(tmp_path, monkeypatch):
+    """`--slurm --publish-to CH --wheels DIR`, the option of `extforge publish --wheels`: each job
+    publishes its package's wheel into DIR (with the build's --manylinux target), then the package
+    into CH; a wheel refused fails the job before the channel lists the package. The old code had
+    no --wheels with --slurm (argparse refused it): a site building on Slurm got no wheels."""
+    import subprocess
+    from dataclasses import replace
+
+    from extforge.cli import build_parser
+    from extforge.commands.build import options_from_args
+    from extforge.machine import Machine
+    from extforge.slurm.cli import build_request
+    from extforge.slurm.config import SlurmConfig
+    from extforge.slurm.submit import make_job
+
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["build", str(tmp_path / "recipe"), "-c", str(tmp_path), "--slurm", "--publish-to", "ch",
+                                      "--wheels", "wheels", "--manylinux", "2_28"])
+    req = build_request(options_from_args(args), args)
+    assert req.wheels == tmp_path / "wheels" and req.publish_to == str(tmp_path / "ch")
+    made = make_job(req, VARIANT, [str(tmp_path)], Machine(16, 128 * 2**30, "2.39", "test", "test"))
+    assert made.wheel_publish == ("--wheels", str(tmp_path / "wheels"), "--manylinux", "2_28")
+
+    # The generated script, run by bash with an extforge that records each call; its build leaves the package.
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-extforge"
+    fake.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
+                    f'[ "$1" = build ] && mkdir -p "$4/linux-64" && touch "$4/{VARIANT.outputs[0]}.conda"\n'
+                    'case "$*" in *--wheels*) exit "${WHEEL_RC:-0}";; esac\nexit 0\n')
+    fake.chmod(0o755)
+    (tmp_path / "exit").mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(render_build_script(replace(made, extforge=(str(fake),), files=JobFiles.under(tmp_path, VARIANT.id)),
+                                          SlurmConfig()))
+    package = f"{tmp_path}/out/{VARIANT.id}/{VARIANT.outputs[0]}.conda"
+    subprocess.run(["bash", str(script)], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    build, wheel, channel = calls.read_text().splitlines()
+    assert build.startswith("build ") and "--manylinux 2_28" in build
+    assert wheel.split() == ["publish", package, "--wheels", str(tmp_path / "wheels"), "--manylinux", "2_28",
+                             "--upstream", str(tmp_path)]
+    assert channel.split() == ["publish", package, "--channel", str(tmp_path / "ch"), "--upstream", str(tmp_path)]
+
+    calls.unlink()
+    proc = subprocess.run(["bash", str(script)], capture_output=True, env={"PATH": "/usr/bin:/bin", "WHEEL_RC": "1"})
+    assert proc.returncode == 1 and [c.split()[0] for c in calls.read_text().splitlines()] == ["build", "publish"]
+    assert (tmp_path / "exit" / f"{VARIANT.id}.exit").read_text().strip() == "1"
+    assert " --wheels " not in render_build_script(job(), SlurmConfig())
+
+
+def test_wheels_without_slurm_is_refused_naming_the_local_way():
+    """A local build publishes nothing: --wheels DIR there would be ignored without a word."""
+    from cli_run import run_extforge
+
+    proc = run_extforge("build", "recipe", "-c", "/nowhere", "--wheels", "/tmp/nowhere-wheels", timeout=120)
+    assert proc.returncode == 2 and "--wheels DIR is the wheel index the Slurm jobs publish to" in proc.stderr
+    assert "extforge publish PKG --wheels DIR" in proc.stderr

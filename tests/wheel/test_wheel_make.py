@@ -274,7 +274,7 @@ def test_conda_requirements_become_pypi_requirements() -> None:
     assert torch_pin(["pytorch ==2.9.1 cpu_py312_h1_0"], "x").row == "torch2.9.1-cpu"
     assert torch_pin([TORCH_PIN.replace("2.14.1", "2.9.1").replace("cuda130", "cuda128")], "x").row == "torch2.9.1-cu128"
     assert requires_dist([*DEPENDS, "numpy >=1.21,<3", "triton 3.8.*", "packaging", "libstdcxx >=12", "cuda-cudart"],
-                         torch_dep(DEPENDS, "x")) == [
+                         torch_dep(DEPENDS, "x"), "x", pin.row, {}) == [
         "torch==2.14.1", "einops>=0.6", "numpy>=1.21,<3", "triton==3.8.*", "packaging"]
     assert [pep440(Dep.parse(d)) for d in ("x =1.2", "x 1.2.3", "x >=1.0a0,!=1.1", "x *")] == ["==1.2.*", "==1.2.3", ">=1.0a0,!=1.1", ""]
     with pytest.raises(ExtforgeError, match="has no PyPI equivalent"):

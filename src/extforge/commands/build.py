@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..build_options import BuildOptions
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..options import manylinux_policy, option_type
 from ..split_build import parse_link_parts, parse_part
 
@@ -95,6 +95,10 @@ def built_line(pkg: BuiltPackage) -> str:
 
 def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
+    if args.wheels and not args.slurm:
+        raise ExtforgeError("--wheels DIR is the wheel index the Slurm jobs publish to", "a local build publishes nothing",
+                            "build with --wheel (the wheels go to OUTPUT_DIR/wheels) and publish with "
+                            "`extforge publish PKG --wheels DIR`, or add --slurm --publish-to CHANNEL")
     if args.slurm:
         from ..slurm.cli import submit_build
 

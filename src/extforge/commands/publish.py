@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from ..errors import EXIT_OK, ExtforgeError
-from ..options import manylinux_policy, option_type
+from ..options import add_wheel_index, manylinux_policy, option_type
 
 HELP = ("publish built packages to a channel folder (or prefix.dev/Quetz/Artifactory) and/or their wheels to a "
         "per-torch wheel index, after their audit")
@@ -26,11 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--allow-audit-failure", metavar="REASON", help="publish packages that fail the audit; the reason goes to the publish log"
     )
     parser.add_argument("--no-audit", action="store_true", help="do not run the audit (recorded as 'skipped')")
-    parser.add_argument(
-        "--wheels", type=Path, metavar="DIR",
-        help="also (or only) publish each package's wheel into the wheel index DIR, one PEP 503/691 index per torch "
-        "row: DIR/torch<X.Y.Z>-cu<NNN>/simple/<project>/ (pip install NAME --index-url file://DIR/torch.../simple)",
-    )
+    add_wheel_index(parser, "also (or only) publish each package's wheel")
     parser.add_argument(
         "--manylinux", type=option_type(manylinux_policy), metavar="2_N",
         help="with --wheels: the site's target policy; a wheel whose binaries need more (glibc, libstdc++) is refused",

@@ -34,6 +34,17 @@ def slurm_config(args: argparse.Namespace) -> SlurmConfig:
     return load(args.slurm_config, flags)
 
 
+def build_request(opts: BuildOptions, args: argparse.Namespace) -> BuildRequest:
+    """What the jobs build and where they publish, the paths absolute (a job starts elsewhere)."""
+    return BuildRequest(
+        options=opts,
+        publish_to=str(Path(args.publish_to).expanduser().resolve()) if "://" not in args.publish_to else args.publish_to,
+        config=slurm_config(args),
+        parts=args.parts,
+        wheels=args.wheels.expanduser().resolve() if args.wheels else None,
+    )
+
+
 def submit_build(opts: BuildOptions, args: argparse.Namespace) -> int:
     """One Slurm job per variant of `opts`; `args` holds the Slurm flags this module added."""
 
@@ -49,12 +60,7 @@ def submit_build(opts: BuildOptions, args: argparse.Namespace) -> int:
             "with --slurm, extforge submits the parts and the link job itself",
             "pass --parts N instead (and --shared-cache DIR, on storage every build node sees)",
         )
-    req = BuildRequest(
-        options=opts,
-        publish_to=str(Path(args.publish_to).expanduser().resolve()) if "://" not in args.publish_to else args.publish_to,
-        config=slurm_config(args),
-        parts=args.parts,
-    )
+    req = build_request(opts, args)
     result = submit_matrix(req, dry_run=args.dry_run)
     if args.dry_run:
         if args.json:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..options import option_type, positive_int
+from ..options import add_wheel_index, option_type, positive_int
 
 
 def _add_common(group: argparse._ArgumentGroup, what: str) -> None:
@@ -27,6 +27,7 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Slurm: one job per variant of the recipe's matrix")
     _add_common(g, "submit one Slurm job per variant instead of building here")
     g.add_argument("--publish-to", metavar="CHANNEL", help="channel folder each job publishes its audited package to")
+    add_wheel_index(g, "each job also publishes its package's wheel (first: a wheel refused leaves the variant failed)")
     g.add_argument("--time", help="job time limit, overriding the planner's estimate (sbatch syntax)")
     g.add_argument("--node-cores", type=option_type(positive_int), help="cores of a build node (default: the partition's smallest node)")
     g.add_argument("--node-memory", help="memory of a build node, e.g. 128G (default: from sinfo)")

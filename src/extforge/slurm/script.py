@@ -53,6 +53,7 @@ class BuildJob:
     profile: str | None = None  # planner profile, passed on to `extforge build`
     build_flags: tuple[str, ...] = ()  # e.g. --no-test, passed on to `extforge build`
     publish_flags: tuple[str, ...] = ()  # e.g. --no-audit, passed on to `extforge publish`
+    wheel_publish: tuple[str, ...] = ()  # --wheels DIR [--manylinux 2_N]: its wheel is published too, first
     env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
     # A split build (split_build): this many part jobs (a job array) compile into the shared
     # compile cache first, and this job is their link job, started when the array has ended.
@@ -127,6 +128,8 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
     if job.parts > 1:
         build += ["--link-parts", str(job.parts)]
     outputs = " ".join(q(f"{job.files.output_dir}/{o}") for o in v.outputs)
+    publish = f"{_cmd([*job.extforge, 'publish'])} \"$pkg\""
+    publish_args = f"{''.join(' --upstream ' + q(c) for c in job.channels)}{''.join(' ' + f for f in job.publish_flags)}"
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {o}" for o in sbatch_options(job, config)),
@@ -158,8 +161,10 @@ def render_build_script(job: BuildJob, config: SlurmConfig) -> str:
         f"for stem in {outputs}; do",
         '  for pkg in "$stem.conda" "$stem.tar.bz2"; do',
         '    if [ -f "$pkg" ]; then',
-        f"      {_cmd([*job.extforge, 'publish'])} \"$pkg\" --channel {q(job.publish_to)}"
-        f"{''.join(' --upstream ' + q(c) for c in job.channels)}{''.join(' ' + f for f in job.publish_flags)}",
+        # The wheel before the package: `extforge status` calls a variant published once the
+        # channel lists it, so a wheel refused (a binary newer than --manylinux) fails the job first.
+        *([f"      {publish} {_cmd(job.wheel_publish)}{publish_args}"] if job.wheel_publish else []),
+        f"      {publish} --channel {q(job.publish_to)}{publish_args}",
         "      published=$((published + 1))",
         "    fi",
         "  done",

@@ -44,6 +44,7 @@ class BuildRequest:
     publish_to: str
     config: SlurmConfig
     parts: int = 1  # a split build: a job array of this many parts before each variant's link job
+    wheels: Path | None = None  # the wheel index each job also publishes its package's wheel to (absolute)
 
     @property
     def output_dir(self) -> Path:
@@ -119,6 +120,8 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
         + (("--wheel",) if req.options.wheel else ())
         + (("--manylinux", "{}_{}".format(*req.options.manylinux)) if req.options.manylinux else ()),
         publish_flags=() if req.options.audit else ("--no-audit",),
+        wheel_publish=(("--wheels", str(req.wheels)) if req.wheels else ())
+        + (("--manylinux", "{}_{}".format(*req.options.manylinux)) if req.wheels and req.options.manylinux else ()),
         # Source and compile caches live under the cache root: one shared root for all jobs.
         env=(("EXTFORGE_CACHE", req.config.shared_cache or str(paths.cache_root())),),
         parts=req.parts,

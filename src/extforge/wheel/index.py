@@ -83,6 +83,20 @@ def _log(root: Path) -> list[dict]:
     return entries
 
 
+def served_versions(index: Path) -> dict[str, dict[str, list[str]]]:
+    """row -> project (PEP 503 name) -> the versions of its wheels the publish log vouches for and
+    the index still holds (read without the lock: a published wheel is never taken back)."""
+    root = Path(index).resolve()
+    served: dict[str, dict[str, list[str]]] = {}
+    for entry in _log(root) if root.is_dir() else []:
+        parts = entry["file"].split("/")
+        version = entry.get("version")
+        if (len(parts) == 4 and parts[1] == "simple" and ".." not in parts and isinstance(version, str)
+                and _regular(root.joinpath(*parts)) is not None):
+            served.setdefault(parts[0], {}).setdefault(parts[2], []).append(version)
+    return served
+
+
 def _regular(path: Path) -> os.stat_result | None:
     try:
         st = os.lstat(path)

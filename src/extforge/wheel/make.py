@@ -10,8 +10,9 @@ way pip's torch arranges its own (`$ORIGIN/../torch/lib`, `$ORIGIN/../nvidia/cu1
 as torch's libraries have), found in the pinned torch's environment, whose site-packages are
 pip's layout (the mirror writes torch and the nvidia wheels as they are).
 
-The bytes depend on the package alone (and this extforge): members sorted, fixed times and
-modes, RECORD last, so the same package always gives the same wheel hash.
+The bytes depend on the package alone (and this extforge, and for a requirement on a package
+built per torch, the version its row serves): members sorted, fixed times and modes, RECORD
+last, so the same package always gives the same wheel hash.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import stat
 import subprocess
 import tarfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -412,10 +413,12 @@ def _torch(package: Path, depends: list[str], dep: Dep, py_tag: str, torch_prefi
 
 
 def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux: tuple[int, int] | None = None,
-                     beneath: Path | None = None) -> Wheel:
+                     beneath: Path | None = None, served: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> Wheel:
     """Write the wheel of the audited conda `package` into the folder `dest` (through safe_files,
     anchored at `beneath`); `torch_prefix`: an environment holding the pytorch it pins (for a
-    stable-ABI package's range, the torch whose row the wheel is served from)."""
+    stable-ABI package's range, the torch whose row the wheel is served from); `served`: row ->
+    project (PEP 503 name) -> the versions the wheel index serves there, which a requirement on
+    a package built per torch is pinned to."""
     package = Path(package)
     with scratch_dir("wheel") as root:
         meta, entries = _extract(package, root)
@@ -441,7 +444,7 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         tag = f"{py_tag}-{platform_tag(needs, arch, manylinux)}"
         meta_bytes = metadata_text(layout.metadata, project, version, str(about.get("summary") or ""),
                                    str(about.get("license") or meta.index.get("license") or ""), requires_python,
-                                   requires_dist(depends, dep))
+                                   requires_dist(depends, dep, meta.name, torch.row, (served or {}).get(torch.row, {})))
         generated = {name: path.read_bytes() for name, path in layout.dist_info.items()}
         generated["METADATA"] = meta_bytes
         generated["WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: extforge ({__version__})\n"

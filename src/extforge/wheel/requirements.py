@@ -5,7 +5,10 @@ The conda package pins the exact pytorch build it was linked against; its wheel 
 label ignores the candidate's), so pip and uv refuse the wheel beside any other torch. The
 version gets upstream's local label naming what the binary is tied to
 (`0.1.0+cu130torch2.14cxx11abiTRUE`), and every other requirement its PyPI name
-(`data/pypi-names.yaml`), dropping what a venv gets elsewhere (python, the C++ runtime, CUDA).
+(`data/pypi-names.yaml`), dropping what a venv gets elsewhere (python, the C++ runtime, CUDA), each
+with its reason there; a name the file does not know is refused, never guessed. A requirement on
+another package extforge builds per torch (mamba-ssm's on causal-conv1d) becomes `==` the version
+the wheel's own index row serves.
 A package built on torch's stable C ABI (flash-attn-3: `pytorch >=2.9 cuda13*`) requires a
 range, and its wheel the same range (`torch>=2.9`), labelled with its toolkit alone (`+cu130`):
 the torch row it is served from keeps a torch of another CUDA away.
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 from ruamel.yaml import YAML
 
 from ..errors import ExtforgeError
@@ -30,9 +34,36 @@ _CONSTRAINT = re.compile(r"(==|!=|>=|<=|~=|>|<|=)?\s*([0-9A-Za-z_.+!*]+)")
 _EXACT = re.compile(r"==?(\d+(?:\.\d+)*)")
 
 
+DATA_FILE = "data/pypi-names.yaml"
+
+
+@dataclass(frozen=True)
+class PypiNames:
+    """data/pypi-names.yaml: what each conda name of a run requirement is to a wheel."""
+
+    rename: Mapping[str, str]  # conda name -> PyPI name
+    same: frozenset[str]  # the same name on PyPI
+    per_torch: frozenset[str]  # built by extforge for one torch: pinned to the wheel's own row
+    drop: Mapping[str, str]  # name -> how a venv gets it without a requirement
+    drop_prefix: Mapping[str, str]  # "__" -> why virtual packages need none
+
+    def dropped(self, name: str) -> str | None:
+        """Why a wheel needs no requirement on `name`; None where it does."""
+        return self.drop.get(name) or next((why for p, why in self.drop_prefix.items() if name.startswith(p)), None)
+
+
 @functools.cache
-def _names() -> dict[str, Any]:
-    return YAML(typ="safe").load(resources.files("extforge").joinpath("data/pypi-names.yaml").read_text())
+def pypi_names() -> PypiNames:
+    data = YAML(typ="safe").load(resources.files("extforge").joinpath(DATA_FILE).read_text())
+    return PypiNames(dict(data["rename"]), frozenset(data["same"]), frozenset(data["per_torch"]), dict(data["drop"]),
+                     dict(data["drop_prefix"]))
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A run requirement a venv meets another way, and how."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -80,7 +111,7 @@ def _refuse_pin(package: str, pins: Sequence[Dep]) -> ExtforgeError:
 def torch_dep(depends: Sequence[str], package: str) -> Dep:
     """The package's one requirement on pytorch with a version (an exact pin, or a stable-ABI
     build's range); refused (exit 1) without one."""
-    pins = [d for d in map(Dep.parse, depends) if _names()["rename"].get(d.name) == "torch"]
+    pins = [d for d in map(Dep.parse, depends) if pypi_names().rename.get(d.name) == "torch"]
     if len(pins) != 1 or not pep440(pins[0]):
         raise _refuse_pin(package, pins)
     return pins[0]
@@ -135,17 +166,58 @@ def pep440(dep: Dep) -> str:
     return spec
 
 
-def requires_dist(depends: Sequence[str], torch: Dep) -> list[str]:
+def requires_dist(depends: Sequence[str], torch: Dep, package: str, row: str,
+                  served: Mapping[str, Sequence[str]]) -> list[str]:
     """Requires-Dist lines: torch's (`==X.Y.Z`, or a stable-ABI build's range) first, then the
-    other run requirements by PyPI name."""
-    names = _names()
+    other run requirements by PyPI name; `served`: the versions of each project (by PEP 503 name)
+    the wheel index row `row` serves."""
     out = ["torch" + pep440(torch)]
     for dep in map(Dep.parse, depends):
-        pypi = names["rename"].get(dep.name, dep.name)
-        if pypi == "torch" or dep.name in names["drop"] or dep.name.startswith(names["drop_prefix"]):
-            continue
-        out.append(pypi + pep440(dep))
+        line = pypi_requirement(dep, package, row, served)
+        if isinstance(line, str) and pypi_names().rename.get(dep.name) != "torch":
+            out.append(line)
     return out
+
+
+def pypi_requirement(dep: Dep, package: str, row: str, served: Mapping[str, Sequence[str]]) -> str | Dropped:
+    """`dep` of `package` as a Requires-Dist line, or why the wheel drops it; refused (exit 1)
+    where data/pypi-names.yaml does not know the name."""
+    names = pypi_names()
+    why = names.dropped(dep.name)
+    if why:
+        return Dropped(why)
+    if dep.name in names.per_torch:
+        return _served_pin(dep, package, row, served)
+    pypi = names.rename.get(dep.name) or (dep.name if dep.name in names.same else None)
+    if pypi is None:
+        raise ExtforgeError(f"the run requirement {dep.name} of {package} has no known PyPI name",
+                            "a wheel's Requires-Dist names PyPI projects, and a conda name may differ there (pytorch is torch) "
+                            "or have no PyPI twin (a library pip's torch brings another way)",
+                            f"add {dep.name} to extforge's {DATA_FILE}: under rename (its PyPI name), same, or drop "
+                            "(with how a venv gets it)", exit_code=1)
+    return pypi + pep440(dep)
+
+
+def _served_pin(dep: Dep, package: str, row: str, served: Mapping[str, Sequence[str]]) -> str:
+    """`name==X.Y.Z` of the newest version of `dep` the row serves; its local label left out, so
+    that PEP 440 matches the row's `X.Y.Z+cu130torch2.14...` and nothing of another torch does."""
+    spec = SpecifierSet(pep440(dep))
+    versions = []
+    for text in served.get(canonicalize_name(dep.name), ()):
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if spec.contains(version, prereleases=True):
+            versions.append(version)
+    if not versions:
+        said = f"{dep.name} {dep.version}".strip()
+        raise ExtforgeError(f"{package} requires {said}, and the wheel index row {row} serves no wheel of it",
+                            f"{dep.name} is built for one torch: the wheel of {package} requires the version its own row "
+                            "serves, never a build for another torch or PyPI's source",
+                            f"publish the wheel of {dep.name} built for this torch into the row first, or in the same "
+                            f"`extforge publish --wheels` as {package}", exit_code=1)
+    return f"{dep.name}=={max(versions).public}"
 
 
 def cuda_toolkit(depends: Sequence[str], build_string: str) -> str | None:
