@@ -12,6 +12,7 @@ only for some platforms) is not guessed: it goes to the list the command prints.
 from __future__ import annotations
 
 import ast
+import email.message
 import email.parser
 import io
 import itertools
@@ -40,6 +41,10 @@ from .errors import ExtforgeError
 
 PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
 EXTENSION_CALLS = ("CUDAExtension", "CppExtension")
+# setup()'s keywords that stand in for PKG-INFO in an archive of upstream's tree (a git archive has none).
+SETUP_METADATA = ("name", "version", "description", "url", "license")
+# A package's `__version__ = "1.1.0"` (fast-hadamard-transform's setup.py reads its version from there).
+VERSION_LINE = re.compile(r'''(?m)^__version__\s*=\s*["']([A-Za-z0-9.+!_-]+)["']''')
 # Installed for every build by the recipe shape below; upstream's own mention adds nothing.
 HOST_BASE = ("python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch")
 # Build tools that run at build time only; a runtime requirement on them is upstream's setup
@@ -116,6 +121,7 @@ class SetupFacts:
     globbed: list[str] = field(default_factory=list)  # folders whose sources it globs (`glob.glob(osp.join(d, "*.cpp"))`)
     reads: list[str] = field(default_factory=list)  # every environment variable it reads
     only_if: OnlyIf | None = None  # ext_modules=... if CONDITION else []
+    metadata: dict[str, str] = field(default_factory=dict)  # setup()'s literal name, version, description, url, license
     unnamed: int = 0  # extension calls whose name setup.py computes
     computed_names: list[str] = field(default_factory=list)  # what to say of each, unless they are op libraries
     undecided: list[str] = field(default_factory=list)
@@ -418,6 +424,7 @@ def _read_setup_py(text: str) -> SetupFacts:
                 facts.computed_names.append(f"setup.py line {call.lineno}: a {kind} whose name it computes: add its "
                                             "module to tests.python.imports")
         elif kind == "setup":
+            facts.metadata = {k: v for k in SETUP_METADATA if isinstance(v := _literal(kwargs.get(k), names), str)}
             if "install_requires" in kwargs:
                 facts.install_requires = _strings(_literal(kwargs["install_requires"], names))
                 if facts.install_requires is None:
@@ -438,12 +445,31 @@ def _read_setup_py(text: str) -> SetupFacts:
     return facts
 
 
+def tree_metadata(path: Path, files: Mapping[str, bytes]) -> email.message.Message:
+    """PKG-INFO's fields from an archive of upstream's tree (GitHub's archive of a tag: no
+    PKG-INFO), where setup.py names them as literals; the version may come from the package's
+    `__version__` line, as setup.py reads it."""
+    setup = read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else SetupFacts()
+    versions = {m[1] for p, t in files.items() if p.endswith("/__init__.py") and (m := VERSION_LINE.search(t.decode(errors="replace")))}
+    name = setup.metadata.get("name")
+    version = setup.metadata.get("version") or (versions.pop() if len(versions) == 1 else None)
+    if name is None or version is None:
+        raise ExtforgeError(f"{path.name} has no PKG-INFO, and its setup.py computes its {'name' if name is None else 'version'}",
+                            "a source distribution carries its metadata in PKG-INFO; an archive of upstream's tree is read "
+                            "where setup.py names the release as literals",
+                            "pass the project's sdist, or an archive of the release's tag whose setup.py names it")
+    meta = email.message.Message()
+    for key, field_name in (("name", "Name"), ("description", "Summary"), ("url", "Home-page"), ("license", "License")):
+        if key in setup.metadata:
+            meta[field_name] = setup.metadata[key]
+    meta["Version"] = version
+    return meta
+
+
 def read_sdist(path: Path) -> SdistFacts:
     files = archive_files(path)
-    if "PKG-INFO" not in files:
-        raise ExtforgeError(f"{path.name} has no PKG-INFO", "a source distribution carries its metadata there",
-                            "pass the project's sdist (python -m build --sdist makes one), not a git archive")
-    meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace"))
+    meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace")) if "PKG-INFO" in files \
+        else tree_metadata(path, files)
     try:
         project = tomllib.loads(files["pyproject.toml"].decode(errors="replace")) if "pyproject.toml" in files else {}
         unread = []
@@ -777,7 +803,8 @@ class Scaffold:
             "source:",
             "  url:",
             "    - file://${{ env.get(\"EXTFORGE_SOURCES\", default=\"/nonexistent\") }}/sha256/"
-            f"{self.sdist.sha256}/{self.sdist.filename}",
+            # `sources fetch` stores the archive under the URL's file name (GitHub's tag archive: v1.1.0.tar.gz).
+            f"{self.sdist.sha256}/{downloads.url_file_name(self.sdist.url)}",
             f"    - {q(self.sdist.url)}",
             f"  sha256: {self.sdist.sha256}",
             "",
@@ -881,6 +908,11 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          + (f" (it reads {', '.join(setup.reads)} from the environment)" if setup.reads else "")
                          + ": set what keeps them in build.script.env, else the package has no compiled module "
                          "(the import test fails)")
+    if missing := missing_sources(setup, facts.compiled):
+        undecided.append(f"the sdist lacks {len(missing)} of the sources setup.py compiles ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}), so a build from it fails: write the recipe from "
+                         f"upstream's archive of the release's tag: extforge recipe new {canonicalize_name(facts.name)}=={facts.version} --force "
+                         f"--sdist ARCHIVE --url {tag_archive(facts)}")
     if not facts.license:
         undecided.append("no short license in PKG-INFO: about.license left out")
     about = {key: _about(key, value, undecided) for key, value in
@@ -889,6 +921,22 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
     return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, about["summary"],
                     about["homepage"], about["license"], tuple(archs), translation_units(setup, facts.compiled), undecided,
                     decisions, ops, upstream_tests(facts), run_pypi)
+
+
+def missing_sources(setup: SetupFacts | None, compiled: Sequence[str]) -> list[str]:
+    """The sources setup.py lists by name (relative paths) that the archive lacks: fast-hadamard-
+    transform 1.1.0's sdist holds setup.py but not the csrc/ it compiles (no MANIFEST.in)."""
+    listed = (posixpath.normpath(s) for e in (setup.extensions if setup else ()) for s in e.sources or ()
+              if _compiled(s) and not posixpath.isabs(s))
+    return sorted({s for s in listed if not s.startswith("..")} - set(compiled))
+
+
+def tag_archive(facts: SdistFacts) -> str:
+    """GitHub's archive of the release's tag, where the home page is a GitHub repository (the tag
+    spelled vVERSION, upstream's usual); else where to look."""
+    repo = GITHUB.fullmatch(facts.homepage or "")
+    return (f"https://github.com/{repo[1]}/{repo[2]}/archive/refs/tags/v{facts.version}.tar.gz" if repo
+            else "URL (upstream's archive of the release's tag)")
 
 
 def _about(key: str, value: str | None, undecided: list[str]) -> str | None:
