@@ -64,6 +64,9 @@ ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["']([A-Za
 # Trove classifiers that name one SPDX license (a BSD or GPL classifier names a family, not one).
 LICENSE_CLASSIFIERS = {"MIT License": "MIT", "Apache Software License": "Apache-2.0", "ISC License (ISCL)": "ISC",
                        "Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0", "The Unlicense (Unlicense)": "Unlicense"}
+# The first line of a LICENSE file that names one SPDX license, where PKG-INFO names none
+# (fast-hadamard-transform's classifier says only "BSD License"; its LICENSE, "BSD 3-Clause License").
+LICENSE_HEADINGS = {"BSD 3-Clause License": "BSD-3-Clause", "BSD 2-Clause License": "BSD-2-Clause", "MIT License": "MIT"}
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
 # What the index and the sdist say goes into a recipe only in these shapes: a name or URL with a
 # newline, a quote or `${{` would write YAML or Jinja of its own into the recipe.
@@ -270,7 +273,7 @@ def _count(path: Path, count: int) -> None:
 # What recipe new reads of an sdist, by path below its top folder: the metadata files and each
 # top-level package's __init__.py (how it loads its compiled modules) in full; C/C++ sources
 # (the torch.ops registrations) until SOURCES_BUDGET bytes are read; test files by name only.
-_READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
+_READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|LICENSE(?:\.txt|\.md)?|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
 _SOURCE = re.compile(r"\.(cpp|cc|cxx)$")
 _TEST_FILE = re.compile(r"^tests?/(?:[^/]+/)*(?:test_[^/]*|[^/]*_test)\.py$")
 SOURCES_BUDGET = 16 * 2**20
@@ -466,6 +469,15 @@ def tree_metadata(path: Path, files: Mapping[str, bytes]) -> email.message.Messa
     return meta
 
 
+def license_heading(files: Mapping[str, bytes]) -> str | None:
+    """The SPDX license a top-level LICENSE file's first line names (LICENSE_HEADINGS), or None."""
+    for name in ("LICENSE", "LICENSE.txt", "LICENSE.md"):
+        lines = files.get(name, b"").decode(errors="replace").strip().splitlines()
+        if lines and (spdx := LICENSE_HEADINGS.get(lines[0].strip().lstrip("# "))):
+            return spdx
+    return None
+
+
 def read_sdist(path: Path) -> SdistFacts:
     files = archive_files(path)
     meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace")) if "PKG-INFO" in files \
@@ -485,7 +497,7 @@ def read_sdist(path: Path) -> SdistFacts:
         # setuptools wrote "UNKNOWN" where setup.py named none; a trove classifier may name it.
         named = {LICENSE_CLASSIFIERS.get(c.rsplit("::", 1)[-1].strip()) for c in meta.get_all("Classifier") or []
                  if c.startswith("License ::")} - {None}
-        license_text = named.pop() if len(named) == 1 else None
+        license_text = named.pop() if len(named) == 1 else license_heading(files)
     facts = SdistFacts(
         name=str(meta["Name"]), version=str(meta["Version"]), summary=meta.get("Summary"), homepage=homepage,
         license=license_text if license_text and "\n" not in license_text.strip() and len(license_text) < 80 else None,
@@ -914,7 +926,7 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          f"upstream's archive of the release's tag: extforge recipe new {canonicalize_name(facts.name)}=={facts.version} --force "
                          f"--sdist ARCHIVE --url {tag_archive(facts)}")
     if not facts.license:
-        undecided.append("no short license in PKG-INFO: about.license left out")
+        undecided.append("no short license in PKG-INFO or the first line of LICENSE: about.license left out")
     about = {key: _about(key, value, undecided) for key, value in
              (("summary", facts.summary), ("homepage", facts.homepage), ("license", facts.license))}
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).

@@ -55,12 +55,12 @@ Name: fast_hadamard_transform
 Version: 1.1.0
 Summary: Fast Hadamard Transform in CUDA, with a PyTorch interface
 Home-page: https://github.com/Dao-AILab/fast-hadamard-transform
-License: BSD-3-Clause
+Classifier: License :: OSI Approved :: BSD License
 Requires-Dist: torch
 Requires-Dist: packaging
 Requires-Dist: ninja
 """
-TREE = {"setup.py": SETUP_PY, "fast_hadamard_transform/__init__.py": '__version__ = "1.1.0"\n',
+TREE = {"setup.py": SETUP_PY, "LICENSE": "BSD 3-Clause License\n\nCopyright (c) 2022, the respective contributors\n", "fast_hadamard_transform/__init__.py": '__version__ = "1.1.0"\n',
         "tests/test_fast_hadamard_transform.py": "", "csrc/fast_hadamard_transform.cpp": "",
         "csrc/fast_hadamard_transform_cuda.cu": ""}
 TAG_ARCHIVE = "https://github.com/Dao-AILab/fast-hadamard-transform/archive/refs/tags/v1.1.0.tar.gz"
@@ -81,13 +81,15 @@ def test_an_sdist_without_the_sources_setup_py_compiles_names_them_and_the_tag_a
     switch only; its build failed after the compile started (ninja: 'csrc/...cpp', missing and
     no known rule to make it, in the log; on the console rattler-build's "Script failed to
     execute"). Now the missing sources are named, with the command that reads the tag's archive,
-    and the download switch is decided (download-switches.yaml)."""
+    the download switch is decided (download-switches.yaml), and the license read from LICENSE
+    (the old one left about.license out: PKG-INFO names only the BSD family)."""
     sdist_files = {k: v for k, v in TREE.items() if not k.startswith("csrc/")} | {"PKG-INFO": PKG_INFO}
     sdist = archive(tmp_path / "fast_hadamard_transform-1.1.0.tar.gz", "fast_hadamard_transform-1.1.0", sdist_files)
     code = main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(sdist), "--dest", str(tmp_path / "r"),
                  "--url", "https://example.invalid/fast_hadamard_transform-1.1.0.tar.gz", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 1
+    # PKG-INFO's classifier names a family (BSD License); LICENSE's first line names the license.
+    assert code == 1 and "no short license" not in json.dumps(out)
     assert out["undecided"][:1] == [
         "the sdist lacks 2 of the sources setup.py compiles (csrc/fast_hadamard_transform.cpp, "
         "csrc/fast_hadamard_transform_cuda.cu), so a build from it fails: write the recipe from upstream's archive of the "
@@ -102,18 +104,19 @@ def test_the_tags_archive_makes_a_recipe_whose_source_the_cache_holds(tmp_path: 
     by the --sdist file's name, where `sources fetch` stores it by the URL's (v1.1.0.tar.gz): the
     build refused the recipe. Now the release comes from setup.py and the package's __version__,
     and the recipe's first URL is the file `sources fetch` stores."""
-    tree = archive(tmp_path / "download" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0",
-                   TREE | {"LICENSE": "BSD 3-Clause License\n"})
+    tree = archive(tmp_path / "download" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
     code = main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(tree), "--url", TAG_ARCHIVE,
                  "--dest", str(tmp_path / "recipes"), "--json"])
     out = json.loads(capsys.readouterr().out)
-    # Its license is a classifier's family (BSD), and no channel was given to check packaging against.
+    # No channel was given to check packaging against.
     assert code == 1 and [u.split(":")[0] for u in out["undecided"]] == [
-        "no short license in PKG-INFO", "runtime requirements mapped to conda by name (packaging)"]
+        "runtime requirements mapped to conda by name (packaging)"]
     assert out["imports"] == ["fast_hadamard_transform", "fast_hadamard_transform_cuda"] and out["run"] == ["packaging"]
     folder, sha = tmp_path / "recipes" / "fast-hadamard-transform", sha256_file(tree)
     recipe = YAML(typ="safe").load((folder / "recipe.yaml").read_text())
-    assert recipe["about"]["homepage"] == "https://github.com/Dao-AILab/fast-hadamard-transform"
+    assert recipe["about"] == {"homepage": "https://github.com/Dao-AILab/fast-hadamard-transform",
+                               "summary": "Fast Hadamard Transform in CUDA, with a PyTorch interface",
+                               "license": "BSD-3-Clause"}
     cached = recipe["source"]["url"][0]
     assert cached.endswith(f"/sha256/{sha}/v1.1.0.tar.gz") and recipe["source"]["url"][1] == TAG_ARCHIVE
     # The archive saved under the URL's name goes where the recipe's first URL looks.
