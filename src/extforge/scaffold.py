@@ -20,6 +20,7 @@ import json
 import lzma
 import posixpath
 import re
+import sys
 import tarfile
 import tomllib
 import zipfile
@@ -67,6 +68,10 @@ LICENSE_CLASSIFIERS = {"MIT License": "MIT", "Apache Software License": "Apache-
 # The first line of a LICENSE file that names one SPDX license, where PKG-INFO names none
 # (fast-hadamard-transform's classifier says only "BSD License"; its LICENSE, "BSD 3-Clause License").
 LICENSE_HEADINGS = {"BSD 3-Clause License": "BSD-3-Clause", "BSD 2-Clause License": "BSD-2-Clause", "MIT License": "MIT"}
+# Modules whose PyPI project is named otherwise (what a test file imports -> what to mirror).
+# A test file's `from X... import` or `import X, Y as Z` line (relative imports are the tests' own).
+IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)(?:\.\w+)*[ \t]+import\b|import[ \t]+([^\n#]*))", re.MULTILINE)
+IMPORT_NAMES = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn", "cv2": "opencv-python"}
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
 # What the index and the sdist say goes into a recipe only in these shapes: a name or URL with a
 # newline, a quote or `${{` would write YAML or Jinja of its own into the recipe.
@@ -272,7 +277,7 @@ def _count(path: Path, count: int) -> None:
 
 # What recipe new reads of an sdist, by path below its top folder: the metadata files and each
 # top-level package's __init__.py (how it loads its compiled modules) in full; C/C++ sources
-# (the torch.ops registrations) until SOURCES_BUDGET bytes are read; test files by name only.
+# (the torch.ops registrations) and test files (what they import) until SOURCES_BUDGET bytes are read.
 _READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|LICENSE(?:\.txt|\.md)?|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
 _SOURCE = re.compile(r"\.(cpp|cc|cxx)$")
 _TEST_FILE = re.compile(r"^tests?/(?:[^/]+/)*(?:test_[^/]*|[^/]*_test)\.py$")
@@ -281,8 +286,8 @@ MAX_READ = 64 * 2**20  # of the _READ files together
 
 
 def archive_files(path: Path) -> dict[str, bytes]:
-    """The sdist's files recipe new reads (_READ, each at most MAX_MEMBER; C/C++ sources while
-    SOURCES_BUDGET lasts) and, with no bytes, the names of its test files and of its other
+    """The sdist's files recipe new reads (_READ, each at most MAX_MEMBER; C/C++ sources and test
+    files while SOURCES_BUDGET lasts) and, with no bytes, the names of its other test files and
     compiled sources (counted where setup.py globs them); nothing is extracted to disk."""
     out: dict[str, bytes] = {}
     budget, total = SOURCES_BUDGET, 0
@@ -291,7 +296,7 @@ def archive_files(path: Path) -> dict[str, bytes]:
         """The member's path below the top folder where its bytes are read, else None (a test
         file's name is noted here)."""
         rel = name.split("/", 1)[1] if "/" in name else ""
-        if _READ.match(rel) or (_SOURCE.search(rel) and size <= budget):
+        if _READ.match(rel) or ((_SOURCE.search(rel) or _TEST_FILE.match(rel)) and size <= budget):
             return rel
         if _TEST_FILE.match(rel) or _compiled(rel):
             out[rel] = b""
@@ -705,6 +710,7 @@ class UpstreamTests:
     url: str | None = None  # that folder at the release's tag
     why: str = ""  # why the sdist lacks them
     requires: tuple[str, ...] = ()  # the test extra's requirements (PyPI names)
+    imported: tuple[str, ...] = ()  # what the test files import beyond the package, torch and the stdlib (PyPI names)
 
     def describe(self) -> str:
         if self.in_sdist:
@@ -732,10 +738,28 @@ def for_tests(requirement: str) -> str | None:
     return req.name if in_extra else None
 
 
+def test_imports(facts: SdistFacts, declared: Sequence[str]) -> tuple[str, ...]:
+    """The PyPI names of the modules upstream's test files import (`import einops`, `from scipy
+    import ...`) that are not the package's own, torch, the standard library, a module beside
+    the tests or already `declared`: fast-hadamard-transform's tests import einops and pytest
+    and declare neither."""
+    own = {*facts.package_dirs, *(facts.top_level or ()), *(e.name for e in (facts.setup.extensions if facts.setup else ())),
+           *(PurePosixPath(p).stem for p in facts.test_files), "torch", "tests", "test", "conftest"}
+    found: dict[str, None] = {}
+    # Read by lines, not parsed: ast of the budget's 16 MiB of statements would take gigabytes.
+    for m in (m for path in facts.test_files for m in IMPORT_LINE.finditer(facts.texts.get(path, ""))):
+        names = [m[1]] if m[1] else [part.split(" as ")[0].strip() for part in m[2].strip("()\\ \t").split(",")]
+        for top in (n.split(".")[0] for n in names):
+            if top not in own and top not in sys.stdlib_module_names and MODULE_NAME.fullmatch(top):
+                found[IMPORT_NAMES.get(top, top)] = None
+    taken = {canonicalize_name(d) for d in declared}
+    return tuple(n for n in found if canonicalize_name(n) not in taken)
+
+
 def upstream_tests(facts: SdistFacts) -> UpstreamTests:
     requires = tuple(dict.fromkeys(n for r in facts.requires if (n := for_tests(r))))
     if facts.test_files:
-        return UpstreamTests(tuple(facts.test_files), requires=requires)
+        return UpstreamTests(tuple(facts.test_files), requires=requires, imported=test_imports(facts, requires))
     manifest = re.search(r"(?m)^\s*((?:recursive-exclude|prune)\s+(tests?)\b.*?)\s*$", facts.texts.get("MANIFEST.in", ""))
     folder = manifest[2] if manifest else None
     repo = next((m for m in (GITHUB.fullmatch(u or "") for u in (facts.homepage, facts.download_url)) if m), None)
@@ -782,7 +806,7 @@ class Scaffold:
         """The run and test requirements a channel holding `available` package names lacks."""
         out = [Lacking(spec.split()[0], self.run_pypi.get(spec.split()[0], spec.split()[0]), "run")
                for spec in self.run if spec.split()[0] not in available]
-        for pypi in self.tests.requires:
+        for pypi in (*self.tests.requires, *self.tests.imported):
             conda = CONDA_NAMES.get(canonicalize_name(pypi), canonicalize_name(pypi))
             if conda not in available and conda not in {x.conda for x in out}:
                 out.append(Lacking(conda, pypi, "upstream's tests"))
@@ -799,7 +823,8 @@ class Scaffold:
                     "  - script:", f"      - {q(self.ops.command())}", "    requirements:", "      run:", "        - python"] \
             if self.ops else []
         tests_note = [f"# {self.tests.describe()}"] + ([f"# They need {', '.join(self.tests.requires)} (upstream's test extra)."]
-                                                        if self.tests.requires else [])
+                                                        if self.tests.requires else []) \
+            + ([f"# They import {', '.join(self.tests.imported)}."] if self.tests.imported else [])
         lines = [
             "schema_version: 1",
             "",

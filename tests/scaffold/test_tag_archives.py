@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from tests.scaffold.test_pyg_sdists import channel
 
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
@@ -60,8 +61,19 @@ Requires-Dist: torch
 Requires-Dist: packaging
 Requires-Dist: ninja
 """
+# Its test file's imports.
+TEST_FILE = """\
+import math
+
+import torch
+import pytest
+
+from einops import rearrange, repeat
+
+from fast_hadamard_transform.fast_hadamard_transform_interface import hadamard_transform, hadamard_transform_ref
+"""
 TREE = {"setup.py": SETUP_PY, "LICENSE": "BSD 3-Clause License\n\nCopyright (c) 2022, the respective contributors\n", "fast_hadamard_transform/__init__.py": '__version__ = "1.1.0"\n',
-        "tests/test_fast_hadamard_transform.py": "", "csrc/fast_hadamard_transform.cpp": "",
+        "tests/test_fast_hadamard_transform.py": TEST_FILE, "csrc/fast_hadamard_transform.cpp": "",
         "csrc/fast_hadamard_transform_cuda.cu": ""}
 TAG_ARCHIVE = "https://github.com/Dao-AILab/fast-hadamard-transform/archive/refs/tags/v1.1.0.tar.gz"
 
@@ -103,14 +115,17 @@ def test_the_tags_archive_makes_a_recipe_whose_source_the_cache_holds(tmp_path: 
     project's sdist, not a git archive"), and with --url its recipe named the source cache's file
     by the --sdist file's name, where `sources fetch` stores it by the URL's (v1.1.0.tar.gz): the
     build refused the recipe. Now the release comes from setup.py and the package's __version__,
-    and the recipe's first URL is the file `sources fetch` stores."""
+    and the recipe's first URL is the file `sources fetch` stores. The old one named no requirement
+    of upstream's tests beyond a test extra (this package has none; its tests import einops)."""
     tree = archive(tmp_path / "download" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
+    demo = channel(tmp_path / "channel", ["python", "pytorch", "packaging"])
     code = main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(tree), "--url", TAG_ARCHIVE,
-                 "--dest", str(tmp_path / "recipes"), "--json"])
+                 "--dest", str(tmp_path / "recipes"), "-c", str(demo), "--json"])
     out = json.loads(capsys.readouterr().out)
-    # No channel was given to check packaging against.
-    assert code == 1 and [u.split(":")[0] for u in out["undecided"]] == [
-        "runtime requirements mapped to conda by name (packaging)"]
+    assert code == 0 and out["undecided"] == []
+    # What upstream's test file imports and declares nowhere (the old recipe new named only a test extra's).
+    assert out["upstream_tests"]["imports"] == ["pytest", "einops"]
+    assert out["mirror_command"] == f"extforge mirror --channel {demo} --extra pytest --extra einops"
     assert out["imports"] == ["fast_hadamard_transform", "fast_hadamard_transform_cuda"] and out["run"] == ["packaging"]
     folder, sha = tmp_path / "recipes" / "fast-hadamard-transform", sha256_file(tree)
     recipe = YAML(typ="safe").load((folder / "recipe.yaml").read_text())
