@@ -4,9 +4,7 @@ and on upstream's archive of the release's tag, which has every source and no PK
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -14,6 +12,7 @@ from tests.scaffold.test_pyg_sdists import channel
 
 from extforge.channel.hashing import sha256_file
 from extforge.cli import main
+from sdists import tar_gz
 
 # fast-hadamard-transform 1.1.0's setup.py, its lines that recipe new reads.
 SETUP_PY = '''\
@@ -78,16 +77,6 @@ TREE = {"setup.py": SETUP_PY, "LICENSE": "BSD 3-Clause License\n\nCopyright (c) 
 TAG_ARCHIVE = "https://github.com/Dao-AILab/fast-hadamard-transform/archive/refs/tags/v1.1.0.tar.gz"
 
 
-def archive(path: Path, top: str, files: dict[str, str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in files.items():
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-    return path
-
-
 def test_an_sdist_without_the_sources_setup_py_compiles_names_them_and_the_tag_archive(tmp_path: Path, capsys) -> None:
     """The old recipe new wrote a recipe from PyPI's sdist and exit 1 for an unknown download
     switch only; its build failed after the compile started (ninja: 'csrc/...cpp', missing and
@@ -96,7 +85,7 @@ def test_an_sdist_without_the_sources_setup_py_compiles_names_them_and_the_tag_a
     the download switch is decided (download-switches.yaml), and the license read from LICENSE
     (the old one left about.license out: PKG-INFO names only the BSD family)."""
     sdist_files = {k: v for k, v in TREE.items() if not k.startswith("csrc/")} | {"PKG-INFO": PKG_INFO}
-    sdist = archive(tmp_path / "fast_hadamard_transform-1.1.0.tar.gz", "fast_hadamard_transform-1.1.0", sdist_files)
+    sdist = tar_gz(tmp_path / "fast_hadamard_transform-1.1.0.tar.gz", "fast_hadamard_transform-1.1.0", sdist_files)
     code = main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(sdist), "--dest", str(tmp_path / "r"),
                  "--url", "https://example.invalid/fast_hadamard_transform-1.1.0.tar.gz", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -117,7 +106,7 @@ def test_the_tags_archive_makes_a_recipe_whose_source_the_cache_holds(tmp_path: 
     build refused the recipe. Now the release comes from setup.py and the package's __version__,
     and the recipe's first URL is the file `sources fetch` stores. The old one named no requirement
     of upstream's tests beyond a test extra (this package has none; its tests import einops)."""
-    tree = archive(tmp_path / "download" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
+    tree = tar_gz(tmp_path / "download" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
     demo = channel(tmp_path / "channel", ["python", "pytorch", "packaging"])
     code = main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(tree), "--url", TAG_ARCHIVE,
                  "--dest", str(tmp_path / "recipes"), "-c", str(demo), "--json"])
@@ -148,10 +137,10 @@ def test_an_archive_without_pkg_info_must_name_its_release(tmp_path: Path, capsy
     no release to check against NAME==VERSION: refused in one line; one of another release is
     refused as an sdist of another release is."""
     computed = {**TREE, "fast_hadamard_transform/__init__.py": ""}
-    tree = archive(tmp_path / "a" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", computed)
+    tree = tar_gz(tmp_path / "a" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", computed)
     assert main(["recipe", "new", "fast-hadamard-transform==1.1.0", "--sdist", str(tree), "--dest", str(tmp_path)]) == 2
     assert "has no PKG-INFO, and its setup.py computes its version" in capsys.readouterr().err
-    tree = archive(tmp_path / "b" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
+    tree = tar_gz(tmp_path / "b" / "fast-hadamard-transform-1.1.0.tar.gz", "fast-hadamard-transform-1.1.0", TREE)
     assert main(["recipe", "new", "fast-hadamard-transform==1.2.0", "--sdist", str(tree), "--dest", str(tmp_path)]) == 2
     assert "is fast_hadamard_transform 1.1.0, not fast-hadamard-transform 1.2.0" in capsys.readouterr().err
     assert not (tmp_path / "fast-hadamard-transform").exists()
