@@ -947,7 +947,7 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          "(the import test fails)")
     if missing := missing_sources(setup, facts.compiled):
         undecided.append(f"the sdist lacks {len(missing)} of the sources setup.py compiles ({', '.join(missing[:3])}"
-                         f"{', ...' if len(missing) > 3 else ''}), so a build from it fails: write the recipe from "
+                         f"{', ...' if len(missing) > 3 else ''}): unless setup.py generates them, a build from it fails; write the recipe from "
                          f"upstream's archive of the release's tag: extforge recipe new {canonicalize_name(facts.name)}=={facts.version} --force "
                          f"--sdist ARCHIVE --url {tag_archive(facts)}")
     if not facts.license:

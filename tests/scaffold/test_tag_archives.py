@@ -93,7 +93,7 @@ def test_an_sdist_without_the_sources_setup_py_compiles_names_them_and_the_tag_a
     assert code == 1 and "no short license" not in json.dumps(out)
     assert out["undecided"][:1] == [
         "the sdist lacks 2 of the sources setup.py compiles (csrc/fast_hadamard_transform.cpp, "
-        "csrc/fast_hadamard_transform_cuda.cu), so a build from it fails: write the recipe from upstream's archive of the "
+        "csrc/fast_hadamard_transform_cuda.cu): unless setup.py generates them, a build from it fails; write the recipe from upstream's archive of the "
         f"release's tag: extforge recipe new fast-hadamard-transform==1.1.0 --force --sdist ARCHIVE --url {TAG_ARCHIVE}"]
     assert out["decided"][0]["set"] == {"FAST_HADAMARD_TRANSFORM_FORCE_BUILD": "TRUE",
                                         "FAST_HADAMARD_TRANSFORM_SKIP_CUDA_BUILD": "FALSE"}
