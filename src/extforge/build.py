@@ -317,7 +317,7 @@ def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str],
         return ExtforgeError(
             f"building {recipe_file.parent.name} failed: {d.title}",
             f"{d.cause} (seen in the log: {d.evidence.strip()[:300]})",
-            f"{d.fix}; {where}",
+            f"{d.fix.rstrip('.')}; {where}",
         )
     tail = [line for line in lines if line.startswith("error:")][-5:]
     return ExtforgeError(

@@ -12,6 +12,7 @@ only for some platforms) is not guessed: it goes to the list the command prints.
 from __future__ import annotations
 
 import ast
+import email.message
 import email.parser
 import io
 import itertools
@@ -19,6 +20,7 @@ import json
 import lzma
 import posixpath
 import re
+import sys
 import tarfile
 import tomllib
 import zipfile
@@ -40,6 +42,10 @@ from .errors import ExtforgeError
 
 PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
 EXTENSION_CALLS = ("CUDAExtension", "CppExtension")
+# setup()'s keywords that stand in for PKG-INFO in an archive of upstream's tree (a git archive has none).
+SETUP_METADATA = ("name", "version", "description", "url", "license")
+# A package's `__version__ = "1.1.0"` (fast-hadamard-transform's setup.py reads its version from there).
+VERSION_LINE = re.compile(r'''(?m)^__version__\s*=\s*["']([A-Za-z0-9.+!_-]+)["']''')
 # Installed for every build by the recipe shape below; upstream's own mention adds nothing.
 HOST_BASE = ("python", "pip", "setuptools", "wheel", "packaging", "ninja", "pytorch")
 # Build tools that run at build time only; a runtime requirement on them is upstream's setup
@@ -59,6 +65,13 @@ ENV_READ = re.compile(r"""os\.(?:getenv\(|environ\.get\(|environ\[)\s*["']([A-Za
 # Trove classifiers that name one SPDX license (a BSD or GPL classifier names a family, not one).
 LICENSE_CLASSIFIERS = {"MIT License": "MIT", "Apache Software License": "Apache-2.0", "ISC License (ISCL)": "ISC",
                        "Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0", "The Unlicense (Unlicense)": "Unlicense"}
+# The first line of a LICENSE file that names one SPDX license, where PKG-INFO names none
+# (fast-hadamard-transform's classifier says only "BSD License"; its LICENSE, "BSD 3-Clause License").
+LICENSE_HEADINGS = {"BSD 3-Clause License": "BSD-3-Clause", "BSD 2-Clause License": "BSD-2-Clause", "MIT License": "MIT"}
+# Modules whose PyPI project is named otherwise (what a test file imports -> what to mirror).
+# A test file's `from X... import` or `import X, Y as Z` line (relative imports are the tests' own).
+IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)(?:\.\w+)*[ \t]+import\b|import[ \t]+([^\n#]*))", re.MULTILINE)
+IMPORT_NAMES = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn", "cv2": "opencv-python"}
 NOT_PACKAGES = {"tests", "test", "benchmarks", "benchmark", "docs", "examples", "build", "csrc", "scripts"}
 # What the index and the sdist say goes into a recipe only in these shapes: a name or URL with a
 # newline, a quote or `${{` would write YAML or Jinja of its own into the recipe.
@@ -116,6 +129,7 @@ class SetupFacts:
     globbed: list[str] = field(default_factory=list)  # folders whose sources it globs (`glob.glob(osp.join(d, "*.cpp"))`)
     reads: list[str] = field(default_factory=list)  # every environment variable it reads
     only_if: OnlyIf | None = None  # ext_modules=... if CONDITION else []
+    metadata: dict[str, str] = field(default_factory=dict)  # setup()'s literal name, version, description, url, license
     unnamed: int = 0  # extension calls whose name setup.py computes
     computed_names: list[str] = field(default_factory=list)  # what to say of each, unless they are op libraries
     undecided: list[str] = field(default_factory=list)
@@ -263,8 +277,8 @@ def _count(path: Path, count: int) -> None:
 
 # What recipe new reads of an sdist, by path below its top folder: the metadata files and each
 # top-level package's __init__.py (how it loads its compiled modules) in full; C/C++ sources
-# (the torch.ops registrations) until SOURCES_BUDGET bytes are read; test files by name only.
-_READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
+# (the torch.ops registrations) and test files (what they import) until SOURCES_BUDGET bytes are read.
+_READ = re.compile(r"^(PKG-INFO|setup\.py|pyproject\.toml|MANIFEST\.in|LICENSE(?:\.txt|\.md)?|[^/]+/__init__\.py|[^/]+\.egg-info/(requires|top_level)\.txt)$")
 _SOURCE = re.compile(r"\.(cpp|cc|cxx)$")
 _TEST_FILE = re.compile(r"^tests?/(?:[^/]+/)*(?:test_[^/]*|[^/]*_test)\.py$")
 SOURCES_BUDGET = 16 * 2**20
@@ -272,8 +286,8 @@ MAX_READ = 64 * 2**20  # of the _READ files together
 
 
 def archive_files(path: Path) -> dict[str, bytes]:
-    """The sdist's files recipe new reads (_READ, each at most MAX_MEMBER; C/C++ sources while
-    SOURCES_BUDGET lasts) and, with no bytes, the names of its test files and of its other
+    """The sdist's files recipe new reads (_READ, each at most MAX_MEMBER; C/C++ sources and test
+    files while SOURCES_BUDGET lasts) and, with no bytes, the names of its other test files and
     compiled sources (counted where setup.py globs them); nothing is extracted to disk."""
     out: dict[str, bytes] = {}
     budget, total = SOURCES_BUDGET, 0
@@ -282,7 +296,7 @@ def archive_files(path: Path) -> dict[str, bytes]:
         """The member's path below the top folder where its bytes are read, else None (a test
         file's name is noted here)."""
         rel = name.split("/", 1)[1] if "/" in name else ""
-        if _READ.match(rel) or (_SOURCE.search(rel) and size <= budget):
+        if _READ.match(rel) or ((_SOURCE.search(rel) or _TEST_FILE.match(rel)) and size <= budget):
             return rel
         if _TEST_FILE.match(rel) or _compiled(rel):
             out[rel] = b""
@@ -418,6 +432,7 @@ def _read_setup_py(text: str) -> SetupFacts:
                 facts.computed_names.append(f"setup.py line {call.lineno}: a {kind} whose name it computes: add its "
                                             "module to tests.python.imports")
         elif kind == "setup":
+            facts.metadata = {k: v for k in SETUP_METADATA if isinstance(v := _literal(kwargs.get(k), names), str)}
             if "install_requires" in kwargs:
                 facts.install_requires = _strings(_literal(kwargs["install_requires"], names))
                 if facts.install_requires is None:
@@ -438,12 +453,40 @@ def _read_setup_py(text: str) -> SetupFacts:
     return facts
 
 
+def tree_metadata(path: Path, files: Mapping[str, bytes]) -> email.message.Message:
+    """PKG-INFO's fields from an archive of upstream's tree (GitHub's archive of a tag: no
+    PKG-INFO), where setup.py names them as literals; the version may come from the package's
+    `__version__` line, as setup.py reads it."""
+    setup = read_setup_py(files["setup.py"].decode(errors="replace")) if "setup.py" in files else SetupFacts()
+    versions = {m[1] for p, t in files.items() if p.endswith("/__init__.py") and (m := VERSION_LINE.search(t.decode(errors="replace")))}
+    name = setup.metadata.get("name")
+    version = setup.metadata.get("version") or (versions.pop() if len(versions) == 1 else None)
+    if name is None or version is None:
+        raise ExtforgeError(f"{path.name} has no PKG-INFO, and its setup.py computes its {'name' if name is None else 'version'}",
+                            "a source distribution carries its metadata in PKG-INFO; an archive of upstream's tree is read "
+                            "where setup.py names the release as literals",
+                            "pass the project's sdist, or an archive of the release's tag whose setup.py names it")
+    meta = email.message.Message()
+    for key, field_name in (("name", "Name"), ("description", "Summary"), ("url", "Home-page"), ("license", "License")):
+        if key in setup.metadata:
+            meta[field_name] = setup.metadata[key]
+    meta["Version"] = version
+    return meta
+
+
+def license_heading(files: Mapping[str, bytes]) -> str | None:
+    """The SPDX license a top-level LICENSE file's first line names (LICENSE_HEADINGS), or None."""
+    for name in ("LICENSE", "LICENSE.txt", "LICENSE.md"):
+        lines = files.get(name, b"").decode(errors="replace").strip().splitlines()
+        if lines and (spdx := LICENSE_HEADINGS.get(lines[0].strip().lstrip("# "))):
+            return spdx
+    return None
+
+
 def read_sdist(path: Path) -> SdistFacts:
     files = archive_files(path)
-    if "PKG-INFO" not in files:
-        raise ExtforgeError(f"{path.name} has no PKG-INFO", "a source distribution carries its metadata there",
-                            "pass the project's sdist (python -m build --sdist makes one), not a git archive")
-    meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace"))
+    meta = email.parser.Parser().parsestr(files["PKG-INFO"].decode(errors="replace")) if "PKG-INFO" in files \
+        else tree_metadata(path, files)
     try:
         project = tomllib.loads(files["pyproject.toml"].decode(errors="replace")) if "pyproject.toml" in files else {}
         unread = []
@@ -459,7 +502,7 @@ def read_sdist(path: Path) -> SdistFacts:
         # setuptools wrote "UNKNOWN" where setup.py named none; a trove classifier may name it.
         named = {LICENSE_CLASSIFIERS.get(c.rsplit("::", 1)[-1].strip()) for c in meta.get_all("Classifier") or []
                  if c.startswith("License ::")} - {None}
-        license_text = named.pop() if len(named) == 1 else None
+        license_text = named.pop() if len(named) == 1 else license_heading(files)
     facts = SdistFacts(
         name=str(meta["Name"]), version=str(meta["Version"]), summary=meta.get("Summary"), homepage=homepage,
         license=license_text if license_text and "\n" not in license_text.strip() and len(license_text) < 80 else None,
@@ -667,6 +710,7 @@ class UpstreamTests:
     url: str | None = None  # that folder at the release's tag
     why: str = ""  # why the sdist lacks them
     requires: tuple[str, ...] = ()  # the test extra's requirements (PyPI names)
+    imported: tuple[str, ...] = ()  # what the test files import beyond the package, torch and the stdlib (PyPI names)
 
     def describe(self) -> str:
         if self.in_sdist:
@@ -694,10 +738,28 @@ def for_tests(requirement: str) -> str | None:
     return req.name if in_extra else None
 
 
+def test_imports(facts: SdistFacts, declared: Sequence[str]) -> tuple[str, ...]:
+    """The PyPI names of the modules upstream's test files import (`import einops`, `from scipy
+    import ...`) that are not the package's own, torch, the standard library, a module beside
+    the tests or already `declared`: fast-hadamard-transform's tests import einops and pytest
+    and declare neither."""
+    own = {*facts.package_dirs, *(facts.top_level or ()), *(e.name for e in (facts.setup.extensions if facts.setup else ())),
+           *(PurePosixPath(p).stem for p in facts.test_files), "torch", "tests", "test", "conftest"}
+    found: dict[str, None] = {}
+    # Read by lines, not parsed: ast of the budget's 16 MiB of statements would take gigabytes.
+    for m in (m for path in facts.test_files for m in IMPORT_LINE.finditer(facts.texts.get(path, ""))):
+        names = [m[1]] if m[1] else [part.split(" as ")[0].strip() for part in m[2].strip("()\\ \t").split(",")]
+        for top in (n.split(".")[0] for n in names):
+            if top not in own and top not in sys.stdlib_module_names and MODULE_NAME.fullmatch(top):
+                found[IMPORT_NAMES.get(top, top)] = None
+    taken = {canonicalize_name(d) for d in declared}
+    return tuple(n for n in found if canonicalize_name(n) not in taken)
+
+
 def upstream_tests(facts: SdistFacts) -> UpstreamTests:
     requires = tuple(dict.fromkeys(n for r in facts.requires if (n := for_tests(r))))
     if facts.test_files:
-        return UpstreamTests(tuple(facts.test_files), requires=requires)
+        return UpstreamTests(tuple(facts.test_files), requires=requires, imported=test_imports(facts, requires))
     manifest = re.search(r"(?m)^\s*((?:recursive-exclude|prune)\s+(tests?)\b.*?)\s*$", facts.texts.get("MANIFEST.in", ""))
     folder = manifest[2] if manifest else None
     repo = next((m for m in (GITHUB.fullmatch(u or "") for u in (facts.homepage, facts.download_url)) if m), None)
@@ -744,7 +806,7 @@ class Scaffold:
         """The run and test requirements a channel holding `available` package names lacks."""
         out = [Lacking(spec.split()[0], self.run_pypi.get(spec.split()[0], spec.split()[0]), "run")
                for spec in self.run if spec.split()[0] not in available]
-        for pypi in self.tests.requires:
+        for pypi in (*self.tests.requires, *self.tests.imported):
             conda = CONDA_NAMES.get(canonicalize_name(pypi), canonicalize_name(pypi))
             if conda not in available and conda not in {x.conda for x in out}:
                 out.append(Lacking(conda, pypi, "upstream's tests"))
@@ -761,7 +823,8 @@ class Scaffold:
                     "  - script:", f"      - {q(self.ops.command())}", "    requirements:", "      run:", "        - python"] \
             if self.ops else []
         tests_note = [f"# {self.tests.describe()}"] + ([f"# They need {', '.join(self.tests.requires)} (upstream's test extra)."]
-                                                        if self.tests.requires else [])
+                                                        if self.tests.requires else []) \
+            + ([f"# They import {', '.join(self.tests.imported)}."] if self.tests.imported else [])
         lines = [
             "schema_version: 1",
             "",
@@ -777,7 +840,8 @@ class Scaffold:
             "source:",
             "  url:",
             "    - file://${{ env.get(\"EXTFORGE_SOURCES\", default=\"/nonexistent\") }}/sha256/"
-            f"{self.sdist.sha256}/{self.sdist.filename}",
+            # `sources fetch` stores the archive under the URL's file name (GitHub's tag archive: v1.1.0.tar.gz).
+            f"{self.sdist.sha256}/{downloads.url_file_name(self.sdist.url)}",
             f"    - {q(self.sdist.url)}",
             f"  sha256: {self.sdist.sha256}",
             "",
@@ -881,14 +945,35 @@ def scaffold(facts: SdistFacts, sdist: Sdist, archs: Sequence[str]) -> Scaffold:
                          + (f" (it reads {', '.join(setup.reads)} from the environment)" if setup.reads else "")
                          + ": set what keeps them in build.script.env, else the package has no compiled module "
                          "(the import test fails)")
+    if missing := missing_sources(setup, facts.compiled):
+        undecided.append(f"the sdist lacks {len(missing)} of the sources setup.py compiles ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}): unless setup.py generates them, a build from it fails; write the recipe from "
+                         f"upstream's archive of the release's tag: extforge recipe new {canonicalize_name(facts.name)}=={facts.version} --force "
+                         f"--sdist ARCHIVE --url {tag_archive(facts)}")
     if not facts.license:
-        undecided.append("no short license in PKG-INFO: about.license left out")
+        undecided.append("no short license in PKG-INFO or the first line of LICENSE: about.license left out")
     about = {key: _about(key, value, undecided) for key, value in
              (("summary", facts.summary), ("homepage", facts.homepage), ("license", facts.license))}
     # conda names are PyPI's normalized (causal_conv1d's PKG-INFO names it so; its package is causal-conv1d).
     return Scaffold(canonicalize_name(facts.name), facts.version, sdist, host_extra, run, imports, about["summary"],
                     about["homepage"], about["license"], tuple(archs), translation_units(setup, facts.compiled), undecided,
                     decisions, ops, upstream_tests(facts), run_pypi)
+
+
+def missing_sources(setup: SetupFacts | None, compiled: Sequence[str]) -> list[str]:
+    """The sources setup.py lists by name (relative paths) that the archive lacks: fast-hadamard-
+    transform 1.1.0's sdist holds setup.py but not the csrc/ it compiles (no MANIFEST.in)."""
+    listed = (posixpath.normpath(s) for e in (setup.extensions if setup else ()) for s in e.sources or ()
+              if _compiled(s) and not posixpath.isabs(s))
+    return sorted({s for s in listed if not s.startswith("..")} - set(compiled))
+
+
+def tag_archive(facts: SdistFacts) -> str:
+    """GitHub's archive of the release's tag, where the home page is a GitHub repository (the tag
+    spelled vVERSION, upstream's usual); else where to look."""
+    repo = GITHUB.fullmatch(facts.homepage or "")
+    return (f"https://github.com/{repo[1]}/{repo[2]}/archive/refs/tags/v{facts.version}.tar.gz" if repo
+            else "URL (upstream's archive of the release's tag)")
 
 
 def _about(key: str, value: str | None, undecided: list[str]) -> str | None:

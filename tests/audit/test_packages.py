@@ -319,7 +319,8 @@ def _torches_channel(elfs, tmp_path: Path, monkeypatch) -> Path:
 
 def test_every_torch_admitted_must_pass(elfs, tmp_path, monkeypatch, capsys):
     """One build for many torches (a stable-ABI extension): the audit runs against each torch of the
-    channel, and the run requirements must exclude every torch it fails against."""
+    channel, and the run requirements must exclude every torch it fails against. The channel is
+    `-c`, as build, recipe new and sources spell it (the old audit refused it: unrecognized arguments)."""
     channel = _torches_channel(elfs, tmp_path, monkeypatch)
     payload = {"lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["skew"].read_bytes()}
     narrow = make_conda(tmp_path, "greeter", payload, ["pytorch >=2.9 cuda13*"])
@@ -333,7 +334,7 @@ def test_every_torch_admitted_must_pass(elfs, tmp_path, monkeypatch, capsys):
 
     (tmp_path / "wide").mkdir()
     wide = make_conda(tmp_path / "wide", "greeter", payload, ["pytorch >=2.9"])
-    assert main(["audit", str(wide), "--channel", channel.as_uri(), "--every-torch"]) == 1
+    assert main(["audit", str(wide), "-c", channel.as_uri(), "--every-torch"]) == 1
     out = capsys.readouterr().err
     assert "ERR pytorch 2.9.1 cuda128_0: admitted; audit FAILS" in out and "added_in_v2" in out
     assert "narrow the package's run requirement on pytorch" in out

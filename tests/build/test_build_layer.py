@@ -256,11 +256,14 @@ def test_known_download_switches_are_data_and_found_from_the_url() -> None:
     assert switch.assignment() == "CAUSAL_CONV1D_FORCE_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=FALSE"
     assert build_layer.switch_for("flash_attn-2.8.3+cu12torch2.6-cp312.whl").package == "flash-attn"
     assert build_layer.switch_for("no wheel here") is None
+    fht = build_layer.switch_for("fast_hadamard_transform-1.1.0+cu12torch2.14cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
+    assert fht is not None and fht.assignment().startswith("FAST_HADAMARD_TRANSFORM_FORCE_BUILD=TRUE")
     assert "export MAMBA_FORCE_BUILD=TRUE" in build_layer.switches_sh()
     # The ABI switches activate.sh named package by package are data too, beside each package's
     # download switch; no recipe sets either (flash-attn's and FA3's did).
     shell = build_layer.switches_sh()
-    assert "_xf_abi_switches='FLASH_ATTENTION_FORCE_CXX11_ABI CAUSAL_CONV1D_FORCE_CXX11_ABI MAMBA_FORCE_CXX11_ABI'" in shell
+    assert ("_xf_abi_switches='FLASH_ATTENTION_FORCE_CXX11_ABI CAUSAL_CONV1D_FORCE_CXX11_ABI MAMBA_FORCE_CXX11_ABI "
+            "FAST_HADAMARD_TRANSFORM_FORCE_CXX11_ABI'") in shell
     assert "FORCE_CXX11_ABI" not in (LAYER / "activate.sh").read_text()
     for recipe in (LAYER.parents[3] / "recipe").glob("*/recipe.yaml"):
         assert not any(k in recipe.read_text() for sw in build_layer.switches() for k in sw.values), recipe

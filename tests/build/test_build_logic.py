@@ -130,6 +130,21 @@ def test_a_failed_build_names_its_cause_from_its_own_log(tmp_path):
     assert "compilePyTorch" in err.why and "extforge mirror" in err.fix and str(tmp_path / "build.log") in err.fix
 
 
+def test_a_build_from_an_sdist_without_its_sources_says_so(tmp_path):
+    """fast-hadamard-transform 1.1.0 built from PyPI's sdist (no csrc/): the old error was
+    rattler-build's "Script failed to execute", the cause only in the log; and a diagnosis's fix
+    ending in a full stop read ".; build log"."""
+    lines = ["info:   ninja: error: '$SRC_DIR/csrc/fast_hadamard_transform.cpp', needed by "
+             "'$SRC_DIR/build/temp.linux-x86_64-cpython-311/csrc/fast_hadamard_transform.o', missing and no known rule to make it",
+             "info:   subprocess.CalledProcessError: Command '['ninja', '-v', '-j', '2']' returned non-zero exit status 1.",
+             "info:   RuntimeError: Error compiling objects for extension", "error: Script failed with status 1"]
+    err = build_failure(RuntimeError("Script failed to execute"), lines, ["file:///ch"],
+                        tmp_path / "fast-hadamard-transform" / "recipe.yaml", tmp_path / "build.log", [])
+    assert err.what == ("building fast-hadamard-transform failed: a source the build compiles is not in the source archive "
+                        "($SRC_DIR/csrc/fast_hadamard_transform.cpp)")
+    assert "archive of the release's tag" in err.fix and ".;" not in err.fix
+
+
 def test_a_full_disk_is_named_not_taken_for_a_solve_failure(tmp_path, monkeypatch):
     """rattler-build says "Failed to resolve dependencies" when it cannot unpack a package for
     lack of space; with the disk nearly full the error names the disk instead."""

@@ -38,7 +38,7 @@ def test_public_report(path: Path) -> None:
 
 def test_every_signature_has_a_public_or_real_case() -> None:
     covered = {expectation(p)[0] for p in FIXTURES}
-    real = {"build-isolation", "oom-killed", "ninja-build-stopped", "undefined-symbol"}  # test_real_failures.py
+    real = {"build-isolation", "oom-killed", "ninja-build-stopped", "undefined-symbol", "source-missing"}  # test_real_failures.py
     assert {s.id for s in load_signatures()} <= covered | real
 
 

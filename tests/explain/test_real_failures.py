@@ -154,6 +154,19 @@ def test_a_compiler_error_under_ninja_is_named_not_blamed_on_memory(tmp_path: Pa
     assert "bad.cpp:2" in d.cause and "strong_orderin" in d.cause and "MAX_JOBS" not in d.fix
 
 
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja")
+def test_a_source_missing_from_the_archive_is_named(tmp_path: Path) -> None:
+    """fast-hadamard-transform 1.1.0's sdist lacks the csrc/ its setup.py compiles: ninja says so
+    before any compile, and the old explain (and the build's error) recognised nothing, leaving
+    rattler-build's "Script failed to execute"."""
+    (tmp_path / "build.ninja").write_text("rule cxx\n  command = g++ -c $in -o $out\n"
+                                          "build fht.o: cxx csrc/fast_hadamard_transform.cpp\n")
+    out = subprocess.run(["ninja", "-j", "1"], cwd=tmp_path, capture_output=True, text=True)
+    d = explain_text(out.stdout + out.stderr, context=NO_PLAN).diagnoses[0]
+    assert (d.id, d.values["path"]) == ("source-missing", "csrc/fast_hadamard_transform.cpp")
+    assert "archive of the release's tag" in d.fix
+
+
 def test_without_a_planner_the_fix_falls_back_to_one_job() -> None:
     ctx = Context(plan=lambda: (None, "planner unavailable (test)"))
     d = explain_text("ninja: build stopped: subcommand failed.", context=ctx).diagnoses[0]

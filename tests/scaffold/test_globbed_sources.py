@@ -5,15 +5,14 @@ planner's default estimate is over the compiles the build runs, not one wave of 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from extforge import scaffold
 from extforge.cli import main
+from sdists import tar_gz
 
 # torch-cluster 1.6.3's get_extensions(), as upstream writes it (its other lines do not matter here).
 SETUP_PY = '''\
@@ -77,14 +76,7 @@ def sdist(where: Path) -> Path:
              "torch_cluster/__init__.py": "", "csrc/cluster.h": "", "csrc/cpu/utils.h": "",
              **{f"csrc/{m}.cpp": "" for m in MAIN}, **{f"csrc/cpu/{c}_cpu.cpp": "" for c in CPU},
              **{f"csrc/cpu/{c}_cpu.h": "" for c in CPU}, **{f"csrc/cuda/{c}_cuda.cu": "" for c in CUDA}}
-    path = where / "torch_cluster-1.6.3.tar.gz"
-    where.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in names.items():
-            info = tarfile.TarInfo(f"torch_cluster-1.6.3/{name}")
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-    return path
+    return tar_gz(where / "torch_cluster-1.6.3.tar.gz", "torch_cluster-1.6.3", names)
 
 
 def test_a_globbing_setup_py_is_counted_from_the_sdists_files(tmp_path: Path) -> None:

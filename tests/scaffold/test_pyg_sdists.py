@@ -68,7 +68,7 @@ def test_the_pyg_recipes_are_recipe_news_output_unedited(name: str, tmp_path: Pa
     assert out["imports"] == [module] and f"ops = torch.ops.{module};" in out["ops_test"]
     assert "v = ops.cuda_version()" in out["ops_test"] and "'cuda_version'" in out["ops_test"]
     repo = {"torch-cluster": "pytorch_cluster", "torch-scatter": "pytorch_scatter"}[name]
-    assert out["upstream_tests"] == {"in_sdist": [], "folder": "test", "requires": ["pytest", "pytest-cov"],
+    assert out["upstream_tests"] == {"in_sdist": [], "folder": "test", "requires": ["pytest", "pytest-cov"], "imports": [],
                                      "url": f"https://github.com/rusty1s/{repo}/tree/{RELEASES[name]}/test"}
 
 

@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", type=Path, metavar="PREFIX",
                         help="the environment it must run in: a venv (pip's torch and its nvidia-* wheels), a conda prefix, "
                         "a site-packages dir or a torch/lib dir")
-    parser.add_argument("--channel", metavar="URL", action="append",
+    parser.add_argument("-c", "--channel", metavar="URL", action="append",
                         help="without --against: install the package's pinned pytorch from this channel "
                         "(repeatable, in priority order)")
     parser.add_argument("--every-torch", action="store_true",

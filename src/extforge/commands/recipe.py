@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                    "decided": [{"decides": d.decides, "set": dict(d.values), "reason": d.reason} for d in made.decisions],
                    "ops_test": made.ops.command() if made.ops else None,
                    "upstream_tests": {"in_sdist": list(made.tests.in_sdist), "folder": made.tests.folder,
-                                      "url": made.tests.url, "requires": list(made.tests.requires)},
+                                      "url": made.tests.url, "requires": list(made.tests.requires),
+                                      "imports": list(made.tests.imported)},
                    "channel_lacks": [{"name": x.conda, "pypi": x.pypi, "for": x.needed_by} for x in lacking],
                    "mirror_command": mirror, "undecided": undecided})
     console.print(f"wrote {' and '.join(str(f) for f in written)} ({facts.name} {facts.version}, imports: "
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                       markup=False)
     if made.ops:
         console.print(f"tested through torch.ops.{made.ops.namespace}: {len(made.ops.ops)} ops registered", markup=False)
-    console.print(made.tests.describe(), markup=False)
+    console.print(made.tests.describe() + (f"; they import {', '.join(made.tests.imported)}" if made.tests.imported else ""),
+                  markup=False)
     if remote:
         console.print(f"not checked against {', '.join(remote)}: recipe new reads channel folders only", markup=False)
     if lacking:
