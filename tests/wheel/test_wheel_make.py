@@ -17,8 +17,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from cli_run import run_extforge
 from crafted_ext import (
     DEPENDS,
     MODULE,
@@ -33,6 +31,7 @@ from crafted_ext import (
     torch_package,
 )
 
+from cli_run import run_extforge
 from extforge.audit.elf import open_elf
 from extforge.errors import ExtforgeError
 from extforge.wheel.make import wheel_from_conda
