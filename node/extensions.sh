@@ -141,7 +141,7 @@ wheels() {  # wheels PACKAGE...: as wheels in an index, installed by pip and by 
 for m in sys.argv[1:]: importlib.import_module(m.replace("-", "_")); print(m, "imports beside torch", torch.__version__)' "${projects[@]}"
     done
     for p in "$index"/*/simple/*/*.whl; do
-        step "audit-wheel-$(basename "${p%%-*}")" "${xf[@]}" audit "$p" --against "$XF_WORK/venv-pip"
+        step "audit-wheel-$(basename "$p" | cut -d- -f1)" "${xf[@]}" audit "$p" --against "$XF_WORK/venv-pip"
     done
     # Upstream's tests with the pip venv's python (the same files as the prefix's).
     local r
