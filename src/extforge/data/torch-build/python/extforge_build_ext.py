@@ -87,10 +87,8 @@ def patch(cpp_extension: Any) -> None:
                 cpp_extension._run_ninja_build, self.compiler.link = run_ninja, link
             top = os.path.abspath(self.build_temp)
             os.makedirs(top, exist_ok=True)
-            with open(os.path.join(top, "build.ninja"), "w") as fh:
-                fh.write("ninja_required_version = 1.3\n")
-                fh.writelines(f"subninja {_escape(os.path.join(os.path.abspath(d), 'build.ninja'))}\n"
-                              for d in dict.fromkeys(written))
+            order = [u for u in os.environ.get("EXTFORGE_UNIT_ORDER", "").split(";") if u]
+            write_top_ninja(top, [os.path.abspath(d) for d in dict.fromkeys(written)], order)
             _say(f"compiling {len(self.extensions)} extensions in one ninja run (MAX_JOBS={os.environ.get('MAX_JOBS', '-')})")
             run_ninja(top, True, "Error compiling objects for extension")
             # Pass 2: the objects are built; each extension links from them.
@@ -104,6 +102,64 @@ def patch(cpp_extension: Any) -> None:
 
     build_extension_cls.build_extension = build_extension
     build_extension_cls.build_extensions = build_extensions
+
+
+def write_top_ninja(top: str, folders: list[str], order: list[str]) -> None:
+    """build_temp/build.ninja: every extension's build.ninja as a subninja; with the planner's
+    order (EXTFORGE_UNIT_ORDER, longest first), one subninja per compile in that order instead.
+    ninja starts the edges that are ready in the order it read them, and every compile is ready
+    at once, so the order of the files is the order of the starts (torch-cluster on 16 cores:
+    122 s of compile span in setup.py's order, 89.6 s predicted longest first). Each file repeats
+    its extension's variables and rules: a subninja is a scope of its own."""
+    lines = ["ninja_required_version = 1.3\n"]
+    if not order:
+        lines += [f"subninja {_escape(os.path.join(d, 'build.ninja'))}\n" for d in folders]
+    else:
+        rank = {unit: i for i, unit in enumerate(order)}
+        edges: list[tuple[int, int, str, str]] = []
+        for d in folders:
+            with open(os.path.join(d, "build.ninja")) as fh:
+                header, found = _edges(fh.read())
+            edges += [(rank.get(_unit(output), len(rank)), len(edges), header, text) for output, text in found]
+        folder = os.path.join(top, "extforge-order")
+        os.makedirs(folder, exist_ok=True)
+        for n, (_rank, _seen, header, text) in enumerate(sorted(edges)):
+            path = os.path.join(folder, f"{n:05d}.ninja")
+            with open(path, "w") as fh:
+                fh.write(header + text)
+            lines.append(f"subninja {_escape(path)}\n")
+    with open(os.path.join(top, "build.ninja"), "w") as fh:
+        fh.writelines(lines)
+
+
+def _edges(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(what comes before the first build statement: variables and rules, [(first output, the
+    statement with its continuation and indented lines)]) of a build.ninja as torch writes it."""
+    header: list[str] = []
+    edges: list[tuple[str, list[str]]] = []
+    continued = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("build ") and not continued:
+            output = line[len("build "):].split(":", 1)[0].split(" ", 1)[0].replace("$ ", " ").replace("$$", "$")
+            edges.append((output, [line]))
+        elif edges and (continued or line.startswith((" ", "\t"))):
+            edges[-1][1].append(line)
+        elif edges and line.strip():
+            edges.append(("", [line]))  # a default or pool statement after the edges: kept, last
+        else:
+            (edges[-1][1] if edges else header).append(line)
+        continued = line.rstrip("\n").endswith("$") and not line.rstrip("\n").endswith("$$")
+    return "".join(header), [(output, "".join(body)) for output, body in edges]
+
+
+def _unit(output: str) -> str:
+    """The planner's name of the unit an object compiles (extforge.unit_costs.unit_name; a part
+    of a unit compiled in parts starts where its unit does)."""
+    name = os.path.basename(output)
+    for suffix in (".o", ".obj", ".cu", ".cpp", ".cc", ".cxx"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name.split("#part", 1)[0]
 
 
 def _nothing(*_args: Any, **_kwargs: Any) -> None:
