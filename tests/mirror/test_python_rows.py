@@ -68,3 +68,32 @@ def test_a_missing_python_is_one_paragraph(tmp_path: Path):
     assert proc.returncode == 2
     text = " ".join(proc.stderr.split())  # the console wraps long lines
     assert "does not exist" in text and "--python" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("planted, said", [
+    # The row this run mirrors (its key: python, torch, no CUDA, the old ABI), so that the run
+    # replaces it and removes the files it names.
+    ({"schema": 1, "rows": [{"variants": {"python": f"{sys.version_info[0]}.{sys.version_info[1]}", "pytorch": "2.6.0",
+                                          "cxx_abi": "cxx98"}, "files": ["linux-64/../../victim.txt"]}]},
+     "not a package file <subdir>/<name>.conda of the channel"),
+    ({"rows": [{"variants": 1, "files": []}]}, "a row is not"),
+    ("[" * 100_000, "nested more than"),
+], ids=["outside", "malformed", "deep"])
+def test_a_rows_file_extforge_did_not_write_is_refused_before_any_work(tmp_path: Path, planted: object, said: str):
+    """outside: a rows file naming `linux-64/../../victim.txt` had the mirror delete that file (a
+    re-mirrored row's old files are removed: `channel / name`, unlinked); malformed: a KeyError or
+    TypeError traceback; deep: a RecursionError. Now each is one error naming the file and what
+    to do, before any package is built, and the file named stays."""
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (channel / ROWS_FILE).write_text(planted if isinstance(planted, str) else json.dumps(planted))
+    stand_in_torch(tmp_path / "wheels", "2.6.0", abi=0)
+    proc = subprocess.run([sys.executable, "-m", "extforge", "mirror", "--channel", str(channel), "--from-wheels",
+                           str(tmp_path / "wheels"), "--python", sys.executable], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert f"cannot add a row to the mirror channel {channel}" in text and said in text, proc.stderr
+    assert "Traceback" not in proc.stderr and victim.read_text() == "mine"
+    assert not list(channel.glob("*/*.conda"))

@@ -133,10 +133,11 @@ def build_mirror(
     for name, asked_by in missing.items():
         log.warning("%s (needed by %s) is not in %s; left out of the channel", name, asked_by, inputs.description)
     channel.mkdir(parents=True, exist_ok=True)
+    # This run's row replaces its earlier self; the channel's other torch builds stay (read first:
+    # a rows file that cannot be read stops the run before any package is built).
+    before = rows.load_rows(channel)
     log_file = channel / "mirror-build.log"
     built = build_jobs(jobs, log_file, on_package)
-    # This run's row replaces its earlier self; the channel's other torch builds stay.
-    before = rows.load_rows(channel)
     after = rows.merge(before, rows.Row(variants, [f"{p.subdir}/{p.path.name}" for p in built]))
     place(built, channel, remove=rows.stale_files(before, after))
     for name, text in ((rows.ROWS_FILE, rows.rows_json(after)), (VARIANTS_FILE, rows.variants_yaml(after))):

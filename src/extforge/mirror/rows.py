@@ -9,9 +9,14 @@ rows the channel holds (pure logic here, the I/O in build_mirror).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ..channel_ref import SUBDIRS
+from ..errors import ExtforgeError
+from ..shared_read import Refused, read_json, shown
 
 ROWS_FILE = "mirror-rows.json"
 # Values shared by every row (the compiler package names); the rest are zipped per row.
@@ -33,12 +38,45 @@ class Row:
         return f"python{v.get('python')}-pytorch{v.get('pytorch')}-{cuda_tag}-{v.get('cxx_abi', 'cxx11')}"
 
 
+# A row's files as the mirror writes them: a subdir of the channel, then a package's file name.
+_FILE = re.compile(rf"(?:{'|'.join(map(re.escape, SUBDIRS))})/[A-Za-z0-9_][A-Za-z0-9_.+!-]{{0,250}}\.conda")
+_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.*+!=<>, -]{0,199}")
+ROWS_LIMIT = 4 << 20
+
+
+def _rows(data: object) -> list[Row]:
+    """The rows of a rows file, typed: variant names and values of a version's characters, files
+    `<subdir>/<name>.conda` (the mirror removes a re-mirrored row's old files: a name reaching out
+    of the channel would have it delete there)."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows", []), list):
+        raise ValueError("not a rows file ({\"rows\": [...]})")
+    out = []
+    for r in data.get("rows", []):
+        if not isinstance(r, dict) or not isinstance(r.get("variants"), dict) or not isinstance(r.get("files"), list):
+            raise ValueError(f"a row is not {{\"variants\": {{...}}, \"files\": [...]}}: {shown(r)}")
+        variants = {k: v for k, v in r["variants"].items() if isinstance(k, str) and isinstance(v, str)
+                    and _VALUE.fullmatch(k) and _VALUE.fullmatch(v)}
+        if len(variants) != len(r["variants"]):
+            raise ValueError(f"a row's variants are not names and versions: {shown(r['variants'])}")
+        bad = [f for f in r["files"] if not isinstance(f, str) or not _FILE.fullmatch(f)]
+        if bad:
+            raise ValueError(f"a row names {shown(bad[0])}, not a package file <subdir>/<name>.conda of the channel")
+        out.append(Row(variants, list(r["files"])))
+    return out
+
+
 def load_rows(channel: Path) -> list[Row]:
+    """The rows the channel's rows file records (none where there is no file). A file extforge
+    did not write that way is refused, never half-read: the rows left out would lose their
+    packages and their place in variants.yaml."""
     try:
-        data = json.loads((channel / ROWS_FILE).read_text())
-    except (OSError, ValueError):
+        return read_json(channel / ROWS_FILE, _rows, limit=ROWS_LIMIT, beneath=channel)
+    except FileNotFoundError:
         return []
-    return [Row(dict(r["variants"]), list(r["files"])) for r in data.get("rows", [])]
+    except Refused as exc:
+        raise ExtforgeError(f"cannot add a row to the mirror channel {channel}", exc.what,
+                            f"restore {channel / ROWS_FILE} as `extforge mirror` wrote it, or remove it and mirror every "
+                            "row of the channel again (its packages stay until then)") from None
 
 
 def rows_json(rows: Sequence[Row]) -> str:
