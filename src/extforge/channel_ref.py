@@ -9,7 +9,6 @@ path holds a space or a `#` is the same folder whichever way it was named.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,8 +17,11 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .errors import ExtforgeError
+from .shared_read import Refused, parse_json, read_bytes
 
 SUBDIRS = ("linux-64", "noarch")
+# A repodata.json bigger than this is no channel's (conda-forge's linux-64 is ~300 MB).
+REPODATA_LIMIT = 2 << 30
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
@@ -53,23 +55,29 @@ def local_folder(channel: str | Path) -> Path | None:
 
 
 def repodata(channel: str | Path, subdir: str) -> dict[str, Any]:
-    """The parsed `<subdir>/repodata.json` of a local channel; {} for remote, unindexed or unreadable ones."""
+    """The parsed `<subdir>/repodata.json` of a local channel, by the one reader of shared places (a
+    channel is a folder other admins write: a FIFO or a link planted there is not followed, an endless
+    file not read past REPODATA_LIMIT); {} for remote, unindexed or unreadable ones."""
     folder = local_folder(channel)
     if folder is None:
         return {}
     try:
-        data = json.loads((folder / subdir / "repodata.json").read_text())
-    except (OSError, ValueError):
+        data = parse_json(read_bytes(folder / subdir / "repodata.json", limit=REPODATA_LIMIT), "repodata.json")
+    except (OSError, ValueError, Refused):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def records(channel: str | Path, subdir: str) -> dict[str, dict[str, Any]]:
-    """Filename -> record of every package the subdir's index lists (.conda and .tar.bz2)."""
+    """Filename -> record of every package the subdir's index lists (.conda and .tar.bz2); entries
+    that are no record (no name, version and build strings) are left out."""
     data = repodata(channel, subdir)
     out: dict[str, dict[str, Any]] = {}
     for key in ("packages", "packages.conda"):
-        out |= data.get(key) or {}
+        listed = data.get(key)
+        if isinstance(listed, dict):
+            out |= {f: r for f, r in listed.items() if isinstance(r, dict)
+                    and all(isinstance(r.get(k), str) for k in ("name", "version", "build"))}
     return out
 
 
@@ -115,7 +123,7 @@ def repodata_mentions(channels: Sequence[str | Path], text: str) -> bool:
         if folder is None:
             continue
         for sub in SUBDIRS:
-            with contextlib.suppress(OSError):
-                if text in (folder / sub / "repodata.json").read_text():
+            with contextlib.suppress(OSError, Refused):
+                if text.encode() in read_bytes(folder / sub / "repodata.json", limit=REPODATA_LIMIT):
                     return True
     return False

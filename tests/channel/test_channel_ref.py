@@ -59,3 +59,26 @@ def test_a_package_rewritten_in_place_is_indexed_again(tmp_path: Path) -> None:
     after = json.loads((pkg.parent / "repodata.json").read_text())["packages.conda"][pkg.name]
     assert after["sha256"] == hashlib.sha256(pkg.read_bytes()).hexdigest() != before
     assert after["size"] == len(data) + 1
+
+
+def test_a_channel_index_others_planted_is_read_bounded_and_typed(tmp_path: Path) -> None:
+    """A channel is a folder other admins write. A FIFO at linux-64/repodata.json: the old reader
+    (`read_text`) waited on it for ever; a record without a name: `package_names` raised KeyError
+    (a traceback from `extforge build`'s toolkit check). Now the FIFO is an unreadable index and the
+    record is left out."""
+    import os
+    import subprocess
+    import sys
+
+    fifo, odd = tmp_path / "fifo", tmp_path / "odd"
+    (fifo / "linux-64").mkdir(parents=True)
+    os.mkfifo(fifo / "linux-64" / "repodata.json")
+    (odd / "linux-64").mkdir(parents=True)
+    (odd / "linux-64" / "repodata.json").write_text(json.dumps({"packages.conda": {
+        "a-1-0.conda": {"version": "1", "build": "0"}, "b-1-0.conda": {"name": "b", "version": "1", "build": "0"},
+        "c-1-0.conda": "not a record"}}))
+    code = ("import sys; from extforge.channel_ref import package_names, repodata_mentions; "
+            "print(sorted(package_names(sys.argv[1:3], 'linux-64')), repodata_mentions([sys.argv[1]], '__cuda'))")
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo), str(odd)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['b']", "False"]

@@ -31,6 +31,7 @@ import zstandard
 
 from .. import safe_files
 from ..archive import package_tars
+from ..channel_ref import REPODATA_LIMIT
 from ..errors import ExtforgeError
 from ..safe_files import make_dir
 from ..ui import log
@@ -39,8 +40,6 @@ from .hashing import fsync_dir
 # Every channel needs these two even when empty; conda clients ask for both.
 REQUIRED_SUBDIRS = ("noarch", "linux-64")
 TEMP_PREFIX = ".extforge-"
-# A repodata.json bigger than this is no channel's (conda-forge's linux-64 is ~300 MB).
-REPODATA_LIMIT = 2 << 30
 PACKAGE_SUFFIXES = (".conda", ".tar.bz2")
 
 
