@@ -37,6 +37,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,15 +273,20 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                     exit_code=EXIT_FINDINGS,
                 )
         t = time.monotonic()
-        # Only a file hashed here that is a hard link (of the cache's copy, which check_files
-        # made sure of) can add to the records; the placeholder files are copies.
-        if any(st.st_nlink > 1 for st, _ in hashed.values()):
-            extracted.remember(records, cache, manifests, found | hashed, recorded)
-        _restore_urls(staging / "conda-meta", originals)
-        result.timings["record"] = time.monotonic() - t
-        tb = time.monotonic()
-        written = _byte_compile(staging, prefix, manifests)
-        result.timings["bytecode"] = time.monotonic() - tb
+        staged = found | hashed
+        python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
+        # The interpreter compiles (its own process) while the records are written here.
+        with ThreadPoolExecutor(1) as pool:
+            compiling = pool.submit(_byte_compile, staging, prefix, manifests, python_sha256, staged, rehash)
+            tr = time.monotonic()
+            # Only a file hashed here that is a hard link (of the cache's copy, which check_files
+            # made sure of) can add to the records; the placeholder files are copies.
+            if any(st.st_nlink > 1 for st, _ in hashed.values()):
+                extracted.remember(records, cache, manifests, staged, recorded)
+            _restore_urls(staging / "conda-meta", originals)
+            result.timings["record"] = time.monotonic() - tr
+            written = compiling.result()
+        result.timings["bytecode"] = time.monotonic() - t
         _move_into(staging, prefix)
     finally:
         _forget(prefix, staging)
@@ -339,12 +345,18 @@ def _check_interpreter_alone(manifests: dict[str, dict], lock_path: Path) -> Non
         )
 
 
-def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict]) -> dict[str, list]:
+def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], python_sha256: str,
+                  staged: dict[str, tuple[os.stat_result, str]], rehash: bool) -> dict[str, list]:
     """Byte-compile with the python package's interpreter, placed apart from the other packages'
-    files for the time it runs; what compile_bytecode records."""
+    files for the time it runs; the .pyc it wrote, as the install record keeps them. A source
+    whose shipped .pyc the interpreter found current before, as found now (extracted.bytecode_keys),
+    is not sent to it again (unless `rehash`)."""
     body = manifests.get(PYTHON)
     if body is None:
         return {}
+    sources = sorted(p for p in owned_paths(manifests) if p.startswith("lib/python3") and p.endswith(".py"))
+    tag, known = ("", set()) if rehash else extracted.recall_bytecode(python_sha256)
+    keys = extracted.bytecode_keys(sources, tag, staged) if tag else {}
     own = staging / WORK
     try:
         safe_files.make_private_dir(own, beneath=prefix, exist_ok=False)
@@ -355,9 +367,16 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict]) -> di
                             exit_code=EXIT_FINDINGS) from None
     try:
         python = _place_interpreter(staging, own / PYTHON, body, prefix)
-        return compile_bytecode(staging, prefix, owned_paths(manifests), python) if python else {}
+        done = compile_bytecode(staging, prefix, [s for s in sources if keys.get(s) not in known], python) if python else None
     finally:
         safe_files.remove(own, beneath=prefix)
+    if done is None:
+        return {}
+    if done.tag:
+        keys = keys if done.tag == tag else extracted.bytecode_keys(sources, done.tag, staged)
+        extracted.remember_bytecode(python_sha256, done.tag, known if done.tag == tag else set(),
+                                    {keys[s] for s in done.current if s in keys})
+    return done.written
 
 
 def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> Path | None:
