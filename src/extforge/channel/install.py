@@ -37,6 +37,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,41 +253,42 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix / WORK / f"staging-{os.getpid()}"
-    t = time.monotonic()
-    trusted, recorded = ({}, {}) if rehash else extracted.recall(records, cache, manifests)
-    result.timings["cache_recall"] = time.monotonic() - t
     try:
-        _write_journal(prefix, staging, None)
-        bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, trusted, result)
-        if bad_files:
-            # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
-            # lock names: drop those entries so rattler extracts them again from the verified archives.
-            dropped = _drop_cache_entries(cache, records, bad_files)
-            result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
-            # Every file hashed: a removed file's inode number may come back with a new one.
-            bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, {}, result)
+        # One thread beside this one: it reads the package cache's records while rattler links
+        # (which waits with the GIL released), and places python and waits for its compile
+        # while this one writes the records.
+        with ThreadPoolExecutor(1) as aside:
+            recalling = aside.submit(_recall, records, cache, manifests, rehash)
+            _write_journal(prefix, staging, None)
+            bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests,
+                                                       lambda: recalling.result()[0], result)
             if bad_files:
-                raise ExtforgeError(
-                    f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
-                    f"the package cache {cache} gives other files than the verified packages, even after re-extracting",
-                    f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
-                    exit_code=EXIT_FINDINGS,
-                )
-        t = time.monotonic()
-        staged = found | hashed
-        python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
-        # The interpreter compiles (its own process) while the records are written here.
-        with ThreadPoolExecutor(1) as pool:
-            compiling = pool.submit(_byte_compile, staging, prefix, manifests, python_sha256, staged, rehash)
+                # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
+                # lock names: drop those entries so rattler extracts them again from the verified archives.
+                dropped = _drop_cache_entries(cache, records, bad_files)
+                result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
+                # Every file hashed: a removed file's inode number may come back with a new one.
+                bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, dict, result)
+                if bad_files:
+                    raise ExtforgeError(
+                        f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
+                        f"the package cache {cache} gives other files than the verified packages, even after re-extracting",
+                        f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
+                        exit_code=EXIT_FINDINGS,
+                    )
+            t = time.monotonic()
+            staged = found | hashed
+            python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
+            compiling = aside.submit(_byte_compile, staging, prefix, manifests, python_sha256, staged, rehash)
             tr = time.monotonic()
             # Only a file hashed here that is a hard link (of the cache's copy, which check_files
             # made sure of) can add to the records; the placeholder files are copies.
             if any(st.st_nlink > 1 for st, _ in hashed.values()):
-                extracted.remember(records, cache, manifests, staged, recorded)
-            _restore_urls(staging / "conda-meta", originals)
+                extracted.remember(records, cache, manifests, staged, recalling.result()[1])
+            _restore_urls(staging / "conda-meta", originals, {r.file_name: r.url for r in records})
             result.timings["record"] = time.monotonic() - tr
             written = compiling.result()
-        result.timings["bytecode"] = time.monotonic() - t
+            result.timings["bytecode"] = time.monotonic() - t
         _move_into(staging, prefix)
     finally:
         _forget(prefix, staging)
@@ -383,18 +385,13 @@ def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> P
     """The python package's interpreter under root: hard links of its files in staging, whose bytes
     _link_and_check found to be the package's (no other package ships them), and its symbolic links
     as its payload gives them. Its executable, None if the package has none."""
-    made: set[Path] = set()
-    for path, kind, _sha, _placeholder, _file_mode, _mode, target in body["paths"]:
-        if not interpreter_path(path):
-            continue
-        dest = root / path
-        if dest.parent not in made:
-            safe_files.make_dirs(dest.parent, beneath=prefix)
-            made.add(dest.parent)
+    rows = [row for row in body["paths"] if interpreter_path(row[0])]
+    safe_files.hard_links(staging, root, [row[0] for row in rows if row[1] == "hardlink"], beneath=prefix)
+    for path, kind, _sha, _placeholder, _file_mode, _mode, target in rows:
         if kind == "softlink" and target:
+            dest = root / path
+            safe_files.make_dirs(dest.parent, beneath=prefix)
             safe_files.symlink(target, dest, beneath=prefix)
-        elif kind == "hardlink":
-            safe_files.hard_link(staging / path, dest)
     python = root / "bin" / "python"
     return python if os.path.lexists(python) else None
 
@@ -489,13 +486,18 @@ def _new_staging(staging: Path, prefix: Path) -> None:
     safe_files.make_dirs(staging, beneath=prefix)
 
 
+def _recall(records: list, cache: Path, manifests: dict[str, dict],
+            rehash: bool) -> tuple[dict[extracted.Inode, extracted.Verified], dict[str, dict]]:
+    return ({}, {}) if rehash else extracted.recall(records, cache, manifests)
+
+
 def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict],
-                    trusted: dict[extracted.Inode, extracted.Verified],
+                    trusted: Callable[[], Mapping[extracted.Inode, extracted.Verified]],
                     result: InstallResult) -> tuple[list[str], dict[str, tuple[os.stat_result, str]],
                                                     dict[str, tuple[os.stat_result, str]]]:
     """Install into staging, then check what landed there against the packages' own manifests
-    (hashing what `trusted` does not vouch for); the paths (relative) that differ from them or
-    that no package owns, and the files found as expected (check_files): those `trusted`
+    (hashing what `trusted()` does not vouch for); the paths (relative) that differ from them or
+    that no package owns, and the files found as expected (check_files): those `trusted()`
     vouched for, and those hashed."""
     from rattler import install
 
@@ -526,8 +528,11 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
         safe_files.remove(staging / CACHEDIR_TAG, beneath=prefix)
     result.timings["link"] = result.timings.get("link", 0.0) + time.monotonic() - t
     t = time.monotonic()
+    vouched = trusted()
+    result.timings["cache_recall"] = result.timings.get("cache_recall", 0.0) + time.monotonic() - t
+    t = time.monotonic()
     report = VerifyReport(prefix=prefix)
-    _, found, hashed = check_files(staging, manifests, None, report, prefix=prefix, trusted=trusted)
+    _, found, hashed = check_files(staging, manifests, None, report, prefix=prefix, trusted=vouched)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
     unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
     result.timings["check"] = result.timings.get("check", 0.0) + time.monotonic() - t
@@ -594,13 +599,33 @@ def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> lis
     return dropped
 
 
-def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
-    """Record the channel URLs of the lock in conda-meta, not the local store's paths."""
+# rattler writes each conda-meta record as indented JSON: a top-level key starts a line indented by
+# two spaces (a string holds no raw newline, a nested one is indented further).
+_URL_KEY = '\n  "url": "'
+_DECODER = json.JSONDecoder()
+
+
+def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]], local: dict[str, str]) -> None:
+    """Record the channel URLs of the lock in conda-meta, not the local store's paths (`local`:
+    the URL rattler was given, by file name). Only the url's string is replaced: torch's record
+    is 4.5 MB of JSON, decoded and encoded again in 0.1-0.3 s. A record of another layout is
+    decoded whole."""
+    to_lock = {local[fn]: url for fn, (url, _channel) in originals.items() if fn in local}
     for f in meta.glob("*.json"):
-        d = json.loads(f.read_text())
-        if d.get("fn") in originals:
+        text = f.read_bytes().decode()
+        start = text.find(_URL_KEY) + len(_URL_KEY) - 1
+        try:
+            url, end = _DECODER.raw_decode(text, start) if start >= len(_URL_KEY) - 1 else ("", -1)
+        except ValueError:
+            url, end = "", -1
+        if isinstance(url, str) and url in to_lock:
+            text = f"{text[:start]}{json.dumps(to_lock[url])}{text[end:]}"
+        else:
+            d = json.loads(text)
+            if d.get("fn") not in originals:
+                continue
             d["url"], d["channel"] = originals[d["fn"]]
-            # 0644: rattler writes them 0600, and every job's user reads them to verify. Not
-            # indented: Python's encoder indents in Python (0.6 s for a torch env's records). Not
-            # synced: a crash throws the staging folder away (rattler syncs none of its files).
-            safe_files.write_atomic(f, (json.dumps(d) + "\n").encode(), mode=0o644, sync=False)
+            text = json.dumps(d) + "\n"
+        # 0644: rattler writes them 0600, and every job's user reads them to verify. Not synced:
+        # a crash throws the staging folder away (rattler syncs none of its files).
+        safe_files.write_atomic(f, text.encode(), mode=0o644, sync=False)
