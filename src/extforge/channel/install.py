@@ -84,6 +84,9 @@ class InstallResult:
     archives_checked: int = 0
     # Files read to check them, of those linked: the package cache's files verified before are not.
     files_hashed: int = 0
+    # Modules the interpreter was asked about (compiled where their .pyc would not do): not those
+    # whose shipped .pyc it found current before.
+    modules_checked: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -96,6 +99,7 @@ class InstallResult:
             "cache_mismatches": self.cache_mismatches,
             "archives_checked": self.archives_checked,
             "files_hashed": self.files_hashed,
+            "modules_checked": self.modules_checked,
         }
 
 
@@ -287,7 +291,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                 extracted.remember(records, cache, manifests, staged, recalling.result()[1])
             _restore_urls(staging / "conda-meta", originals, {r.file_name: r.url for r in records})
             result.timings["record"] = time.monotonic() - tr
-            written = compiling.result()
+            written, result.modules_checked = compiling.result()
             result.timings["bytecode"] = time.monotonic() - t
         _move_into(staging, prefix)
     finally:
@@ -348,14 +352,15 @@ def _check_interpreter_alone(manifests: dict[str, dict], lock_path: Path) -> Non
 
 
 def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], python_sha256: str,
-                  staged: dict[str, tuple[os.stat_result, str]], rehash: bool) -> dict[str, list]:
+                  staged: dict[str, tuple[os.stat_result, str]], rehash: bool) -> tuple[dict[str, list], int]:
     """Byte-compile with the python package's interpreter, placed apart from the other packages'
-    files for the time it runs; the .pyc it wrote, as the install record keeps them. A source
+    files for the time it runs; the .pyc it wrote, as the install record keeps them, and how many
+    sources it was sent. A source
     whose shipped .pyc the interpreter found current before, as found now (extracted.bytecode_keys),
     is not sent to it again (unless `rehash`)."""
     body = manifests.get(PYTHON)
     if body is None:
-        return {}
+        return {}, 0
     sources = sorted(p for p in owned_paths(manifests) if p.startswith("lib/python3") and p.endswith(".py"))
     tag, known = ("", set()) if rehash else extracted.recall_bytecode(python_sha256)
     keys = extracted.bytecode_keys(sources, tag, staged) if tag else {}
@@ -367,18 +372,19 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], pytho
                             "install places python's interpreter there to byte-compile: that package's files would be "
                             "in its reach", "nothing was installed; rebuild that package without it",
                             exit_code=EXIT_FINDINGS) from None
+    send = [s for s in sources if keys.get(s) not in known]
     try:
         python = _place_interpreter(staging, own / PYTHON, body, prefix)
-        done = compile_bytecode(staging, prefix, [s for s in sources if keys.get(s) not in known], python) if python else None
+        done = compile_bytecode(staging, prefix, send, python) if python else None
     finally:
         safe_files.remove(own, beneath=prefix)
     if done is None:
-        return {}
+        return {}, 0
     if done.tag:
         keys = keys if done.tag == tag else extracted.bytecode_keys(sources, done.tag, staged)
         extracted.remember_bytecode(python_sha256, done.tag, known if done.tag == tag else set(),
                                     {keys[s] for s in done.current if s in keys})
-    return done.written
+    return done.written, len(send)
 
 
 def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> Path | None:
