@@ -30,20 +30,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
-from ..machine import detect
 from ..paths import rattler_pkgs_dir
-from ..stamp import read_stamps
 from .accounting import TOOL_FILES, expectations, unchanged, user_name, walk
 from .admission import Check, admission_checks
 from .extracted import Inode, Verified
 from .hashing import RACY_FINE_NS, RACY_NS, file_key, hash_many
 from .mirrors import Mirrors
-from .node import NodeFacts, probe
 from .packages import locked_records, read_prefix_records
 from .receipt import Pinned, find_receipt, receipt_path
 from .trust import PackageRef, expected_entries, expected_paths, manifests_for, read_signed, trust_dir, write_signed
+
+if TYPE_CHECKING:  # install imports this module for check_files, without the node's modules
+    from .node import NodeFacts
 
 # Findings are listed up to this many per check; the summary always has the full count.
 MAX_FINDINGS = 200
@@ -306,6 +307,10 @@ def verify_prefix(
     rehash: bool = False,
     mirrors: Mirrors | None = None,
 ) -> VerifyReport:
+    from ..machine import detect
+    from ..stamp import read_stamps
+    from .node import NodeFacts, probe
+
     start = time.monotonic()
     try:
         prefix = prefix.resolve()
