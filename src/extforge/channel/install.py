@@ -37,7 +37,6 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,38 +256,38 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         originals[r.file_name] = (r.url, r.channel)
         r.url = local[r.file_name].as_uri()
     staging = prefix / WORK / f"staging-{os.getpid()}"
+    t = time.monotonic()
+    # Not beside rattler's link: a thread holding the GIL (decoding these records) slows it more.
+    trusted, recorded = ({}, {}) if rehash else extracted.recall(records, cache, manifests)
+    result.timings["cache_recall"] = time.monotonic() - t
     try:
-        # One thread beside this one: it reads the package cache's records while rattler links
-        # (which waits with the GIL released), and places python and waits for its compile
-        # while this one writes the records.
-        with ThreadPoolExecutor(1) as aside:
-            recalling = aside.submit(_recall, records, cache, manifests, rehash)
-            _write_journal(prefix, staging, None)
-            bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests,
-                                                       lambda: recalling.result()[0], result)
+        _write_journal(prefix, staging, None)
+        bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, trusted, result)
+        if bad_files:
+            # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
+            # lock names: drop those entries so rattler extracts them again from the verified archives.
+            dropped = _drop_cache_entries(cache, records, bad_files)
+            result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
+            # Every file hashed: a removed file's inode number may come back with a new one.
+            bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, {}, result)
             if bad_files:
-                # The extracted cache (perhaps shared, on NFS) gave other files than the packages the
-                # lock names: drop those entries so rattler extracts them again from the verified archives.
-                dropped = _drop_cache_entries(cache, records, bad_files)
-                result.cache_mismatches += [f"{f} (from {', '.join(dropped) or 'no cache entry found'}, extracted again)" for f in bad_files]
-                # Every file hashed: a removed file's inode number may come back with a new one.
-                bad_files, found, hashed = _link_and_check(records, staging, prefix, cache, manifests, dict, result)
-                if bad_files:
-                    raise ExtforgeError(
-                        f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
-                        f"the package cache {cache} gives other files than the verified packages, even after re-extracting",
-                        f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
-                        exit_code=EXIT_FINDINGS,
-                    )
-            t = time.monotonic()
-            staged = found | hashed
-            python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
+                raise ExtforgeError(
+                    f"installed files differ from the packages in {lock_path.name}: " + "; ".join(bad_files[:20]),
+                    f"the package cache {cache} gives other files than the verified packages, even after re-extracting",
+                    f"nothing was installed; remove {cache} (it is rebuilt) and check who can write it",
+                    exit_code=EXIT_FINDINGS,
+                )
+        t = time.monotonic()
+        staged = found | hashed
+        python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
+        # One thread beside this one places python and waits for its compile while this one writes the records.
+        with ThreadPoolExecutor(1) as aside:
             compiling = aside.submit(_byte_compile, staging, prefix, manifests, python_sha256, staged, rehash)
             tr = time.monotonic()
             # Only a file hashed here that is a hard link (of the cache's copy, which check_files
             # made sure of) can add to the records; the placeholder files are copies.
             if any(st.st_nlink > 1 for st, _ in hashed.values()):
-                extracted.remember(records, cache, manifests, staged, recalling.result()[1])
+                extracted.remember(records, cache, manifests, staged, recorded)
             _restore_urls(staging / "conda-meta", originals, {r.file_name: r.url for r in records})
             result.timings["record"] = time.monotonic() - tr
             written, result.modules_checked = compiling.result()
@@ -492,18 +491,13 @@ def _new_staging(staging: Path, prefix: Path) -> None:
     safe_files.make_dirs(staging, beneath=prefix)
 
 
-def _recall(records: list, cache: Path, manifests: dict[str, dict],
-            rehash: bool) -> tuple[dict[extracted.Inode, extracted.Verified], dict[str, dict]]:
-    return ({}, {}) if rehash else extracted.recall(records, cache, manifests)
-
-
 def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, manifests: dict[str, dict],
-                    trusted: Callable[[], Mapping[extracted.Inode, extracted.Verified]],
+                    trusted: dict[extracted.Inode, extracted.Verified],
                     result: InstallResult) -> tuple[list[str], dict[str, tuple[os.stat_result, str]],
                                                     dict[str, tuple[os.stat_result, str]]]:
     """Install into staging, then check what landed there against the packages' own manifests
-    (hashing what `trusted()` does not vouch for); the paths (relative) that differ from them or
-    that no package owns, and the files found as expected (check_files): those `trusted()`
+    (hashing what `trusted` does not vouch for); the paths (relative) that differ from them or
+    that no package owns, and the files found as expected (check_files): those `trusted`
     vouched for, and those hashed."""
     from rattler import install
 
@@ -534,11 +528,8 @@ def _link_and_check(records: list, staging: Path, prefix: Path, cache: Path, man
         safe_files.remove(staging / CACHEDIR_TAG, beneath=prefix)
     result.timings["link"] = result.timings.get("link", 0.0) + time.monotonic() - t
     t = time.monotonic()
-    vouched = trusted()
-    result.timings["cache_recall"] = result.timings.get("cache_recall", 0.0) + time.monotonic() - t
-    t = time.monotonic()
     report = VerifyReport(prefix=prefix)
-    _, found, hashed = check_files(staging, manifests, None, report, prefix=prefix, trusted=vouched)
+    _, found, hashed = check_files(staging, manifests, None, report, prefix=prefix, trusted=trusted)
     clobbered, bad_clobbered = _clobbered_files(staging, manifests, prefix)
     unowned = [f for f in _unowned_files(staging, owned) if f not in clobbered]
     result.timings["check"] = result.timings.get("check", 0.0) + time.monotonic() - t
