@@ -12,9 +12,9 @@ the same file system (empty for the cold round, as the cold round left it for th
   environment). Its cold run extracts into a cache of its own, removed after it; its warm runs
   link from the package cache extforge's runs keep (the same extracted packages): the disk
   holds two extracted environments at most, not three (~5 GB each for torch);
-- the wheel path: a venv made by uv from a pylock.toml of the same wheels (`uv pip sync
-  --require-hashes`, uv's cache warm), then `extforge verify VENV --lock pylock.toml` twice: the
-  first run hashes every file, the second trusts what the first checked.
+- the wheel path: a venv (`python -m venv`) that uv fills from a pylock.toml of the same wheels
+  (`uv pip sync --require-hashes`, uv's cache warm), then `extforge verify VENV --lock
+  pylock.toml` twice: the first run hashes every file, the second trusts what the first checked.
 Prints a row per install and the warm medians' ratios; appends a dated section to
 docs/benchmarks-history.md unless --no-record. --caches keeps the tools' caches in a folder
 between runs (hard links of warm caches elsewhere cost no disk); --warm-only then skips the cold
@@ -105,9 +105,11 @@ class Tools:
         return seconds, f"uv pip install {self.args.requirement} (link mode: hardlink)"
 
     def venv(self, name: str) -> list[tuple[str, float, str]]:
-        """A venv from the pylock.toml by uv, then extforge's verify of it, twice."""
+        """A venv from the pylock.toml by uv, then extforge's verify of it, twice. The venv is
+        Python's own (`python -m venv`): verify knows its files, not the extra ones `uv venv`
+        writes (activate.bat, activate_this.py, .gitignore), which it names as unowned."""
         venv = self.work / name
-        subprocess.run([self.uv, "venv", "-q", "--python", self.args.python, str(venv)], check=True)
+        subprocess.run([self.args.python, "-m", "venv", "--without-pip", str(venv)], check=True)
         seconds, _ = timed([self.uv, "pip", "sync", "-q", "--no-config", "--offline", "--require-hashes", "--python",
                             str(venv / "bin" / "python"), str(self.pylock)], self.uv_env)
         rows = [("uv pylock", seconds, "uv pip sync --require-hashes pylock.toml (link mode: hardlink)")]
