@@ -11,12 +11,17 @@ the same file system (empty for the cold round, as the cold round left it for th
   packages extforge installs from, in a process of its own (pixi's engine, as pixi links an
   environment). Its cold run extracts into a cache of its own, removed after it; its warm runs
   link from the package cache extforge's runs keep (the same extracted packages): the disk
-  holds two extracted environments at most, not three (~5 GB each for torch).
+  holds two extracted environments at most, not three (~5 GB each for torch);
+- the wheel path: a venv (`python -m venv`) that uv fills from a pylock.toml of the same wheels
+  (`uv pip sync --require-hashes`, uv's cache warm), then `extforge verify VENV --lock
+  pylock.toml` twice: the first run hashes every file, the second trusts what the first checked.
 Prints a row per install and the warm medians' ratios; appends a dated section to
-docs/benchmarks-history.md unless --no-record.
+docs/benchmarks-history.md unless --no-record. --caches keeps the tools' caches in a folder
+between runs (hard links of warm caches elsewhere cost no disk); --warm-only then skips the cold
+round, where the disk has no room for three more extracted copies of the payload.
 
     bench/install_bench.py pixi.lock ENV --wheels DIR --python PY [--requirement torch==2.14.1]
-                           [--channel-map NAME=URL] [--runs 3] [--work DIR]
+                           [--channel-map NAME=URL] [--runs 3] [--work DIR] [--caches DIR [--warm-only]]
 """
 
 from __future__ import annotations
@@ -69,13 +74,19 @@ class Tools:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
+        self.caches = args.caches or work
         self.uv = shutil.which("uv", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}") or "uv"
         mirrors = site_mirrors(args.lock.parent, None, args.channel_map)
         self.urls = work / "urls.json"
         self.urls.write_text(json.dumps({r.file_name: mirrors.redirect(r.url) for r in locked_records(args.lock, args.env)}))
         # Everything under the bench's own cache root, rattler's package cache too.
         self.extforge_env = {k: v for k, v in os.environ.items() if k != "RATTLER_CACHE_DIR"}
-        self.extforge_env["EXTFORGE_CACHE"] = str(work / "extforge-cache")
+        self.extforge_env["EXTFORGE_CACHE"] = str(self.caches / "extforge-cache")
+        self.uv_env = {**os.environ, "UV_CACHE_DIR": str(self.caches / "uv-cache")}
+        self.pylock = work / "pylock.toml"
+        subprocess.run([self.uv, "pip", "compile", "-q", "--no-config", "--no-index", "--find-links", str(args.wheels),
+                        "--python", args.python, "--format", "pylock.toml", "-o", str(self.pylock), "-"],
+                       input=args.requirement, text=True, check=True, env=self.uv_env)
 
     def extforge(self, name: str, cold: bool) -> tuple[float, str]:
         cmd = [sys.executable, "-m", "extforge", "install", self.args.env, "--prefix", str(self.work / name),
@@ -83,18 +94,35 @@ class Tools:
         seconds, out = timed(cmd, self.extforge_env)
         result = json.loads(out)
         phases = ", ".join(f"{k} {v:.2f}" for k, v in sorted(result["timings"].items()))
-        return seconds, f"{result['files_hashed']} files hashed, {result['archives_checked']} archives checked; {phases}"
+        return seconds, (f"{result['files_hashed']} files hashed, {result['archives_checked']} archives checked, "
+                         f"{result.get('modules_checked', '?')} modules checked; {phases}")
 
     def uv_install(self, name: str, cold: bool) -> tuple[float, str]:
         venv = self.work / name
         subprocess.run([self.uv, "venv", "-q", "--python", self.args.python, str(venv)], check=True)
         seconds, _ = timed([self.uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--no-index",
-                            "--find-links", str(self.args.wheels), self.args.requirement],
-                           {**os.environ, "UV_CACHE_DIR": str(self.work / "uv-cache")})
+                            "--find-links", str(self.args.wheels), self.args.requirement], self.uv_env)
         return seconds, f"uv pip install {self.args.requirement} (link mode: hardlink)"
 
+    def venv(self, name: str) -> list[tuple[str, float, str]]:
+        """A venv from the pylock.toml by uv, then extforge's verify of it, twice. The venv is
+        Python's own (`python -m venv`): verify knows its files, not the extra ones `uv venv`
+        writes (activate.bat, activate_this.py, .gitignore), which it names as unowned."""
+        venv = self.work / name
+        subprocess.run([self.args.python, "-m", "venv", "--without-pip", str(venv)], check=True)
+        seconds, _ = timed([self.uv, "pip", "sync", "-q", "--no-config", "--offline", "--require-hashes", "--python",
+                            str(venv / "bin" / "python"), str(self.pylock)], self.uv_env)
+        rows = [("uv pylock", seconds, "uv pip sync --require-hashes pylock.toml (link mode: hardlink)")]
+        for run in ("first", "second"):
+            seconds, out = timed([sys.executable, "-m", "extforge", "verify", str(venv), "--lock", str(self.pylock), "--json"],
+                                 self.extforge_env)
+            report = json.loads(out)
+            rows.append((f"verify venv, {run}", seconds, f"{report['files_hashed']} files hashed, "
+                         f"{report['files_unchanged_since_snapshot']} unchanged since verified; ok {report['ok']}"))
+        return rows
+
     def rattler(self, name: str, cold: bool) -> tuple[float, str]:
-        cache = self.work / "rattler-cache" if cold else self.work / "extforge-cache" / "rattler" / "pkgs"
+        cache = self.work / "rattler-cache" if cold else self.caches / "extforge-cache" / "rattler" / "pkgs"
         seconds, _ = timed([sys.executable, "-c", RATTLER, str(self.args.lock), self.args.env, str(self.work / name),
                             str(cache), str(self.urls)])
         if cold:
@@ -113,15 +141,21 @@ def main() -> int:
     ap.add_argument("--channel-map", action="append", default=[])
     ap.add_argument("--runs", type=int, default=3, help="warm installs per tool")
     ap.add_argument("--work", type=Path, default=None, help="where the caches and prefixes go (one file system)")
+    ap.add_argument("--caches", type=Path, default=None,
+                    help="keep each tool's cache here between runs (extforge-cache/, uv-cache/), not in the work folder")
+    ap.add_argument("--warm-only", action="store_true", help="no cold round: the caches in --caches are warm already")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
+    if args.warm_only and not args.caches:
+        ap.error("--warm-only needs --caches (warm ones)")
     args.lock = args.lock.resolve()
     rows: list[str] = []
     warm: dict[str, list[float]] = {"extforge": [], "uv": [], "py-rattler": []}
+    venv: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="install-bench-", dir=args.work) as tmp:
         tools = Tools(args, Path(tmp))
         runs = {"extforge": tools.extforge, "py-rattler": tools.rattler, "uv": tools.uv_install}
-        for i in range(args.runs + 1):
+        for i in range(1 if args.warm_only else 0, args.runs + 1):
             state = "cold" if i == 0 else "warm"
             for tool, run in runs.items():
                 name = f"{tool}-{i}"
@@ -130,16 +164,25 @@ def main() -> int:
                     warm[tool].append(seconds)
                 show(rows, f"| {i} | {tool} | {state} | {seconds:.2f} s | {detail} |")
                 shutil.rmtree(Path(tmp) / name)
-    median = {tool: statistics.median(times) for tool, times in warm.items()}
+            if i:
+                for tool, seconds, detail in tools.venv(f"venv-{i}"):
+                    venv.setdefault(tool, []).append(seconds)
+                    show(rows, f"| {i} | {tool} | warm | {seconds:.2f} s | {detail} |")
+                shutil.rmtree(Path(tmp) / f"venv-{i}")
+    median = {tool: statistics.median(times) for tool, times in (warm | venv).items()}
     ratios = (f"warm medians: extforge {median['extforge']:.2f} s, uv {median['uv']:.2f} s, py-rattler "
               f"{median['py-rattler']:.2f} s; extforge / uv {median['extforge'] / median['uv']:.1f}, "
-              f"extforge / py-rattler {median['extforge'] / median['py-rattler']:.1f}")
+              f"extforge / py-rattler {median['extforge'] / median['py-rattler']:.1f}; the wheel path: uv from the "
+              f"pylock {median['uv pylock']:.2f} s, extforge's verify of that venv {median['verify venv, first']:.2f} s "
+              f"first, {median['verify venv, second']:.2f} s second")
     print(ratios)
     if not args.no_record:
         records = locked_records(args.lock, args.env)
+        rounds = "each tool's cache warm from earlier runs (--warm-only)" if args.warm_only else \
+            "each tool's cache empty for run 0, as run 0 left it after"
         record_table("`extforge install` against uv and py-rattler, cold and warm", "install_bench.py",
                      f"lock {args.lock.name}, env {args.env} ({len(records)} packages); uv: {args.requirement} from "
-                     f"the same payload's pip wheels; each tool's cache empty for run 0, as run 0 left it after. {ratios}.",
+                     f"the same payload's pip wheels; {rounds}. {ratios}.",
                      ["run", "tool", "state", "seconds", "detail"], rows)
     return 0
 

@@ -45,7 +45,8 @@ def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
     (site / "broken.py").write_text("print 'py2 test data'\n")
     owned.add(f"{SITE}/broken.py")
 
-    written = compile_bytecode(staging, prefix, owned, staging / "bin" / "python")
+    done = compile_bytecode(staging, prefix, sorted(p for p in owned if p.endswith(".py")), staging / "bin" / "python")
+    written = done.written
 
     assert _pyc(shipped).stat().st_ino == shipped_ino
     assert _pyc(dated).stat().st_ino != dated_ino
@@ -57,5 +58,8 @@ def test_shipped_byte_code_stays_and_the_rest_is_compiled(tmp_path: Path):
     for i in range(1, 150):
         assert f"{Path(SITE, '__pycache__', _pyc(site / f'm{i}.py').name)}" in written
     assert not _pyc(site / "broken.py").exists()
+    # What the interpreter reported: its cache tag and the one source it took the .pyc of as it is.
+    assert done.tag == sys.implementation.cache_tag
+    assert done.current == {f"{SITE}/m0.py"}
     # Code objects name the final prefix, not the staging folder.
     assert str(prefix / SITE / "m5.py").encode() in _pyc(site / "m5.py").read_bytes()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -56,6 +57,7 @@ def test_a_venv_installed_from_the_lock_passes_and_a_changed_byte_fails(locked: 
     (so,) = _site(venv).glob("pip_ext/_core*.so")
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF
+    so.unlink()  # a new file: uv's is a hard link of its cache's copy, which later installs link too
     so.write_bytes(bytes(data))
     rel = so.relative_to(venv)
     checks = _verify(venv, locked.pylock, 1)
@@ -149,3 +151,35 @@ def test_a_shared_venv_is_verified_by_another_user_and_a_co_tenants_pth_is_named
     assert res.returncode == 1, res.stdout + res.stderr
     checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
     assert f"unowned: {planted.relative_to(venv)} (a .pth file: runs at every python start)" in checks["unowned"]["findings"]
+
+
+def test_a_second_verify_reads_no_file_and_a_change_after_it_is_still_found(locked: PipSite, tmp_path):
+    """The old verify of a venv hashed every file and compiled every .pyc again at every run (a
+    torch venv: seconds at every job start). A clean run records every entry's lstat key, as
+    verify_prefix does; the next run of the same lock reads no file and runs no python, and a
+    same-size edit with the mtime set back, or a planted .pth, is still found (ctime moves)."""
+    # pip's copies: the file is edited in place below (uv's are hard links of its cache's copies).
+    venv = _installed_by(locked, "pip", locked.venv(tmp_path / "v"))
+
+    def verify(expect: int, *extra: str) -> dict:
+        res = run_extforge("verify", str(venv), "--lock", str(locked.pylock), "--json", *extra)
+        assert res.returncode == expect, res.stdout + res.stderr
+        return json.loads(res.stdout)
+
+    first = verify(0)
+    assert first["files_hashed"] > 0 and first["snapshot"] == "written", first
+    second = verify(0)
+    assert second["files_hashed"] == 0 and second["files_unchanged_since_snapshot"] > 0, second
+    assert verify(0, "--rehash")["files_hashed"] == first["files_hashed"]
+    init = _site(venv) / "pip_pure" / "__init__.py"
+    st = init.stat()
+    init.write_bytes(init.read_bytes().replace(b"42", b"43"))
+    os.utime(init, ns=(st.st_atime_ns, st.st_mtime_ns))
+    third = verify(1)
+    files = next(c for c in third["checks"] if c["name"] == "files")
+    assert any(f.startswith(f"modified: {init.relative_to(venv)} (pip-pure)") for f in files["findings"]), files
+    init.write_bytes(init.read_bytes().replace(b"43", b"42"))
+    verify(0)
+    (_site(venv) / "zz-startup.pth").write_text("import os\n")
+    unowned = next(c for c in verify(1)["checks"] if c["name"] == "unowned")
+    assert any(f.startswith("unowned: ") and "zz-startup.pth" in f for f in unowned["findings"]), unowned

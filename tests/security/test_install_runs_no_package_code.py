@@ -47,17 +47,17 @@ def test_a_package_shipping_the_interpreters_path_is_refused_and_never_run(sandb
 
 def test_a_standard_module_another_package_shadows_never_runs_at_install(sandbox, mirror_python):
     """A package may put any file beside the standard library (no file of python's is touched):
-    `lib/python3.X/compileall/__init__.py`, a package that Python imports before compileall.py.
+    `lib/python3.X/py_compile/__init__.py`, a package that Python imports before py_compile.py.
     The old install ran the env's own interpreter, which imported it while byte-compiling."""
     marker = sandbox.root / "shadow-ran"
-    shadow = f"lib/python{MINOR}/compileall/__init__.py"
+    shadow = f"lib/python{MINOR}/py_compile/__init__.py"
     code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n".encode()
     lock = sandbox.lock(_channel(sandbox, mirror_python, [member(shadow, code)]), "evil")
     prefix = sandbox.root / "envs" / "p"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert not marker.exists()
     record = json.loads((prefix.parent / f".{prefix.name}.extforge-install.json").read_text())
-    assert f"lib/python{MINOR}/compileall/__pycache__/__init__.cpython-{MINOR.replace('.', '')}.pyc" in record["written"]
+    assert f"lib/python{MINOR}/py_compile/__pycache__/__init__.cpython-{MINOR.replace('.', '')}.pyc" in record["written"]
     assert not (prefix / ".extforge").exists()  # the interpreter's folder went with the staging folder
     sandbox.run("verify", str(prefix), "--rehash", expect=0)
 

@@ -4,13 +4,14 @@ audit records in the prefix (share/extforge/audit/*.json) and the node's facts."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:  # `extforge install` takes Check from here without the node's modules (its start-up)
+    from packaging.version import Version
 
-from ..doctor.model import Gpu
-from ..fatbin import arch_runs_on
-from ..stamp import AuditStamp
-from .node import NodeFacts
+    from ..doctor.model import Gpu
+    from ..stamp import AuditStamp
+    from .node import NodeFacts
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class Check:
 
 
 def _v(text: str | None) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(str(text)) if text else None
     except InvalidVersion:
@@ -32,6 +35,8 @@ def _v(text: str | None) -> Version | None:
 
 
 def gpu_covered(record: AuditStamp, gpu: Gpu) -> bool:
+    from ..fatbin import arch_runs_on
+
     return any(arch_runs_on(a, gpu.compute_cap) for a in record.sass_archs) or any(
         arch_runs_on(a, gpu.compute_cap, ptx=True) for a in record.ptx_archs
     )

@@ -24,6 +24,7 @@ moves it, and a record bound to it held for no second install.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -119,3 +120,48 @@ def remember(records: list, cache: Path, manifests: dict[str, dict], found: dict
         if files and files != recorded.get(record_sha256(r)):
             write_signed(_record_path(record_sha256(r)), {"schema": _SCHEMA, "entry": str(entry), "folder": _folder_key(entry),
                                                          "files": files})
+
+
+# --- byte code the python package's interpreter found current ------------------------------
+# Whether Python takes a shipped .pyc as it is depends on the .pyc's bytes and its source's bytes,
+# mtime and size alone (its header holds the source's mtime and size, or a hash of its bytes),
+# and on the interpreter (its magic number). Install asks the interpreter once (receipt.py's
+# compile step reads each .pyc's header and, for a hash-checked one, its whole source: 6,500
+# torch modules, 0.2-0.4 s) and remembers the answer, signed, per python package: a later
+# install sends it only the sources whose key it has not found current before.
+_BYTECODE_SCHEMA = 1
+_BYTECODE_KEPT = 200_000  # keys per python package; past that the record starts over
+
+
+def _bytecode_path(python_sha256: str) -> Path:
+    return trust_dir() / "bytecode" / f"{python_sha256}.json"
+
+
+def bytecode_keys(sources: list[str], tag: str, staged: dict[str, tuple[os.stat_result, str]]) -> dict[str, str]:
+    """{source: key} for each source whose .pyc of cache tag `tag` is staged: the key binds the
+    source's sha256, mtime and size and the .pyc's sha256, as install's check found them."""
+    keys = {}
+    for source in sources:
+        folder, _, name = source.rpartition("/")
+        pyc = staged.get(f"{folder}/__pycache__/{name.removesuffix('.py')}.{tag}.pyc")
+        if pyc is not None and (src := staged.get(source)) is not None:
+            st, sha = src
+            keys[source] = hashlib.blake2b(f"{sha}:{st.st_mtime_ns}:{st.st_size}:{pyc[1]}".encode(), digest_size=16).hexdigest()
+    return keys
+
+
+def recall_bytecode(python_sha256: str) -> tuple[str, set[str]]:
+    """The python package's cache tag and the keys of the sources it found current before."""
+    body = read_signed(_bytecode_path(python_sha256))
+    if body is None or body.get("schema") != _BYTECODE_SCHEMA or not isinstance(body.get("tag"), str):
+        return "", set()
+    keys = body.get("current")
+    return body["tag"], {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
+
+
+def remember_bytecode(python_sha256: str, tag: str, known: set[str], found: set[str]) -> None:
+    """Add the keys the interpreter found current this time to those `recall_bytecode` gave."""
+    if found <= known:
+        return
+    keys = known | found if len(known) + len(found) <= _BYTECODE_KEPT else found
+    write_signed(_bytecode_path(python_sha256), {"schema": _BYTECODE_SCHEMA, "tag": tag, "current": sorted(keys)})

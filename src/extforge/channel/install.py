@@ -37,6 +37,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,9 @@ class InstallResult:
     archives_checked: int = 0
     # Files read to check them, of those linked: the package cache's files verified before are not.
     files_hashed: int = 0
+    # Modules the interpreter was asked about (compiled where their .pyc would not do): not those
+    # whose shipped .pyc it found current before.
+    modules_checked: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +98,7 @@ class InstallResult:
             "cache_mismatches": self.cache_mismatches,
             "archives_checked": self.archives_checked,
             "files_hashed": self.files_hashed,
+            "modules_checked": self.modules_checked,
         }
 
 
@@ -252,6 +257,7 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
         r.url = local[r.file_name].as_uri()
     staging = prefix / WORK / f"staging-{os.getpid()}"
     t = time.monotonic()
+    # Not beside rattler's link: a thread holding the GIL (decoding these records) slows it more.
     trusted, recorded = ({}, {}) if rehash else extracted.recall(records, cache, manifests)
     result.timings["cache_recall"] = time.monotonic() - t
     try:
@@ -272,15 +278,20 @@ def _install(lock_path: Path, env: str, prefix: Path, platform: str, mirrors: Mi
                     exit_code=EXIT_FINDINGS,
                 )
         t = time.monotonic()
-        # Only a file hashed here that is a hard link (of the cache's copy, which check_files
-        # made sure of) can add to the records; the placeholder files are copies.
-        if any(st.st_nlink > 1 for st, _ in hashed.values()):
-            extracted.remember(records, cache, manifests, found | hashed, recorded)
-        _restore_urls(staging / "conda-meta", originals)
-        result.timings["record"] = time.monotonic() - t
-        tb = time.monotonic()
-        written = _byte_compile(staging, prefix, manifests)
-        result.timings["bytecode"] = time.monotonic() - tb
+        staged = found | hashed
+        python_sha256 = next((record_sha256(r) for r in records if r.name.normalized == PYTHON), "")
+        # One thread beside this one places python and waits for its compile while this one writes the records.
+        with ThreadPoolExecutor(1) as aside:
+            compiling = aside.submit(_byte_compile, staging, prefix, manifests, python_sha256, staged, rehash)
+            tr = time.monotonic()
+            # Only a file hashed here that is a hard link (of the cache's copy, which check_files
+            # made sure of) can add to the records; the placeholder files are copies.
+            if any(st.st_nlink > 1 for st, _ in hashed.values()):
+                extracted.remember(records, cache, manifests, staged, recorded)
+            _restore_urls(staging / "conda-meta", originals, {r.file_name: r.url for r in records})
+            result.timings["record"] = time.monotonic() - tr
+            written, result.modules_checked = compiling.result()
+            result.timings["bytecode"] = time.monotonic() - t
         _move_into(staging, prefix)
     finally:
         _forget(prefix, staging)
@@ -339,12 +350,19 @@ def _check_interpreter_alone(manifests: dict[str, dict], lock_path: Path) -> Non
         )
 
 
-def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict]) -> dict[str, list]:
+def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], python_sha256: str,
+                  staged: dict[str, tuple[os.stat_result, str]], rehash: bool) -> tuple[dict[str, list], int]:
     """Byte-compile with the python package's interpreter, placed apart from the other packages'
-    files for the time it runs; what compile_bytecode records."""
+    files for the time it runs; the .pyc it wrote, as the install record keeps them, and how many
+    sources it was sent. A source
+    whose shipped .pyc the interpreter found current before, as found now (extracted.bytecode_keys),
+    is not sent to it again (unless `rehash`)."""
     body = manifests.get(PYTHON)
     if body is None:
-        return {}
+        return {}, 0
+    sources = sorted(p for p in owned_paths(manifests) if p.startswith("lib/python3") and p.endswith(".py"))
+    tag, known = ("", set()) if rehash else extracted.recall_bytecode(python_sha256)
+    keys = extracted.bytecode_keys(sources, tag, staged) if tag else {}
     own = staging / WORK
     try:
         safe_files.make_private_dir(own, beneath=prefix, exist_ok=False)
@@ -353,29 +371,32 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict]) -> di
                             "install places python's interpreter there to byte-compile: that package's files would be "
                             "in its reach", "nothing was installed; rebuild that package without it",
                             exit_code=EXIT_FINDINGS) from None
+    send = [s for s in sources if keys.get(s) not in known]
     try:
         python = _place_interpreter(staging, own / PYTHON, body, prefix)
-        return compile_bytecode(staging, prefix, owned_paths(manifests), python) if python else {}
+        done = compile_bytecode(staging, prefix, send, python) if python else None
     finally:
         safe_files.remove(own, beneath=prefix)
+    if done is None:
+        return {}, 0
+    if done.tag:
+        keys = keys if done.tag == tag else extracted.bytecode_keys(sources, done.tag, staged)
+        extracted.remember_bytecode(python_sha256, done.tag, known if done.tag == tag else set(),
+                                    {keys[s] for s in done.current if s in keys})
+    return done.written, len(send)
 
 
 def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> Path | None:
     """The python package's interpreter under root: hard links of its files in staging, whose bytes
     _link_and_check found to be the package's (no other package ships them), and its symbolic links
     as its payload gives them. Its executable, None if the package has none."""
-    made: set[Path] = set()
-    for path, kind, _sha, _placeholder, _file_mode, _mode, target in body["paths"]:
-        if not interpreter_path(path):
-            continue
-        dest = root / path
-        if dest.parent not in made:
-            safe_files.make_dirs(dest.parent, beneath=prefix)
-            made.add(dest.parent)
+    rows = [row for row in body["paths"] if interpreter_path(row[0])]
+    safe_files.hard_links(staging, root, [row[0] for row in rows if row[1] == "hardlink"], beneath=prefix)
+    for path, kind, _sha, _placeholder, _file_mode, _mode, target in rows:
         if kind == "softlink" and target:
+            dest = root / path
+            safe_files.make_dirs(dest.parent, beneath=prefix)
             safe_files.symlink(target, dest, beneath=prefix)
-        elif kind == "hardlink":
-            safe_files.hard_link(staging / path, dest)
     python = root / "bin" / "python"
     return python if os.path.lexists(python) else None
 
@@ -575,13 +596,33 @@ def _drop_cache_entries(cache: Path, records: list, rel_paths: list[str]) -> lis
     return dropped
 
 
-def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]]) -> None:
-    """Record the channel URLs of the lock in conda-meta, not the local store's paths."""
+# rattler writes each conda-meta record as indented JSON: a top-level key starts a line indented by
+# two spaces (a string holds no raw newline, a nested one is indented further).
+_URL_KEY = '\n  "url": "'
+_DECODER = json.JSONDecoder()
+
+
+def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]], local: dict[str, str]) -> None:
+    """Record the channel URLs of the lock in conda-meta, not the local store's paths (`local`:
+    the URL rattler was given, by file name). Only the url's string is replaced: torch's record
+    is 4.5 MB of JSON, decoded and encoded again in 0.1-0.3 s. A record of another layout is
+    decoded whole."""
+    to_lock = {local[fn]: url for fn, (url, _channel) in originals.items() if fn in local}
     for f in meta.glob("*.json"):
-        d = json.loads(f.read_text())
-        if d.get("fn") in originals:
+        text = f.read_bytes().decode()
+        start = text.find(_URL_KEY) + len(_URL_KEY) - 1
+        try:
+            url, end = _DECODER.raw_decode(text, start) if start >= len(_URL_KEY) - 1 else ("", -1)
+        except ValueError:
+            url, end = "", -1
+        if isinstance(url, str) and url in to_lock:
+            text = f"{text[:start]}{json.dumps(to_lock[url])}{text[end:]}"
+        else:
+            d = json.loads(text)
+            if d.get("fn") not in originals:
+                continue
             d["url"], d["channel"] = originals[d["fn"]]
-            # 0644: rattler writes them 0600, and every job's user reads them to verify. Not
-            # indented: Python's encoder indents in Python (0.6 s for a torch env's records). Not
-            # synced: a crash throws the staging folder away (rattler syncs none of its files).
-            safe_files.write_atomic(f, (json.dumps(d) + "\n").encode(), mode=0o644, sync=False)
+            text = json.dumps(d) + "\n"
+        # 0644: rattler writes them 0600, and every job's user reads them to verify. Not synced:
+        # a crash throws the staging folder away (rattler syncs none of its files).
+        safe_files.write_atomic(f, text.encode(), mode=0o644, sync=False)

@@ -167,41 +167,57 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
     return receipt, ""
 
 
-def _still_the_packages(pyc: Path, staging: Path, owned: set[str]) -> bool:
-    """A package's own .pyc that was current, so left alone: still linked from the package cache
-    (its other name), vouched for by its package, not by the record. A .pyc compiled here is a
-    new file of one name."""
-    return pyc.relative_to(staging).as_posix() in owned and pyc.lstat().st_nlink > 1
+@dataclass
+class Compiled:
+    """What the byte-compile step reported: the interpreter's cache tag, the sources whose .pyc it
+    took as it is, and {relative path: [sha256, mode]} of each .pyc it wrote."""
+
+    tag: str = ""
+    current: set[str] = field(default_factory=set)
+    written: dict[str, list] = field(default_factory=dict)
 
 
-def compile_bytecode(staging: Path, prefix: Path, owned: set[str], python: Path) -> dict[str, list]:
-    """Byte-compile the owned .py files on the prefix's import path with `python`, the python
-    package's interpreter as install placed it, apart from the files of the other packages (code
-    objects name their final path; a .pyc Python would take as it is, shipped by the package or
-    compiled before, is left alone); {relative path: [sha256, mode]} of every .pyc there afterwards."""
-    sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
+def compile_bytecode(staging: Path, prefix: Path, sources: list[str], python: Path) -> Compiled:
+    """Byte-compile the sources (relative .py paths on the prefix's import path) with `python`, the
+    python package's interpreter as install placed it, apart from the files of the other packages
+    (code objects name their final path; a .pyc Python would take as it is, shipped by the package,
+    is left alone). Owned .pyc files too where compiled again: a package's .pyc that its installed
+    source did not match (the build compiled it before the source got its packaged mtime), else
+    Python would rewrite it at the first import. The record vouches for each in place of the package."""
     if not sources:
-        return {}
+        return Compiled()
     # It runs as the installing user (conda and pixi compile too). -I: no user site, no PYTHON*
     # variable (none is passed either, nor LD_LIBRARY_PATH); -S: no site module, so no `.pth`
     # file or sitecustomize runs; -B: Python itself writes nothing besides what the script compiles.
     try:
-        subprocess.run(
+        out = subprocess.run(
             [str(python), "-I", "-S", "-B", str(COMPILE_SCRIPT), str(staging), str(prefix)],
             input="\n".join(str(staging / s) for s in sources), capture_output=True, text=True, cwd=staging,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}, timeout=COMPILE_TIMEOUT_S, check=False,
-        )  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
+        ).stdout  # files that do not compile (test data in some packages) get no .pyc; Python cannot import them either
     except OSError:
-        return {}  # a Python this machine cannot run (another platform's): nothing compiled, nothing recorded
-    except subprocess.TimeoutExpired:
-        pass  # what it compiled is recorded; modules left over are compiled by Python where it can write
-    written = []
-    for dirpath, _dirs, files in os.walk(staging / "lib"):
-        if os.path.basename(dirpath) == "__pycache__":
-            written += [p for f in files if f.endswith(".pyc") and not _still_the_packages(p := Path(dirpath, f), staging, owned)]
-    # Owned ones too where compiled again: a package's .pyc that its installed source did not
-    # match (the build compiled it before the source got its packaged mtime), else Python would
-    # rewrite it at the first import. The record vouches for each in place of the package.
-    hashes = hash_many(written)
-    return {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
-            for p, h in sorted(hashes.items()) if isinstance(h, str)}
+        return Compiled()  # a Python this machine cannot run (another platform's): nothing compiled, nothing recorded
+    except subprocess.TimeoutExpired as exc:
+        # What it compiled is recorded; modules left over are compiled by Python where it can write.
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+    return _reported(out, staging)
+
+
+def _reported(out: str, staging: Path) -> Compiled:
+    """The compile script's report, read as data: only paths inside staging count."""
+    done = Compiled()
+    wrote = []
+    base = f"{staging}/"
+    for line in out.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "tag":
+            done.tag = rest
+        elif rest.startswith(base) and "/../" not in rest and word in ("current", "wrote"):
+            if word == "current":
+                done.current.add(rest[len(base):])
+            else:
+                wrote.append(Path(rest))
+    hashes = hash_many(wrote)
+    done.written = {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
+                    for p, h in sorted(hashes.items()) if isinstance(h, str)}
+    return done

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import hashlib
 import io
 import json
 import os
@@ -43,12 +44,13 @@ from packaging.utils import canonicalize_name
 
 from ..errors import EXIT_FINDINGS, ExtforgeError
 from ..safe_files import read_bytes
+from .accounting import key, unchanged
 from .admission import Check
-from .hashing import hash_many
+from .hashing import file_key, hash_many
 from .packages import fetch_verified, store_dir
 from .pylock import LockedWheel, PyLock, read_pylock
 from .trust import read_signed, trust_dir, write_signed
-from .verify import MAX_FINDINGS, VerifyReport
+from .verify import MAX_FINDINGS, VerifyReport, all_unchanged, load_snapshot, write_snapshot
 
 # Distributions `python -m venv` puts into every venv (ensurepip; setuptools up to Python 3.11):
 # not in a lock, not planted.
@@ -369,7 +371,33 @@ def _bytecode_of(venv: Path, site: PurePosixPath, owned: set[str]) -> tuple[dict
     return pairs, orphans
 
 
-def verify_venv(venv: Path, lock_path: Path | None, *, threads: int | None = None) -> VerifyReport:
+def venv_basis(venv: Path, lock: PyLock) -> str:
+    """What a clean run's record of the venv was checked against: the locked wheels and the
+    interpreter the venv runs (outside it, where bin/python leads), which compiles its byte code
+    for the check."""
+    try:
+        python = file_key(os.stat(venv / "bin" / "python"))
+    except OSError:
+        python = []
+    basis = ["venv", str(venv), sorted(w.sha256 for w in lock.packages.values()), python, sorted(SEEDED)]
+    return hashlib.sha256(json.dumps(basis).encode()).hexdigest()
+
+
+def _entries(venv: Path) -> dict[str, list]:
+    """Every entry of the venv (folders, files, links, the venv itself) by its lstat key."""
+    base = len(str(venv)) + 1
+    out = {".": key(os.lstat(venv))}
+    for top, dirs, files in os.walk(venv):
+        rel = top[base:]
+        for name in (*dirs, *files):
+            out[f"{rel}/{name}" if rel else name] = key(os.lstat(os.path.join(top, name)))
+    return out
+
+
+def verify_venv(venv: Path, lock_path: Path | None, *, threads: int | None = None, rehash: bool = False) -> VerifyReport:
+    """A run that found nothing records every entry's lstat key, as verify_prefix does; the next
+    run (the venv's every entry as recorded, the same lock and interpreter) reads no file and
+    runs no python, only the packages check (`rehash`: every file is read again)."""
     start = time.monotonic()
     venv = venv.resolve()
     if lock_path is None:
@@ -387,6 +415,16 @@ def verify_venv(venv: Path, lock_path: Path | None, *, threads: int | None = Non
     t = report.lap("installed distributions and the lock", start)
     packages, matched, seeded = check_venv_packages(dists, lock)
     report.checks.append(packages)
+    basis = venv_basis(venv, lock)
+    previous, trusted, hashed_files = ({}, set(), 0) if rehash else load_snapshot(venv, basis)
+    if unchanged(str(venv), previous, trusted):
+        report.checks += all_unchanged(report, hashed_files, len(previous))
+        report.lap("every entry as recorded", t)
+        report.seconds = time.monotonic() - start
+        return report
+    # Taken before anything is read: an entry changed after its key was taken is not believed next time.
+    taken_ns = time.time_ns()
+    entries = _entries(venv)
     archives, bad = fetch_verified([lock.packages[d.name] for d in matched], store_dir())
     t = report.lap("locked wheels", t)
     exp = Expectations(findings=[f"wheel differs from the lock: {b}" for b in bad])
@@ -423,6 +461,9 @@ def verify_venv(venv: Path, lock_path: Path | None, *, threads: int | None = Non
     report.checks.append(Check("unowned", "fail" if unowned else "pass",
                                f"{len(unowned)} entr{'y' if len(unowned) == 1 else 'ies'} no locked wheel or installer "
                                "accounts for", tuple(unowned[:MAX_FINDINGS])))
-    report.lap("every entry", t)
+    t = report.lap("every entry", t)
+    if report.ok:
+        report.snapshot = write_snapshot(venv, basis, entries, len(exp.hashes) + len(exp.scripts), taken_ns)
+        report.lap("record of this clean run", t)
     report.seconds = time.monotonic() - start
     return report

@@ -30,20 +30,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
-from ..machine import detect
 from ..paths import rattler_pkgs_dir
-from ..stamp import read_stamps
 from .accounting import TOOL_FILES, expectations, unchanged, user_name, walk
 from .admission import Check, admission_checks
 from .extracted import Inode, Verified
 from .hashing import RACY_FINE_NS, RACY_NS, file_key, hash_many
 from .mirrors import Mirrors
-from .node import NodeFacts, probe
 from .packages import locked_records, read_prefix_records
 from .receipt import Pinned, find_receipt, receipt_path
 from .trust import PackageRef, expected_entries, expected_paths, manifests_for, read_signed, trust_dir, write_signed
+
+if TYPE_CHECKING:  # install imports this module for check_files, without the node's modules
+    from .node import NodeFacts
 
 # Findings are listed up to this many per check; the summary always has the full count.
 MAX_FINDINGS = 200
@@ -150,7 +151,7 @@ def record_basis(prefix: Path, locked: list[Pinned], written: dict[str, list], r
     return hashlib.sha256(json.dumps(basis).encode()).hexdigest()
 
 
-def _load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str], int]:
+def load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str], int]:
     """The last clean run's entries, those of them old enough to be believed, and how many of
     them are files checked by hash."""
     data = read_signed(record_path(prefix))
@@ -164,7 +165,7 @@ def _load_snapshot(prefix: Path, basis: str) -> tuple[dict[str, list], set[str],
     return entries, {rel for rel, e in entries.items() if e[_CTIME] < taken - window}, int(data.get("hashed_files", 0))
 
 
-def _write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_files: int, taken_ns: int) -> str:
+def write_snapshot(prefix: Path, basis: str, entries: dict[str, list], hashed_files: int, taken_ns: int) -> str:
     try:
         write_signed(record_path(prefix), {"schema": RECORD_SCHEMA, "prefix": str(prefix), "basis": basis, "taken_ns": taken_ns,
                                            "hashed_files": hashed_files, "entries": entries})
@@ -275,7 +276,7 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     # Unknown packages leave their files unaccounted for: those are not planted, just unknown.
     unowned = [] if problems else found.unowned
     if not findings and not unowned and (found.to_hash or found.listed):
-        report.snapshot = _write_snapshot(prefix, acc.basis, found.record, found.unchanged + len(good), taken_ns)
+        report.snapshot = write_snapshot(prefix, acc.basis, found.record, found.unchanged + len(good), taken_ns)
     n_files = sum(e.kind == "file" for e in expect.values())
     files = Check("files", "fail" if findings else "pass",
                   f"{n_files} files from {len(manifests)} packages and install: {report.files_hashed} hashed, "
@@ -288,11 +289,11 @@ def check_prefix(prefix: Path, manifests: dict[str, dict], report: VerifyReport,
     return files, other
 
 
-def _all_unchanged(report: VerifyReport, acc: Accounting) -> list[Check]:
+def all_unchanged(report: VerifyReport, hashed_files: int, entries: int) -> list[Check]:
     """The checks of a prefix whose every entry is as the last clean run recorded it."""
-    files = report.files_unchanged = acc.hashed_files
-    return [Check("files", "pass", f"{files} files unchanged since verified, 0 hashed; 0 problem(s)"),
-            Check("unowned", "pass", f"{len(acc.previous)} entries as recorded (0 folder(s) read): 0 entries no package "
+    report.files_unchanged = hashed_files
+    return [Check("files", "pass", f"{hashed_files} files unchanged since verified, 0 hashed; 0 problem(s)"),
+            Check("unowned", "pass", f"{entries} entries as recorded (0 folder(s) read): 0 entries no package "
                                      "or install record accounts for")]
 
 
@@ -306,6 +307,10 @@ def verify_prefix(
     rehash: bool = False,
     mirrors: Mirrors | None = None,
 ) -> VerifyReport:
+    from ..machine import detect
+    from ..stamp import read_stamps
+    from .node import NodeFacts, probe
+
     start = time.monotonic()
     try:
         prefix = prefix.resolve()
@@ -345,13 +350,13 @@ def verify_prefix(
     written = receipt.written if receipt is not None and same_lock else {}
     record_names = [p.file_name.removesuffix(".conda").removesuffix(".tar.bz2") for p in locked]
     basis = record_basis(prefix, locked, written, record_names)
-    previous, trusted, hashed_files = ({}, set(), 0) if rehash else _load_snapshot(prefix, basis)
+    previous, trusted, hashed_files = ({}, set(), 0) if rehash else load_snapshot(prefix, basis)
     cache = receipt.cache if receipt is not None and receipt.cache else str(rattler_pkgs_dir(create=False))
     linked = {p.name: f"{cache}/{name}" for p, name in zip(locked, record_names, strict=True)}
     acc = Accounting(written, record_names, basis, previous, trusted, hashed_files, linked)
     t = report.lap("record of the last clean run", t)
     if unchanged(str(prefix), previous, trusted):
-        report.checks += _all_unchanged(report, acc)
+        report.checks += all_unchanged(report, acc.hashed_files, len(acc.previous))
         t = report.lap("every entry as recorded", t)
     else:
         refs = [PackageRef(p.name, p.file_name, p.url, p.sha256, p.size or None) for p in locked]

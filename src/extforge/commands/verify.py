@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     # From the process start to here: the interpreter and every import verify needs.
     started = process_seconds()
     if is_venv(args.prefix):
-        report = verify_venv(args.prefix, args.lock, threads=args.threads)
+        report = verify_venv(args.prefix, args.lock, threads=args.threads, rehash=args.rehash)
     else:
         # Packages installed through this site's mirror came from the lock's channels all the same.
         mirrors = site_mirrors(args.lock.resolve().parent if args.lock else None, None, args.channel_map)
