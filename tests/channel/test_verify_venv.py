@@ -64,6 +64,20 @@ def test_a_venv_installed_from_the_lock_passes_and_a_changed_byte_fails(locked: 
     assert any(f.startswith(f"modified: {rel} (pip-ext)") for f in checks["files"]["findings"]), checks["files"]
 
 
+def test_a_venv_uv_made_passes(locked: PipSite, tmp_path):
+    """`uv venv` writes files of its own beside Python's (.gitignore, CACHEDIR.TAG, activate_this.py,
+    activate.nu, ...): the old verify named each unowned, so no uv user's venv ever passed."""
+    from pip_clients import clean_client_env
+
+    venv = tmp_path / "uv-made"
+    subprocess.run([locked.uv, "venv", "--no-config", "-q", "--python", sys.executable, str(venv)], check=True,
+                   env=clean_client_env())
+    assert (venv / "CACHEDIR.TAG").is_file() and (venv / "bin" / "activate_this.py").is_file()
+    _installed_by(locked, "uv", venv)
+    checks = _verify(venv, locked.pylock, 0)
+    assert checks["unowned"]["verdict"] == "pass", checks["unowned"]
+
+
 def test_a_record_edited_to_match_a_changed_file_is_still_found(locked: PipSite, tmp_path):
     """The venv's RECORD is no evidence: whoever changes a file rewrites its line as well."""
     venv = _installed_by(locked, "pip", locked.venv(tmp_path / "v"))

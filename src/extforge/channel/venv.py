@@ -57,8 +57,11 @@ from .verify import MAX_FINDINGS, VerifyReport, all_unchanged, load_snapshot, wr
 SEEDED = {"pip", "setuptools"}
 # What installers write into a dist-info folder themselves (never run).
 INSTALLER_FILES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json", "uv_cache.json"}
-# The files `python -m venv` writes (the interpreter links are checked to lead to pyvenv.cfg's home).
-VENV_FILES = {"pyvenv.cfg", "bin/activate", "bin/activate.csh", "bin/activate.fish", "bin/Activate.ps1"}
+# The files `python -m venv` and `uv venv` write (the interpreter links are checked to lead to
+# pyvenv.cfg's home): scripts a user runs by name, none that python runs at start.
+VENV_FILES = {"pyvenv.cfg", "bin/activate", "bin/activate.csh", "bin/activate.fish", "bin/Activate.ps1",
+              ".gitignore", "CACHEDIR.TAG", "bin/activate.bat", "bin/activate.nu", "bin/activate.ps1",
+              "bin/activate.xsh", "bin/activate_this.py", "bin/deactivate.bat", "bin/pydoc.bat"}
 # uv's lock of the venv while it installs: an empty file, accepted only while it is empty.
 UV_LOCK = ".lock"
 METADATA_LIMIT = 64 * 1024 * 1024
