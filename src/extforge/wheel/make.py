@@ -68,6 +68,7 @@ class Wheel:
     torch: TorchPin
     requires_python: str
     sha256: str
+    metadata: bytes = field(repr=False)  # its .dist-info/METADATA, the index's PEP 658 file beside it
 
     def to_json(self) -> dict[str, str]:
         return {"path": str(self.path), "project": self.project, "version": self.version, "tag": self.tag,
@@ -454,4 +455,4 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         make_dirs(dest, beneath=beneath)
         with atomic_writer(target, beneath=beneath, tmp_prefix="extforge-") as out:
             write_zip(out, members)
-    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target))
+    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target), meta_bytes)
