@@ -159,8 +159,8 @@ def cuda_toolkit(depends: Sequence[str], build_string: str) -> str | None:
 
 
 def local_label(toolkit: str | None, torch: TorchPin | None, cxx11_abi: bool | None) -> str:
-    """flash-attn's convention, `cu130torch2.14cxx11abiTRUE`: the toolkit, torch's major.minor (none
-    for a stable-ABI build, which serves a range) and the C++ ABI the audit proved (left out where
-    it proved none)."""
+    """flash-attn's convention, `cu128torch2.9cxx11abiTRUE`: the CUDA of the torch it pins (of the
+    toolkit for a stable-ABI build, which serves a range), torch's major.minor (none for that
+    range) and the C++ ABI the audit proved (left out where it proved none)."""
     abi = "" if cxx11_abi is None else f"cxx11abi{'TRUE' if cxx11_abi else 'FALSE'}"
     return f"{f'cu{toolkit}' if toolkit else ''}{f'torch{torch.minor}' if torch else ''}{abi}"
