@@ -156,3 +156,28 @@ def test_pip_resolves_from_the_metadata_file_without_the_wheel(tmp_path: Path, f
     assert item["metadata"]["version"] == "1.0+cu130torch2.14cxx11abiTRUE"
     assert item["metadata"]["requires_dist"][0] == "torch==2.14.1"
     assert item["download_info"]["archive_info"]["hashes"]["sha256"] == wheel.sha256
+
+
+def test_a_wheel_published_before_the_index_had_metadata_files_gets_its_own(tmp_path: Path) -> None:
+    """An index an older extforge wrote (no .metadata, no hash in its log): publishing the same
+    wheel again adds its METADATA file and announces it; a .metadata that is gone is never announced."""
+    wheel = _wheel(tmp_path, "a")
+    index = tmp_path / "index"
+    publish_wheels([(wheel, "pass")], index)
+    project = index / ROW / "simple" / "demo-x"
+    metadata = project / f"{wheel.path.name}.metadata"
+    metadata.unlink()
+    log = index / LOG_NAME
+    log.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "metadata_sha256"}) + "\n"
+                           for line in log.read_text().splitlines()))
+    env = torch_env(tmp_path / "b")
+    newer = wheel_from_conda(extension_package(tmp_path / "b" / "pkg", extension(tmp_path / "b", env), version="1.1"),
+                             tmp_path / "b" / "out", env)
+    publish_wheels([(newer, "pass")], index)  # the row's pages written again
+    (line,) = [x for x in (project / "index.html").read_text().splitlines() if f">{wheel.path.name}<" in x]
+    assert "metadata" not in line
+    again = publish_wheels([(wheel, "pass")], index)
+    assert [w.status for w in again.wheels] == ["already-present"]
+    assert metadata.read_bytes() == wheel.metadata
+    page = (project / "index.html").read_text()
+    assert page.count(f'data-core-metadata="sha256={hashlib.sha256(wheel.metadata).hexdigest()}"') == 1
