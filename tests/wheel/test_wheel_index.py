@@ -136,6 +136,13 @@ def test_group_members_publish_wheels_into_one_index(peer_site, tmp_path: Path) 
     assert [json.loads(line)["user"] for line in log.read_text().splitlines()] == [first.name, second.name]
 
 
+def _dry_run(pip: Path, index: Path, report: Path) -> subprocess.CompletedProcess[str]:
+    """pip's resolution of demo-x from the row's index, nothing installed."""
+    return subprocess.run([str(pip), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps", "--report",
+                           str(report), "-v", "--index-url", (index / ROW / "simple").as_uri(), "demo-x"],
+                          capture_output=True, text=True, timeout=300, env=clean_client_env())
+
+
 def test_pip_resolves_from_the_metadata_file_without_the_wheel(tmp_path: Path, fixtures_dir: Path) -> None:
     """PEP 658: pip (from PyPI) resolves the project from `<wheel>.metadata` alone; the wheel is
     taken away first, so a resolver that needed it fails. The old index wrote no .metadata and
@@ -147,9 +154,7 @@ def test_pip_resolves_from_the_metadata_file_without_the_wheel(tmp_path: Path, f
     publish_wheels([(wheel, "pass")], index)
     (index / ROW / "simple" / "demo-x" / wheel.path.name).unlink()
     report = tmp_path / "report.json"
-    proc = subprocess.run([str(pip_client(fixtures_dir)), "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                           "--no-deps", "--report", str(report), "-v", "--index-url", (index / ROW / "simple").as_uri(),
-                           "demo-x"], capture_output=True, text=True, timeout=300, env=clean_client_env())
+    proc = _dry_run(pip_client(fixtures_dir), index, report)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{wheel.path.name.replace('+', '%2B')}.metadata" in proc.stdout, proc.stdout
     (item,) = json.loads(report.read_text())["install"]
@@ -181,3 +186,20 @@ def test_a_wheel_published_before_the_index_had_metadata_files_gets_its_own(tmp_
     assert metadata.read_bytes() == wheel.metadata
     page = (project / "index.html").read_text()
     assert page.count(f'data-core-metadata="sha256={hashlib.sha256(wheel.metadata).hexdigest()}"') == 1
+
+
+def test_a_metadata_file_swapped_in_the_index_is_refused_by_pip(tmp_path: Path, fixtures_dir: Path) -> None:
+    """Someone who can write the index folder rewrites a wheel's .metadata without its torch pin
+    (pip would then resolve the wheel beside any torch): the page announces the hash publish
+    logged, so pip refuses the file and installs nothing."""
+    from channel.pip_envs import pip_client
+
+    wheel = _wheel(tmp_path, "a")
+    index = tmp_path / "index"
+    publish_wheels([(wheel, "pass")], index)
+    metadata = index / ROW / "simple" / "demo-x" / f"{wheel.path.name}.metadata"
+    metadata.write_bytes(metadata.read_bytes().replace(b"Requires-Dist: torch==2.14.1\n", b""))
+    proc = _dry_run(pip_client(fixtures_dir), index, tmp_path / "report.json")
+    assert proc.returncode != 0
+    assert "hash" in proc.stdout + proc.stderr and metadata.name.replace("+", "%2B") in proc.stdout + proc.stderr
+    assert not (tmp_path / "report.json").exists()
