@@ -179,7 +179,8 @@ def _write_metadata(root: Path, dest: Path, wheel: Wheel, copied: list[Path]) ->
     bytes (a wheel published before the index had them gets its own); its sha256."""
     path = dest.with_name(dest.name + METADATA_SUFFIX)
     digest = hashlib.sha256(wheel.metadata).hexdigest()
-    if _regular(path) is not None and sha256_file(path) == digest:
+    st = _regular(path)
+    if st is not None and st.st_size == len(wheel.metadata) and sha256_file(path) == digest:
         return digest
     if not os.path.lexists(path):
         copied.append(path)

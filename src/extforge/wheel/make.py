@@ -435,8 +435,8 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         exact = exact_torch(dep) is not None
         # An exact pin is labelled with its torch's CUDA, as pip's torch is (`+cu128`), whatever older
         # toolkit compiled it (12.4 for torch 2.9.1+cu128): the label is how a user matches a torch.
-        toolkit = torch.cuda if exact else cuda_toolkit(depends, meta.build)
-        label = local_label(toolkit, torch if exact else None, stamp.cxx11_abi)
+        cuda = torch.cuda if exact else cuda_toolkit(depends, meta.build)
+        label = local_label(cuda, torch if exact else None, stamp.cxx11_abi)
         version = f"{meta.version}{'.' if '+' in meta.version else '+'}{label}"
         # The project's name is pip's (its METADATA's), else the conda package's.
         project = dict(_headers(layout.metadata)[0]).get("Name", meta.name) if layout.metadata else meta.name
