@@ -110,3 +110,20 @@ def test_a_folder_that_is_no_environment_is_refused_by_the_cli(built, tmp_path):
     res = run_extforge("audit", str(wheel), "--against", str(tmp_path / "empty"), "--json")
     assert res.returncode == 2, res.stdout + res.stderr
     assert json.loads(res.stdout)["error"] == f"{tmp_path / 'empty'} is neither a venv (no pyvenv.cfg) nor a conda prefix (no conda-meta)"
+
+
+def test_a_venv_with_system_site_packages_is_audited_with_its_bases_torch(built, tmp_path):
+    """A venv made with --system-site-packages on a prefix holding pip's torch (a conda env, the
+    guide's user): its python finds torch in the base's site-packages, and so does the audit. The
+    old code looked in the venv's own site-packages alone: no torch, libc10.so not found."""
+    root, ext = built
+    base = _venv_with_torch(tmp_path / "base", C10_OLD, "2.11.0+cu130")
+    venv = tmp_path / "venv"
+    (venv / "lib" / f"python{PY}" / "site-packages").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = true\nversion = {PY}\n")
+    wheel = _wheel(tmp_path, ext, "1.0+cu130torch2.11cxx11abiTRUE", f"{CP}-{CP}-linux_x86_64", ["torch==2.11.0"])
+    report = audit_target(wheel, against=venv)
+    assert (report.against_kind, report.torch) == ("venv", "2.11.0+cu130")
+    assert report.ok, report.render()
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = false\nversion = {PY}\n")
+    assert not audit_target(wheel, against=venv).ok

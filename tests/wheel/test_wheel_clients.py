@@ -151,7 +151,7 @@ def test_a_wheel_for_another_torch_is_refused_by_the_resolver(client: str, demo_
     venv = _venv(pip_torch_venv, tmp_path)
     (tmp_path / "pkg").mkdir()
     other = wheel_from_conda(_other_torch_package(demo_package, tmp_path / "pkg"), tmp_path / "made", venv)
-    assert other.version == "0.1.0+cu130torch2.9cxx11abiTRUE" and other.torch.row == "torch2.9.1-cu128"
+    assert other.version == "0.1.0+cu128torch2.9cxx11abiTRUE" and other.torch.row == "torch2.9.1-cu128"
     publish_wheels([(other, "pass")], tmp_path / "index")
     proc = _install(client, venv, (tmp_path / "index" / "torch2.9.1-cu128" / "simple").as_uri(), "demo-ext")
     assert proc.returncode != 0

@@ -81,6 +81,17 @@ def test_a_wheel_carries_the_packages_files_its_torch_pin_and_venv_search_paths(
     assert wheel.sha256 == hashlib.sha256(wheel.path.read_bytes()).hexdigest()
 
 
+def test_the_label_names_the_pinned_torchs_cuda_not_the_older_nvcc_that_compiled_it(tmp_path: Path) -> None:
+    """Row B of the seed clusters: nvcc 12.4 (`cuda-version >=12.4`) against pip's torch
+    2.9.1+cu128. The old code labelled it `+cu124torch2.9`, a CUDA no torch of its index row
+    (torch2.9.1-cu128) has; upstream's label, and a user matching it to their torch, say cu128."""
+    env = torch_env(tmp_path)
+    pin = TORCH_PIN.replace("2.14.1", "2.9.1").replace("cuda130", "cuda128")
+    depends = [pin if d == TORCH_PIN else "cuda-version >=12.4,<13.0a0" if d.startswith("cuda-version") else d for d in DEPENDS]
+    wheel = wheel_from_conda(extension_package(tmp_path / "pkg", extension(tmp_path, env), depends=depends), tmp_path / "out", env)
+    assert (wheel.version, wheel.torch.row) == ("1.0+cu128torch2.9cxx11abiTRUE", "torch2.9.1-cu128")
+
+
 def test_the_same_package_gives_the_same_wheel_bytes(tmp_path: Path) -> None:
     """Times of extraction, scratch paths and file modes of the run do not reach the wheel."""
     env = torch_env(tmp_path)

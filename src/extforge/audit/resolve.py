@@ -107,6 +107,8 @@ def target_env(root: Path | None) -> TargetEnv:
     env.lib_dirs.extend(d for d in (root / "lib", root / "lib64") if d.is_dir())
     site_dirs = [root, *sorted(root.glob("lib/python3*/site-packages"))]
     env.python = next((d.parent.name.removeprefix("python") for d in site_dirs[1:]), None)
+    if kind == "venv":
+        site_dirs += _system_site_dirs(root, env.python)
     for site in site_dirs:
         if env.torch_lib is None and (site / "torch" / "lib").is_dir():
             env.torch_lib = site / "torch" / "lib"
@@ -126,6 +128,21 @@ def target_env(root: Path | None) -> TargetEnv:
             env.lib_dirs.append(base_lib)
     _read_conda_torch(env, root)
     return env
+
+
+def _system_site_dirs(venv: Path, python: str | None) -> list[Path]:
+    """The base interpreter's site-packages of a venv made with --system-site-packages, searched
+    after its own as its python does: a venv on a conda env holding pip's torch finds torch there."""
+    try:
+        with (venv / "pyvenv.cfg").open(errors="replace") as fh:
+            text = fh.read(1 << 16)
+    except OSError:
+        return []
+    cfg = {k.strip().lower(): v.strip() for k, _, v in (line.partition("=") for line in text.splitlines())}
+    if cfg.get("include-system-site-packages", "").lower() != "true" or not cfg.get("home") or python is None:
+        return []
+    site = Path(cfg["home"]).parent / "lib" / f"python{python}" / "site-packages"
+    return [site] if site.is_dir() else []
 
 
 def _read_torch_version(env: TargetEnv, torch_dir: Path) -> None:

@@ -6,7 +6,10 @@
 
 pip and uv read `index.html` of a folder for a file:// index; an HTTP server serves the same
 folder (docs/site-admin.md). Every link carries the wheel's sha256, so a wheel swapped behind
-the index's back is refused by the client at install.
+the index's back is refused by the client at install. Beside each wheel lies its METADATA as
+`<wheel>.metadata` (PEP 658), announced with its sha256 as PyPI does (`data-core-metadata` and
+the older `data-dist-info-metadata` in the HTML, `core-metadata` and `data-dist-info-metadata`
+in the JSON, PEP 714): a resolver reads a few KiB per candidate instead of the whole wheel.
 
 Publishing follows the channel's rules (channel/publish.py): the caller has audited what it
 publishes; under one exclusive lock at DIR, every wheel is checked before anything is written
@@ -19,6 +22,7 @@ now), each atomically. Every change goes through safe_files, anchored at DIR.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import html
 import json
 import os
@@ -41,6 +45,7 @@ LOG_NAME = "publish-log.jsonl"
 LOG_LIMIT = 1 << 30
 TEMP_PREFIX = "extforge-"
 API_VERSION = "1.1"
+METADATA_SUFFIX = ".metadata"
 
 
 def project_name(project: str) -> str:
@@ -119,7 +124,9 @@ def _project_page(project: str, files: list[dict]) -> tuple[bytes, bytes]:
     links = []
     for f in files:
         python = f' data-requires-python="{html.escape(f["requires_python"])}"' if f.get("requires_python") else ""
-        links.append(f'    <a href="{quote(f["filename"])}#sha256={f["sha256"]}"{python}>{html.escape(f["filename"])}</a><br/>')
+        core = (f' data-dist-info-metadata="sha256={html.escape(f["metadata"])}" data-core-metadata="sha256='
+                f'{html.escape(f["metadata"])}"') if f.get("metadata") else ""
+        links.append(f'    <a href="{quote(f["filename"])}#sha256={f["sha256"]}"{python}{core}>{html.escape(f["filename"])}</a><br/>')
     page = (f'<!DOCTYPE html>\n<html>\n  <head>\n    <meta name="pypi:repository-version" content="{API_VERSION}">\n'
             f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
             f"    <h1>Links for {html.escape(project)}</h1>\n" + "\n".join(links) + "\n  </body>\n</html>\n")
@@ -128,7 +135,9 @@ def _project_page(project: str, files: list[dict]) -> tuple[bytes, bytes]:
         "name": project,
         "versions": sorted({f["version"] for f in files if f.get("version")}),
         "files": [{"filename": f["filename"], "url": quote(f["filename"]), "hashes": {"sha256": f["sha256"]},
-                   "requires-python": f.get("requires_python") or None, "size": f["size"]} for f in files],
+                   "requires-python": f.get("requires_python") or None, "size": f["size"],
+                   **({"core-metadata": {"sha256": f["metadata"]}, "data-dist-info-metadata": {"sha256": f["metadata"]}}
+                      if f.get("metadata") else {})} for f in files],
     }
     return page.encode(), (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
 
@@ -154,7 +163,10 @@ def _write_pages(root: Path, rows: set[str], entries: list[dict], result: WheelP
             st = _regular(root / rel)
             if row_of != row or "/" in filename or st is None:
                 continue
-            projects.setdefault(project, []).append({**entry, "filename": filename, "size": st.st_size})
+            # Announced only where the log vouches for its hash and the file is there to fetch.
+            core = entry.get("metadata_sha256") if _regular(root / (rel + METADATA_SUFFIX)) else None
+            projects.setdefault(project, []).append({**entry, "filename": filename, "size": st.st_size,
+                                                     "metadata": core if isinstance(core, str) else None})
         simple = root / row / "simple"
         for project in sorted(projects):
             folder = simple / project
@@ -174,6 +186,21 @@ def _remove_leftovers(root: Path, folder: Path) -> None:
     for name in names(folder, beneath=root):
         if name.startswith(f".{TEMP_PREFIX}") and name.endswith(".tmp"):
             remove_quietly(folder / name, beneath=root)
+
+
+def _write_metadata(root: Path, dest: Path, wheel: Wheel, copied: list[Path]) -> str:
+    """The wheel's METADATA beside it (PEP 658), written unless that file is there with those
+    bytes (a wheel published before the index had them gets its own); its sha256."""
+    path = dest.with_name(dest.name + METADATA_SUFFIX)
+    digest = hashlib.sha256(wheel.metadata).hexdigest()
+    st = _regular(path)
+    if st is not None and st.st_size == len(wheel.metadata) and sha256_file(path) == digest:
+        return digest
+    if not os.path.lexists(path):
+        copied.append(path)
+    with atomic_writer(path, beneath=root, tmp_prefix=TEMP_PREFIX) as out:
+        out.write(wheel.metadata)
+    return digest
 
 
 def publish_wheels(wheels: list[tuple[Wheel, str]], index: Path) -> WheelPublish:
@@ -219,11 +246,12 @@ def publish_wheels(wheels: list[tuple[Wheel, str]], index: Path) -> WheelPublish
                     if sha256_file(dest) != wheel.sha256:
                         raise ExtforgeError(f"{wheel.path} changed while it was copied into {root}", "",
                                             "publish it again", exit_code=1)
+                metadata_sha256 = _write_metadata(root, dest, wheel, copied)
                 result.wheels.append(PublishedWheel(rel, wheel.sha256, status, verdict))
                 log.append({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "user": getpass.getuser(),
                             "host": socket.gethostname(), "file": rel, "sha256": wheel.sha256, "status": status,
                             "audit": verdict, "project": wheel.project, "version": wheel.version,
-                            "requires_python": wheel.requires_python})
+                            "requires_python": wheel.requires_python, "metadata_sha256": metadata_sha256})
             # Logged before any page lists them: a page never names a wheel the log does not vouch for.
             log_size = append(root / LOG_NAME, "".join(json.dumps(e, sort_keys=True) + "\n" for e in log).encode(),
                               beneath=root)

@@ -69,6 +69,7 @@ class Wheel:
     torch: TorchPin
     requires_python: str
     sha256: str
+    metadata: bytes = field(repr=False)  # its .dist-info/METADATA, the index's PEP 658 file beside it
 
     def to_json(self) -> dict[str, str]:
         return {"path": str(self.path), "project": self.project, "version": self.version, "tag": self.tag,
@@ -435,7 +436,10 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         py_tag, requires_python = python_tag(package, layout.files, layout.python)
         torch = _torch(package, depends, dep, py_tag, torch_prefix)
         exact = exact_torch(dep) is not None
-        label = local_label(cuda_toolkit(depends, meta.build), torch if exact else None, stamp.cxx11_abi)
+        # An exact pin is labelled with its torch's CUDA, as pip's torch is (`+cu128`), whatever older
+        # toolkit compiled it (12.4 for torch 2.9.1+cu128): the label is how a user matches a torch.
+        cuda = torch.cuda if exact else cuda_toolkit(depends, meta.build)
+        label = local_label(cuda, torch if exact else None, stamp.cxx11_abi)
         version = f"{meta.version}{'.' if '+' in meta.version else '+'}{label}"
         # The project's name is pip's (its METADATA's), else the conda package's.
         project = dict(_headers(layout.metadata)[0]).get("Name", meta.name) if layout.metadata else meta.name
@@ -457,4 +461,4 @@ def wheel_from_conda(package: Path, dest: Path, torch_prefix: Path, *, manylinux
         make_dirs(dest, beneath=beneath)
         with atomic_writer(target, beneath=beneath, tmp_prefix="extforge-") as out:
             write_zip(out, members)
-    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target))
+    return Wheel(target, project, version, tag, torch, requires_python, sha256_file(target), meta_bytes)

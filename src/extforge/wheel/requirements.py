@@ -230,9 +230,9 @@ def cuda_toolkit(depends: Sequence[str], build_string: str) -> str | None:
     return m.group(1) if m else None
 
 
-def local_label(toolkit: str | None, torch: TorchPin | None, cxx11_abi: bool | None) -> str:
-    """flash-attn's convention, `cu130torch2.14cxx11abiTRUE`: the toolkit, torch's major.minor (none
-    for a stable-ABI build, which serves a range) and the C++ ABI the audit proved (left out where
-    it proved none)."""
+def local_label(cuda: str | None, torch: TorchPin | None, cxx11_abi: bool | None) -> str:
+    """flash-attn's convention, `cu128torch2.9cxx11abiTRUE`: the CUDA of the torch it pins (of the
+    toolkit for a stable-ABI build, which serves a range), torch's major.minor (none for that
+    range) and the C++ ABI the audit proved (left out where it proved none)."""
     abi = "" if cxx11_abi is None else f"cxx11abi{'TRUE' if cxx11_abi else 'FALSE'}"
-    return f"{f'cu{toolkit}' if toolkit else ''}{f'torch{torch.minor}' if torch else ''}{abi}"
+    return f"{f'cu{cuda}' if cuda else ''}{f'torch{torch.minor}' if torch else ''}{abi}"
