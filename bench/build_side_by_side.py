@@ -50,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 from _sdist import unpack
 
-from extforge import cost_store, unit_costs
 from extforge.fatbin import parse_arch_list
-from extforge.unit_costs import NinjaEdge, parse_ninja_log
+from extforge.planning import cost_store, unit_costs
+from extforge.planning.unit_costs import NinjaEdge, parse_ninja_log
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipe" / "flash-attn"
 PHASES = ("env set-up", "compile", "link", "package", "tests", "audit")
@@ -132,11 +132,11 @@ def build_recipe_side(sdist: Path, work: Path, recipe: Path, channel: Path, vari
                       output_dir: Path, variant_configs: list[Path]):
     """`extforge build` in this process, its log lines timestamped as rattler-build emits them;
     the ninja log is saved before the work folder is deleted, the audit is timed."""
-    from extforge import build as build_mod
     from extforge import engine
-    from extforge.build_options import BuildOptions
-    from extforge.channel.hashing import sha256_file
-    from extforge.variants import parse_variant_overrides
+    from extforge.building import build as build_mod
+    from extforge.building.build_options import BuildOptions
+    from extforge.hashing import sha256_file
+    from extforge.recipes.variants import parse_variant_overrides
 
     digest = sha256_file(sdist)
     store = work / "sources" / "sha256" / digest

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from extforge.explain import load_signatures
+from extforge.doctor.explain import load_signatures
 
 # Repeated units that made a backtracking pattern quadratic on one line without whitespace.
 UNITS = ["a", "a.so", ".so", "/", ":", ":1", "(1", "x(1):", "a.so.1", "a:1:1", "=", "FAILED: "]

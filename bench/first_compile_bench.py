@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _record import append_section
 
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
 from extforge.machine import detect
 
 COMPILERS = (b"nvcc", b"cicc", b"cc1plus")

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _record import record_table, show
 
-from extforge.channel.mirrors import site_mirrors
-from extforge.channel.packages import locked_records
+from extforge.environment.mirrors import site_mirrors
+from extforge.environment.packages import locked_records
 
 # py-rattler alone, as pixi installs a locked environment: the lock read, the records' URLs
 # pointed at local packages, the environment linked from the package cache.

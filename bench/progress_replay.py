@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _record import append_section
 
-from extforge import cost_store, plan
 from extforge.machine import GIB, Machine
+from extforge.planning import cost_store, plan
 
 DATA = Path(__file__).resolve().parent / "data"
 # (what, log, cores, memory GiB, compile end in ninja's seconds)

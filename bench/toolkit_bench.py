@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 def measure(version: str, source: str) -> dict:
     from extforge.mirror import cuda_sources
-    from extforge.mirror.channel import build_job
+    from extforge.mirror.builder import build_job
     from extforge.mirror.cuda_toolkit import Offer, toolkit_jobs
     from extforge.mirror.toolchain import detect
 

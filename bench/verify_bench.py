@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from extforge.channel import verify as verify_mod
-from extforge.channel.node import NodeFacts
-from extforge.channel.receipt import Pinned, Receipt, write_receipt
-from extforge.channel.verify import verify_prefix
+from extforge.environment import verify as verify_mod
+from extforge.environment.node import NodeFacts
+from extforge.environment.receipt import Pinned, Receipt, write_receipt
+from extforge.environment.verify import verify_prefix
 from extforge.machine import detect
 
 MIB = 1024**2

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from _record import append_section
 
-from extforge import cost_store, unit_costs
-from extforge.plan import numbers_for
+from extforge.planning import cost_store, unit_costs
+from extforge.planning.plan import numbers_for
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 RECIPE = Path(__file__).resolve().parents[1] / "recipe" / "flash-attn"

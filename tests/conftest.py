@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, paths
+from extforge import paths
 from extforge.locking import exclusive
+from extforge.planning import cost_store
 from fixture_keys import build_key
 from pip_clients import clean_client_env
 
@@ -96,8 +97,8 @@ def mirror_channel() -> Path:
 @pytest.fixture(scope="session")
 def demo_channel(mirror_channel: Path) -> Path:
     """Channel folder holding demo-ext built (tests run, audited, its wheel made) against `mirror_channel`."""
-    from extforge.build import build_recipe
-    from extforge.build_options import BuildOptions
+    from extforge.building.build import build_recipe
+    from extforge.building.build_options import BuildOptions
 
     out = _fixtures_dir() / "demo-ext" / build_key(DEMO_RECIPE, mirror_channel)
     with exclusive(_fixtures_dir() / "demo-ext.lock"):

@@ -34,5 +34,5 @@ def channel_digest(channel: Path) -> str:
 
 def build_key(recipe: Path, channel: Path) -> str:
     """The recipe, the channel, and extforge's build, audit and stamp code."""
-    builder = tree_digest(SRC / "audit") + "".join((SRC / f).read_text() for f in ("build.py", "engine.py", "stamp.py"))
+    builder = tree_digest(SRC / "audit") + "".join((SRC / f).read_text() for f in ("building/build.py", "engine.py", "stamp.py"))
     return hashlib.sha256((tree_digest(recipe) + builder + channel_digest(channel)).encode()).hexdigest()[:16]

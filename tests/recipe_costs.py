@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from extforge import cost_store
+from extforge.planning import cost_store
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipe"
 

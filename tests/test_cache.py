@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cli_run import run_extforge
 from extforge import cache, paths
-from extforge.mirror.channel import lookup
+from extforge.mirror.builder import lookup
 from extforge.mirror.inputs import share_wheels
 from extforge.mirror.recipes import PackageJob
 

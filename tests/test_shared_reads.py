@@ -14,21 +14,21 @@ from test_disk_layer import SRC, check_calls, raw_changes
 
 # The planning and build path, and the mirror's download folders. Other readers of shared places
 # are not converted yet and are named in docs/architecture.md ("Files other people write, read"):
-# scaffold.py and sources.py (recipe new, the source cache), cache.py, channel/.
-MODULES = ("cost_store.py", "unit_costs.py", "plan.py", "split_build.py", "build.py", "compile_cache.py", "build_layer.py",
+# recipes/scaffold.py and recipes/sources.py (recipe new, the source cache), cache.py, channel/.
+MODULES = ("planning/cost_store.py", "planning/unit_costs.py", "planning/plan.py", "building/parts.py", "building/build.py", "compile_cache.py", "recipes/build_layer.py",
            "commands/plan.py", "commands/build.py", "mirror/inputs.py")
 
 PACKAGE_DATA = "extforge's own package data (importlib.resources), installed with extforge: no other user writes it"
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "
           "ships (build-costs.json) is read through shared_read")
 ALLOWED: dict[str, str] = {
-    "plan.py::default_profile": PACKAGE_DATA,
-    "build_layer.py::_data": PACKAGE_DATA,
-    "build_layer.py::switches": PACKAGE_DATA,
-    "build_layer.py::layer_files": PACKAGE_DATA,
-    "cost_store.py::_literal": RECIPE,
-    "cost_store.py::_recipe_text": RECIPE,
-    "build.py::_build_recipe": RECIPE,
+    "planning/plan.py::default_profile": PACKAGE_DATA,
+    "recipes/build_layer.py::_data": PACKAGE_DATA,
+    "recipes/build_layer.py::switches": PACKAGE_DATA,
+    "recipes/build_layer.py::layer_files": PACKAGE_DATA,
+    "planning/cost_store.py::_literal": RECIPE,
+    "planning/cost_store.py::_recipe_text": RECIPE,
+    "building/build.py::_build_recipe": RECIPE,
     "commands/plan.py::recipe_facts": RECIPE,
     "commands/plan.py::recipe_name": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from cli_run import run_extforge
-from extforge import build_layer
 from extforge.errors import ExtforgeError
-from extforge.variants import archs, narrow, recipe_files, resolve
+from extforge.recipes import build_layer
+from extforge.recipes.variants import archs, narrow, recipe_files, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 FLASH_ATTN = REPO / "recipe" / "flash-attn" / "recipe.yaml"

@@ -301,7 +301,7 @@ def archs_report(run: Run, o: Options) -> None:
              str(run.work / "mirror"), "--archs", archs, "--json"), env=env, log="audit-fa-archs.json", critical=False)
     log = run.work / "logs" / "build-fa-archs.ninja_log"
     if log.exists():
-        from extforge.unit_costs import parse_ninja_log
+        from extforge.planning.unit_costs import parse_ninja_log
 
         edges = parse_ninja_log(log.read_text())
         run.fact("two-arch compile span", f"{(max(e.end_ms for e in edges) - min(e.start_ms for e in edges)) / 1000:.1f} s "

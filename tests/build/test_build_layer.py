@@ -19,13 +19,13 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from build_logs import build_log
-from extforge import build_layer
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
 from extforge.errors import ExtforgeError
 from extforge.fatbin import arch_sets, parse_fatbin
+from extforge.recipes import build_layer
 
-LAYER = Path(build_layer.__file__).parent / "data" / "torch-build"
+LAYER = Path(build_layer.__file__).parents[1] / "data" / "torch-build"
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 needs_nvcc = pytest.mark.skipif(not Path(NVCC).exists(), reason="no nvcc on this machine")
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from extforge.build import build_failure, missing_names, solve_context, solve_failure
+from extforge.building.build import build_failure, missing_names, solve_context, solve_failure
 from extforge.channel_ref import channel_url
+from extforge.doctor.explain import explain_text
 from extforge.engine import engine_failure, find_recipe
 from extforge.errors import ExtforgeError
-from extforge.explain import explain_text
-from extforge.variants import parse_variant_overrides
+from extforge.recipes.variants import parse_variant_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,8 +71,9 @@ def test_missing_recipe_and_channel_are_clear_errors(tmp_path):
 def test_planner_gets_the_archs_of_the_variant():
     """The planner must see the variant's sm_90 alone, not the default A100+H100 pair (on an H100
     node that is 16x1 jobs instead of 8x2: 17 min, not 50)."""
-    from extforge import machine, plan
-    from extforge.build import build_environment
+    from extforge import machine
+    from extforge.building.build import build_environment
+    from extforge.planning import plan
 
     here = machine.detect()
     env = build_environment("", [], {"cuda_archs": ["9.0"]}, "flash-attn")
@@ -86,7 +87,7 @@ def test_planner_gets_the_archs_of_the_variant():
 def test_planner_gets_the_units_of_a_subset_variant():
     """The planner orders (and splits) only the units a head-dim subset build compiles (which,
     the recipe's data says)."""
-    from extforge.build import build_environment
+    from extforge.building.build import build_environment
 
     env = build_environment("", [], {"cuda_archs": ["9.0"], "flash_attn_head_dims": ["128"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
@@ -102,9 +103,10 @@ def test_the_planners_variables_reach_the_recipe_through_the_layer(tmp_path, mon
 
     from test_variant_requests import channel_of
 
-    from extforge import build_layer, machine
-    from extforge.build import build_environment
-    from extforge.variants import resolve
+    from extforge import machine
+    from extforge.building.build import build_environment
+    from extforge.recipes import build_layer
+    from extforge.recipes.variants import resolve
 
     monkeypatch.setattr(machine, "detect", lambda: machine.Machine(16, 128 * 2**30, "2.39", "test", "test"))
     recipe = REPO / "recipe" / "flash-attn" / "recipe.yaml"
@@ -148,7 +150,7 @@ def test_a_build_from_an_sdist_without_its_sources_says_so(tmp_path):
 def test_a_full_disk_is_named_not_taken_for_a_solve_failure(tmp_path, monkeypatch):
     """rattler-build says "Failed to resolve dependencies" when it cannot unpack a package for
     lack of space; with the disk nearly full the error names the disk instead."""
-    import extforge.build as build
+    import extforge.building.build as build
 
     rattler_says = RuntimeError("PyRattlerBuildError: Failed to resolve dependencies")
     lines = ["info: ✔ Successfully updated the build environment"]
@@ -179,7 +181,7 @@ def test_a_rattler_build_panic_is_an_error_not_a_traceback(tmp_path):
 def test_build_passes_the_longest_first_unit_order():
     """ninja starts units in the order torch writes build.ninja: flash-attn's build script ranks the
     sources by EXTFORGE_UNIT_ORDER, the measured longest (a non-causal split-kv forward) first."""
-    from extforge.build import build_environment
+    from extforge.building.build import build_environment
 
     env = build_environment("", [], {"cuda_archs": ["9.0"]}, "flash-attn")
     order = env["EXTFORGE_UNIT_ORDER"].split(";")
@@ -190,8 +192,8 @@ def test_build_passes_the_longest_first_unit_order():
 
 def ninja_log_text(costs: dict[str, float], jobs: int, speed: float) -> str:
     """A ninja log of a build whose machine compiles every unit in `speed` of `costs`."""
-    from extforge.plan import numbers_for
-    from extforge.unit_costs import list_schedule
+    from extforge.planning.plan import numbers_for
+    from extforge.planning.unit_costs import list_schedule
 
     data = numbers_for("flash-attn").costs
     assert data is not None
@@ -203,9 +205,9 @@ def ninja_log_text(costs: dict[str, float], jobs: int, speed: float) -> str:
 def test_a_finished_build_reports_its_machines_speed(tmp_path: Path, archs: list[str], threads: int) -> None:
     """The build's ninja log, read before its work folder goes, gives the speed the next plan
     on this machine takes (`extforge plan --node-speed`)."""
-    from extforge.build import measured_node_speed
-    from extforge.plan import numbers_for, unit_seconds
-    from extforge.unit_costs import in_variant
+    from extforge.building.build import measured_node_speed
+    from extforge.planning.plan import numbers_for, unit_seconds
+    from extforge.planning.unit_costs import in_variant
 
     numbers = numbers_for("flash-attn")
     assert numbers.costs is not None
@@ -224,7 +226,7 @@ def test_a_finished_build_reports_its_machines_speed(tmp_path: Path, archs: list
 
 
 def test_the_build_line_tells_the_next_plans_node_speed(tmp_path: Path) -> None:
-    from extforge.build import BuiltPackage
+    from extforge.building.build import BuiltPackage
     from extforge.commands.build import built_line
 
     pkg = BuiltPackage(tmp_path / "flash-attn-2.8.3-x_0.conda", "flash-attn", "2.8.3", "x_0", "linux-64", "pass", node_speed=0.745)
@@ -240,9 +242,9 @@ def test_a_running_build_reports_its_progress_from_ninjas_log(tmp_path: Path, mo
     build started; to the screen and the build log."""
     from types import SimpleNamespace
 
-    from extforge.build import Planned, progress_reports
+    from extforge.building.build import Planned, progress_reports
     from extforge.engine import LogSink
-    from extforge.plan import numbers_for, unit_seconds
+    from extforge.planning.plan import numbers_for, unit_seconds
 
     numbers = numbers_for("flash-attn")
     assert numbers.costs is not None

@@ -17,8 +17,8 @@ import pytest
 
 from cli_run import run_extforge
 from extforge import paths
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
 from extforge.errors import ExtforgeError
 from extforge.machine import detect
 from package_files import package_member

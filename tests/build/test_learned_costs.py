@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store
-from extforge.build import build_environment, build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_environment, build_recipe
+from extforge.building.build_options import BuildOptions
+from extforge.planning import cost_store
 
 # Three "compiles" of different lengths, in name order (setuptools' order), on the planner's job slots.
 RECIPE = """\

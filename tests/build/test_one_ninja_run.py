@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from build_logs import build_log
-from extforge import build_layer, unit_costs
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
+from extforge.planning import unit_costs
+from extforge.recipes import build_layer
 from package_files import package_member
 
-LAYER = Path(build_layer.__file__).parent / "data" / "torch-build"
+LAYER = Path(build_layer.__file__).parents[1] / "data" / "torch-build"
 
 # torch-cluster's setup.py, cut down: one extension per csrc/*.cpp, each with a source it shares
 # with the others (`common.cpp`, compiled with that extension's macros) and, for b, a CUDA file.

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from extforge import cost_store, plan, ui
-from extforge.build import Planned, progress_reports
+from extforge import ui
+from extforge.building.build import Planned, progress_reports
 from extforge.engine import LogSink
+from extforge.planning import cost_store, plan
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build-logs"
 DEMO_RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "demo-ext"

@@ -22,7 +22,7 @@ import pytest
 
 from build_logs import build_log
 from extforge.cli import main
-from extforge.explain import explain_text
+from extforge.doctor.explain import explain_text
 from extforge.mirror import rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_a_variant_override_the_channel_lacks_is_refused(tmp_path, one_python, c
 def test_the_mirror_command_for_a_toolkit_is_one_the_toolkit_rule_accepts(had, asked, same_torch):
     """Suggesting --cuda-home 12.8 beside a CUDA 13 torch sent users to a mirror run that refuses it."""
     from extforge.cuda_rule import takes
-    from extforge.variants import mirror_command
+    from extforge.recipes.variants import mirror_command
 
     row = {"python": "3.11", "pytorch": "2.14.1", "cuda_compiler_version": had, "cxx_abi": "cxx11"}
     words = shlex.split(mirror_command({"cuda_compiler_version": asked}, row, Path("/ch")))
@@ -120,7 +120,7 @@ def test_one_missing_value_of_several_is_refused_not_dropped(tmp_path, one_pytho
     assert "--variant asks for python=3.12, which the channel cannot build: it has no python 3.12" in err
     # A key the channel does not pin: a value the recipe's matrix lacks is refused the same way.
     from extforge.errors import ExtforgeError
-    from extforge.variants import narrow
+    from extforge.recipes.variants import narrow
     with pytest.raises(ExtforgeError, match="--variant python=3.9 is not in the variant matrix"):
         narrow({"python": ["3.11", "3.12"], "pytorch": ["2.13", "2.14"]}, [["python", "pytorch"]],
                {"python": ["3.12", "3.9"]})
@@ -134,14 +134,14 @@ def test_a_combination_no_torch_build_has_is_refused(tmp_path, capsys):
     assert "asks for python=3.10, pytorch=2.6.0, which the channel cannot build" in err
     assert "holds 2 torch builds" in err and "python 3.12, pytorch 2.6.0" in err
     # What it may pick stays buildable: one row of the channel.
-    from extforge.variants import resolve
+    from extforge.recipes.variants import resolve
     m = resolve(DEMO / "recipe.yaml", [str(seed)], [], {"python": ["3.12"], "pytorch": ["2.6.0"]})
     assert (m.values["cxx_abi"], m.values["cuda_compiler_version"]) == (["cxx98"], ["12.4"])
 
 
 def test_rows_a_file_asks_for_that_the_channel_lacks_are_named(tmp_path, caplog):
     """A multi-row file (the offline matrix) is narrowed to the channel's rows, and says which it drops."""
-    from extforge.variants import resolve
+    from extforge.recipes.variants import resolve
 
     channel = channel_of(tmp_path / "mirror", [("3.11", "2.14.1", "13.0", "cxx11")])
     offline = REPO / "recipe" / "flash-attn" / "variants-offline.yaml"
@@ -171,7 +171,7 @@ def test_an_undefined_variant_key_names_the_file_that_defines_it(tmp_path, one_p
     assert f"{folder / 'variants.yaml'} defines demo_mode, but -m FILE replaces the recipe's own variants.yaml" in err
     # The fix it names works: both files, the recipe's first.
     fix = err[err.index("(later files win): ") + len("(later files win): "):].split()
-    from extforge.variants import render, resolve
+    from extforge.recipes.variants import render, resolve
     files = [Path(fix[i + 1]) for i, w in enumerate(fix) if w == "-m"]
     assert files == [folder / "variants.yaml", asked]
     (variant,) = render(recipe, resolve(recipe, [str(one_python)], files, {}))
@@ -181,7 +181,7 @@ def test_an_undefined_variant_key_names_the_file_that_defines_it(tmp_path, one_p
 
 def test_a_key_no_file_defines_is_named_too(tmp_path, one_python):
     from extforge.errors import ExtforgeError
-    from extforge.variants import render, resolve
+    from extforge.recipes.variants import render, resolve
 
     recipe = tmp_path / "r" / "recipe.yaml"
     recipe.parent.mkdir()
@@ -289,7 +289,7 @@ def test_the_demo_echoes_commands_that_paste_back(tmp_path):
     [("pass", "audit pass"), ("fail", "audit fail, kept aside (not in the output channel): run `extforge audit"), (None, "not audited (--no-audit)")],
 )
 def test_build_prints_the_audit_verdict(tmp_path, verdict, shown):
-    from extforge.build import BuiltPackage
+    from extforge.building.build import BuiltPackage
     from extforge.commands.build import built_line
 
     pkg = BuiltPackage(tmp_path / "demo-ext-0.1.0-x_0.conda", "demo-ext", "0.1.0", "x_0", "linux-64", verdict)
@@ -299,12 +299,12 @@ def test_build_prints_the_audit_verdict(tmp_path, verdict, shown):
 @pytest.mark.parametrize(("verdicts", "code"), [(["pass"], 0), ([None], 0), (["pass", "fail"], 1), (["fail"], 1)])
 def test_build_exits_1_when_a_package_fails_its_audit(tmp_path, monkeypatch, capsys, verdicts, code):
     """A failed audit is a finding: CI that reads only the exit code must not go on to publish."""
-    import extforge.build
-    from extforge.build import BuiltPackage
+    import extforge.building.build
+    from extforge.building.build import BuiltPackage
 
     built = [BuiltPackage(tmp_path / f"demo-ext-0.1.0-x{i}_0.conda", "demo-ext", "0.1.0", f"x{i}_0", "linux-64", v)
              for i, v in enumerate(verdicts)]
-    monkeypatch.setattr(extforge.build, "build_recipe", lambda options, on_step=None, notes=None, on_progress=None: built)
+    monkeypatch.setattr(extforge.building.build, "build_recipe", lambda options, on_step=None, notes=None, on_progress=None: built)
     assert main(["build", str(DEMO), "-c", str(tmp_path), "--output-dir", str(tmp_path / "out")]) == code
     assert capsys.readouterr().err.count("\nbuilt ") == len(verdicts)
 

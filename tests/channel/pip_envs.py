@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.index import index_channel
 from extforge.locking import exclusive
+from extforge.publishing.index import index_channel
 from pip_clients import clean_client_env
 from security.crafted import craft_package
 

@@ -56,7 +56,7 @@ def read(channel: Path, stop: Path) -> None:
 
 
 def publish(channel: Path, packages: list[Path]) -> None:
-    from extforge.channel.publish import publish as do_publish
+    from extforge.publishing.publish import publish as do_publish
 
     # Tiny fixtures hold no ELF, which the extension audit rejects; the gate has its own test.
     result = do_publish(packages, channel, audit=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from extforge.channel.admission import admission_checks
-from extforge.channel.node import NodeFacts, cuda_version_from_int, probe_nvml
 from extforge.doctor.model import DriverFacts, Gpu
+from extforge.environment.admission import admission_checks
+from extforge.environment.node import NodeFacts, cuda_version_from_int, probe_nvml
 from extforge.fatbin import arch_runs_on
 from extforge.stamp import AuditStamp, read_stamps
 

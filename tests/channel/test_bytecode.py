@@ -7,7 +7,7 @@ import py_compile
 import sys
 from pathlib import Path
 
-from extforge.channel.receipt import compile_bytecode
+from extforge.environment.receipt import compile_bytecode
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 

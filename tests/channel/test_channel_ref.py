@@ -8,10 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from extforge.channel.index import reindex
-from extforge.channel.publish import parse_channel
 from extforge.channel_ref import channel_url, listing, local_folder, package_names, repodata_mentions
-from extforge.variants import CHANNEL_VARIANTS, channel_files
+from extforge.publishing.index import reindex
+from extforge.publishing.publish import parse_channel
+from extforge.recipes.variants import CHANNEL_VARIANTS, channel_files
 
 from .conftest import copy_packages
 

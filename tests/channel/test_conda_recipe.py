@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.lock import lock
-from extforge.channel.manifest import read_manifest
-from extforge.channel.mirrors import site_mirrors
-from extforge.channel.publish import publish
+from extforge.environment.lock import lock
+from extforge.environment.manifest import read_manifest
+from extforge.environment.mirrors import site_mirrors
 from extforge.locking import exclusive
+from extforge.publishing.publish import publish
 
 REPO = Path(__file__).resolve().parents[2]
 CONDA_FROM_SOURCE = REPO.parent / "shared" / "tools" / "conda-from-source"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.hashing import hash_many
-from extforge.channel.install import install_env
-from extforge.channel.lock import lock
-from extforge.channel.manifest import parse_manifest
-from extforge.channel.mirrors import parse_channel_map
-from extforge.channel.verify import verify_prefix
+from extforge.environment.install import install_env
+from extforge.environment.lock import lock
+from extforge.environment.manifest import parse_manifest
+from extforge.environment.mirrors import parse_channel_map
+from extforge.environment.verify import verify_prefix
+from extforge.hashing import hash_many
 
 pytestmark = pytest.mark.slow
 

@@ -13,15 +13,15 @@ import pytest
 
 from cli_run import EXTFORGE
 from extforge.archive import check_package, unsafe_reason
-from extforge.channel import verify as verify_mod
-from extforge.channel.index import reindex
-from extforge.channel.install import install_env
-from extforge.channel.lock import lock
-from extforge.channel.manifest import read_manifest
-from extforge.channel.mirrors import site_mirrors
-from extforge.channel.publish import publish
-from extforge.channel.verify import verify_prefix
+from extforge.environment import verify as verify_mod
+from extforge.environment.install import install_env
+from extforge.environment.lock import lock
+from extforge.environment.manifest import read_manifest
+from extforge.environment.mirrors import site_mirrors
+from extforge.environment.verify import verify_prefix
 from extforge.errors import ExtforgeError
+from extforge.publishing.index import reindex
+from extforge.publishing.publish import publish
 
 from .crafted import crafted_conda, crafted_tar_bz2
 

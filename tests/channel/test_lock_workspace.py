@@ -12,10 +12,10 @@ from pathlib import Path
 from ruamel.yaml import YAML
 
 from cli_run import EXTFORGE
-from extforge.channel.lock import lock, run_lock_path, stale_reasons
-from extforge.channel.manifest import read_manifest
-from extforge.channel.publish import publish
+from extforge.environment.lock import lock, run_lock_path, stale_reasons
+from extforge.environment.manifest import read_manifest
 from extforge.locking import exclusive
+from extforge.publishing.publish import publish
 
 MANIFEST = """\
 [workspace]

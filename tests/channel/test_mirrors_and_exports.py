@@ -12,11 +12,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from cli_run import EXTFORGE
-from extforge.channel.lock import lock, stale_reasons
-from extforge.channel.manifest import parse_manifest, read_manifest
-from extforge.channel.mirrors import Mirrors, parse_channel_map, pixi_config_paths, read_pixi_mirrors, site_mirrors
-from extforge.channel.publish import publish
+from extforge.environment.lock import lock, stale_reasons
+from extforge.environment.manifest import parse_manifest, read_manifest
+from extforge.environment.mirrors import Mirrors, parse_channel_map, pixi_config_paths, read_pixi_mirrors, site_mirrors
 from extforge.errors import ExtforgeError
+from extforge.publishing.publish import publish
 
 INTERNAL = "https://conda.internal.example/extforge"
 MANIFEST = f"""\
@@ -161,7 +161,7 @@ gpu = ["gpu"]
 
 
 def test_both_platform_forms_give_the_same_solve_inputs(tmp_path):
-    from extforge.channel.lock import virtual_packages
+    from extforge.environment.lock import virtual_packages
 
     new = parse_manifest(PLATFORMS_FORM, tmp_path / "pixi.toml")
     old = parse_manifest(DEPRECATED_FORM, tmp_path / "pixi.toml")

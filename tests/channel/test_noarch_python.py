@@ -13,8 +13,8 @@ import pytest
 from rattler_build import Stage0Recipe
 
 from cli_run import EXTFORGE
-from extforge.channel.publish import publish
-from extforge.channel.trust import PackageRef, python_minor
+from extforge.environment.trust import PackageRef, python_minor
+from extforge.publishing.publish import publish
 
 RECIPE = """\
 schema_version: 1
@@ -97,7 +97,7 @@ def test_python_minor_comes_from_the_python_package():
 
 def test_an_entry_point_whose_name_leaves_bin_is_refused():
     """Its script would be expected at bin/<name>: verify would read outside the prefix."""
-    from extforge.channel.trust import _entry_point_ok
+    from extforge.environment.trust import _entry_point_ok
 
     assert _entry_point_ok("tinypy-hello = tinypy:cli.run")
     for bad in ("../../escaped = os:getcwd", "a/b = m:f", ".. = m:f", " = m:f", "no-equals-sign", 3):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cli_run import EXTFORGE
-from extforge.channel.publish import LOG_NAME, parse_channel, publish
 from extforge.errors import ExtforgeError
+from extforge.publishing.publish import LOG_NAME, parse_channel, publish
 
 
 def test_same_name_different_bytes_is_refused(tiny_packages, tmp_path):
@@ -51,8 +51,8 @@ def test_a_built_package_that_fails_its_audit_is_kept_aside_out_of_the_output_ch
     and installed from a channel that `extforge build -o` made, its failed audit unseen."""
     import shutil
 
-    from extforge.build import REJECTED_DIR, BuiltPackage, after_build
-    from extforge.channel.index import index_channel
+    from extforge.building.build import REJECTED_DIR, BuiltPackage, after_build
+    from extforge.publishing.index import index_channel
 
     out = tmp_path / "output"
     (out / "noarch").mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_a_second_index_trusts_the_entries_the_first_wrote(tiny_packages, tmp_pa
     """Indexing links every package into a shadow folder and unlinks it, which moves their ctime;
     the repodata must then be dated strictly after (the kernel's clock is coarse), else the next
     publish or mirror reads every package of the channel again (~3 GB for a torch row)."""
-    from extforge.channel.index import carry_fresh_entries
+    from extforge.publishing.index import carry_fresh_entries
 
     channel = tmp_path / "ch"
     publish(tiny_packages.distinct[:3], channel, audit=False)

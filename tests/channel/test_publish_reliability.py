@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from extforge.channel.index import TEMP_PREFIX
-from extforge.channel.publish import LOG_NAME, logged_files, publish
+from extforge.publishing.index import TEMP_PREFIX
+from extforge.publishing.publish import LOG_NAME, logged_files, publish
 
 from .procs import channel_problems
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.publish import LOG_NAME, publish
 from extforge.errors import ExtforgeError
+from extforge.publishing.publish import LOG_NAME, publish
 from security.crafted import craft_package
 
 
@@ -106,7 +106,7 @@ def test_the_publish_lock_is_never_created_through_a_symlink(tiny_packages, tmp_
 
 
 def test_a_failed_reindex_leaves_the_channel_as_it_was(tiny_packages, tmp_path, monkeypatch):
-    from extforge.channel import index
+    from extforge.publishing import index
 
     channel = tmp_path / "ch"
     publish(tiny_packages.distinct[12:13], channel, audit=False)

@@ -9,7 +9,7 @@ import os
 import stat
 from pathlib import Path
 
-from extforge.channel.publish import LOG_NAME
+from extforge.publishing.publish import LOG_NAME
 
 from .conftest import build_package
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from cli_run import run_extforge
-from extforge.explain import TAIL_BYTES, explain_text
+from extforge.doctor.explain import TAIL_BYTES, explain_text
 
 
 def test_the_fixed_patterns_still_find_module_and_compiler_error() -> None:

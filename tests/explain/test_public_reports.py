@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.explain import explain_text, load_signatures
+from extforge.doctor.explain import explain_text, load_signatures
 
 DATA = Path(__file__).with_name("data")
 FIXTURES = sorted(DATA.glob("*.txt"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.explain import Context, explain_text
+from extforge.doctor.explain import Context, explain_text
 
 needs_gxx = pytest.mark.skipif(not shutil.which("g++"), reason="no g++")
 

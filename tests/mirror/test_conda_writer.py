@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from extforge.archive import check_package
-from extforge.mirror.channel import _build_with_rattler, build_jobs, place
+from extforge.mirror.builder import _build_with_rattler, build_jobs, place
 from extforge.mirror.recipes import PackageJob, bytecode_spec, exact_self_pin
 from extforge.mirror.wheels import console_script
 

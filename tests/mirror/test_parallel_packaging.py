@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from extforge.errors import ExtforgeError
-from extforge.mirror.channel import build_jobs
+from extforge.mirror.builder import build_jobs
 from extforge.mirror.recipes import PackageJob
 
 
@@ -54,7 +54,7 @@ def test_the_channel_index_reuses_the_records_written_at_build_time(tmp_path: Pa
     wrote when it built them (sha256 and md5 of the very file), and the indexer keeps them."""
     import hashlib
 
-    from extforge.mirror.channel import place
+    from extforge.mirror.builder import place
 
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     built = build_jobs([_job("one", 10), _job("two", 10)], None, None, workers=1)
@@ -76,7 +76,7 @@ def test_two_processes_asking_for_one_package_build_it_once(tmp_path: Path, monk
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from extforge.mirror.channel import build_job
+    from extforge.mirror.builder import build_job
 
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     job = _job("shared", 20000)
@@ -91,7 +91,7 @@ def test_placing_a_row_again_keeps_the_packages_ctime(tmp_path: Path, monkeypatc
     for rewritten packages and reads them all again (a torch row: ~3 GB each warm run)."""
     import time
 
-    from extforge.mirror import channel as mirror_channel
+    from extforge.mirror import builder as mirror_channel
 
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
     built = build_jobs([_job("one", 10)], None, None, workers=1)
@@ -113,7 +113,7 @@ def test_a_package_linked_elsewhere_is_not_read_again_and_another_rows_changed_f
     import os
     import time
 
-    from extforge.mirror.channel import place
+    from extforge.mirror.builder import place
 
     def mark(pkg, md5: str) -> None:  # a value only the build record holds; an index of the file would not
         meta = pkg.path.parent / "package.json"

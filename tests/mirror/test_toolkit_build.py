@@ -18,14 +18,14 @@ import zstandard
 from extforge import mirror, paths
 from extforge.audit.elf import open_elf
 from extforge.audit.packaging import open_target
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
 from extforge.cuda_rule import Offer
 from extforge.errors import ExtforgeError
 from extforge.fatbin import arch_sets, parse_fatbin
 from extforge.locking import exclusive
 from extforge.mirror import cuda_sources, rows
-from extforge.mirror.channel import build_job, place
+from extforge.mirror.builder import build_job, place
 from extforge.mirror.cuda_toolkit import Toolkit, toolkit_jobs
 from extforge.mirror.toolchain import compiler_jobs, detect
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from extforge import plan, unit_costs
 from extforge.machine import GIB, Machine
+from extforge.planning import plan, unit_costs
 
 NODE = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.39", cores_source="t", memory_source="t")
 
@@ -110,7 +110,7 @@ def test_a_learned_pyg_build_says_its_run_of_the_runs_learned(tmp_path) -> None:
     """The second build of a recipe learned from a build of 4 ninja runs: `ninja run 3 of 4` (the
     plan is of one ninja run, as the build layer compiles setuptools' extensions: a build still
     run one extension after another, EXTFORGE_NINJA=separate, ends later than its plan)."""
-    from extforge import cost_store
+    from extforge.planning import cost_store
 
     first, _ = pyg_log(SCATTER_RUNS, 1000.0)
     cost_store.save(cost_store.measure("torch-scatter", "2.1.2", first, ("90",), 1, None))

@@ -1,4 +1,4 @@
-"""extforge.unit_costs.Concurrency: units compile slower the more compile at once; the schedule
+"""extforge.planning.unit_costs.Concurrency: units compile slower the more compile at once; the schedule
 paces them by the compiles running, logs are brought to a reference, and the slowdown is fitted
 from two builds that ran the same units at different concurrency."""
 
@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from extforge import unit_costs
-from extforge.plan import numbers_for
-from extforge.unit_costs import Concurrency, NinjaEdge, at_reference, fit_concurrency, list_schedule, parse_ninja_log
+from extforge.planning import unit_costs
+from extforge.planning.plan import numbers_for
+from extforge.planning.unit_costs import (
+    Concurrency,
+    NinjaEdge,
+    at_reference,
+    fit_concurrency,
+    list_schedule,
+    parse_ninja_log,
+)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 CALIBRATION = Path(__file__).resolve().parents[2] / "calibration"

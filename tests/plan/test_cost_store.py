@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from cli_run import run_extforge
-from extforge import cost_store, plan, unit_costs
-from extforge.build import build_environment
+from extforge.building.build import build_environment
 from extforge.cli import main
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine
-from extforge.unit_costs import lpt_makespan, parse_ninja_log
+from extforge.planning import cost_store, plan, unit_costs
+from extforge.planning.unit_costs import lpt_makespan, parse_ninja_log
 
 # causal-conv1d 1.7.0's four units as a 2-job build on 2 cores ran them (setuptools' name order).
 BENCH = Path(__file__).resolve().parents[2] / "bench"

@@ -1,4 +1,4 @@
-"""extforge.plan: settings that fit memory, calibrated on the measured H100 build."""
+"""extforge.planning.plan: settings that fit memory, calibrated on the measured H100 build."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from extforge.cli import main
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine, parse_memory
-from extforge.plan import numbers_for, plan_build, slurm_request
+from extforge.planning.plan import numbers_for, plan_build, slurm_request
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipe"
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from tests.plan.test_cost_store import ninja_log
 
-from extforge import cost_store, split_build
+from extforge.building import parts
+from extforge.planning import cost_store
 
 
 def test_the_split_log_takes_only_records_of_valid_values() -> None:
@@ -40,8 +41,8 @@ def test_a_unit_name_no_script_may_see_is_never_stored(tmp_path: Path, own_cost_
     assert "build costs of causal-conv1d 1.7.0 not stored: unit 'a[$(id)]' is not a unit name" in caplog.text
     assert not own_cost_store.exists()
     with pytest.raises(ValueError, match="is not a unit name"):
-        split_build.assignment_text({"good": 1, "x\ta[$(id)]": 2})
-    assert split_build.assignment_text({"good": 1, "seg@2": 2}) == "good\t1\nseg@2\t2\n"
+        parts.assignment_text({"good": 1, "x\ta[$(id)]": 2})
+    assert parts.assignment_text({"good": 1, "seg@2": 2}) == "good\t1\nseg@2\t2\n"
 
 
 def test_an_entry_out_of_its_bounds_is_ignored_with_one_warning(own_cost_store: Path,

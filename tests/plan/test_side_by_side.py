@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, unit_costs
+from extforge.planning import cost_store, unit_costs
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "build_side_by_side.py"
 

@@ -1,4 +1,4 @@
-"""extforge.unit_costs: ninja logs, the LPT schedule, the per-unit data the planner reads."""
+"""extforge.planning.unit_costs: ninja logs, the LPT schedule, the per-unit data the planner reads."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, unit_costs
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine
-from extforge.plan import numbers_for, plan_build, unit_seconds
-from extforge.unit_costs import list_schedule, longest_first, lpt_makespan, parse_ninja_log
+from extforge.planning import cost_store, unit_costs
+from extforge.planning.plan import numbers_for, plan_build, unit_seconds
+from extforge.planning.unit_costs import list_schedule, longest_first, lpt_makespan, parse_ninja_log
 
 
 def brute_force_makespan(costs: list[float], jobs: int) -> float:

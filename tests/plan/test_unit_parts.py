@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tests.plan.test_cost_store import ninja_log
 
-from extforge import cost_store, plan, unit_costs
 from extforge.machine import GIB, Machine
+from extforge.planning import cost_store, plan, unit_costs
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipe"
 # causal-conv1d 1.7.0 for sm_90 on an H100 node, 4 jobs (run V): one unit is the build.

@@ -3,8 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store, sources
 from extforge.locking import exclusive
+from extforge.planning import cost_store
+from extforge.recipes import sources
 from fixture_keys import build_key
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn"
@@ -22,8 +23,8 @@ def causal_conv1d_build(mirror_channel: Path, fixtures_dir: Path) -> Path:
     (~7 min on 2 cores), and `cost-store/`, the store that build started empty (the recipe's
     build-costs.json planned it) and taught: built once per recipe, channel and build code, then
     reused by the tests of its package and of its wheel."""
-    from extforge.build import build_recipe
-    from extforge.build_options import BuildOptions
+    from extforge.building.build import build_recipe
+    from extforge.building.build_options import BuildOptions
 
     out = fixtures_dir / "causal-conv1d" / build_key(CAUSAL_CONV1D, mirror_channel)
     with exclusive(fixtures_dir / "causal-conv1d.lock"):

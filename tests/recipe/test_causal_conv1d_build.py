@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge import cost_store
+from extforge.planning import cost_store
 from package_files import package_member
 
 

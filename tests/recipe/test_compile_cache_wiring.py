@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from extforge import build_layer, compile_cache
+from extforge import compile_cache
 from extforge.errors import ExtforgeError
+from extforge.recipes import build_layer
 
 
 @pytest.fixture()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 
-from extforge import engine, sources
+from extforge import engine
+from extforge.recipes import sources
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn-3"
 BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)((?:_[a-z0-9-]+)*)_h[0-9a-f]{7}_(\d+)$")

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from extforge import build_layer, paths, sources
-from extforge.build import build_recipe
-from extforge.build_options import BuildOptions
+from extforge import paths
+from extforge.building.build import build_recipe
+from extforge.building.build_options import BuildOptions
+from extforge.recipes import build_layer, sources
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipe" / "flash-attn"
 FA3 = RECIPE.parent / "flash-attn-3"
-LAYER = Path(build_layer.__file__).parent / "data" / "torch-build"
+LAYER = Path(build_layer.__file__).parents[1] / "data" / "torch-build"
 
 
 def stand_in_psutil(tmp_path: Path) -> Path:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from extforge import build_layer, engine
+from extforge import engine
 from extforge.mirror import rows
+from extforge.recipes import build_layer
 
 from .conda_build_render import render, v1_pin
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, VariantConfig
 
-from extforge import build_layer
+from extforge.recipes import build_layer
 
 VARIANT_FILES = ["variants.yaml", "variants-offline.yaml"]
 BUILD_STRING = re.compile(r"^cuda(\d+)_torch(\d+)_py(\d+)_cxx(?:11|98)_h[0-9a-f]{7}_(\d+)$")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from extforge import plan, sources
 from extforge.errors import ExtforgeError
 from extforge.machine import GIB, Machine
 from extforge.paths import cache_root
+from extforge.planning import plan
+from extforge.recipes import sources
 from recipe_costs import shipped
 
 LAYER = Path(__file__).resolve().parents[2] / "src" / "extforge" / "data" / "torch-build"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from extforge import scaffold
 from extforge.cli import main
+from extforge.recipes import scaffold
 from sdists import tar_gz
 
 # torch-cluster 1.6.3's get_extensions(), as upstream writes it (its other lines do not matter here).

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from extforge import scaffold, sources
 from extforge.cli import main
 from extforge.errors import ExtforgeError
+from extforge.recipes import scaffold, sources
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipe"
 RELEASES = {"torch-cluster": "1.6.3", "torch-scatter": "2.1.2"}

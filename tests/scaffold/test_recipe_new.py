@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from extforge import scaffold, sources
-from extforge.channel.hashing import sha256_file
 from extforge.cli import main
 from extforge.errors import ExtforgeError
-from extforge.variants import Matrix, render
+from extforge.hashing import sha256_file
+from extforge.recipes import scaffold, sources
+from extforge.recipes.variants import Matrix, render
 from servers import serving
 
 # Shaped like causal-conv1d 1.7.0's: its own -gencode flags, a prebuilt-wheel switch, find_packages.

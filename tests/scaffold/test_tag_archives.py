@@ -10,8 +10,8 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from tests.scaffold.test_pyg_sdists import channel
 
-from extforge.channel.hashing import sha256_file
 from extforge.cli import main
+from extforge.hashing import sha256_file
 from sdists import tar_gz
 
 # fast-hadamard-transform 1.1.0's setup.py, its lines that recipe new reads.

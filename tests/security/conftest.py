@@ -183,7 +183,7 @@ class Sandbox:
         return manifest.with_name("pixi.lock")
 
     def listing(self, *allowed: Path) -> Listing:
-        from extforge.channel.receipt import receipt_path
+        from extforge.environment.receipt import receipt_path
 
         # An allowed prefix comes with its install record beside it.
         return listing(self.base, skip=[self.cache, self.tmp, *allowed, *(receipt_path(a) for a in allowed)])
@@ -241,7 +241,7 @@ from peers import peer_site  # noqa: E402, F401  (the multi-user fixture, shared
 def mirror_python() -> Path:
     """The mirror's `python` package alone (the interpreter running the tests, relocated as
     `extforge mirror` packages it): the smallest lock with a real python, without torch."""
-    from extforge.mirror.channel import build_job
+    from extforge.mirror.builder import build_job
     from extforge.mirror.inputs import Interpreter, probe
     from extforge.mirror.python_pkg import python_job
 

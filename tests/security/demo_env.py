@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from extforge import paths
-from extforge.channel.index import dated_after_its_packages, reindex
-from extforge.channel.receipt import receipt_path
+from extforge.environment.receipt import receipt_path
 from extforge.machine import detect
+from extforge.publishing.index import dated_after_its_packages, reindex
 
 from .conftest import Sandbox
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from extforge.channel.index import reindex
+from extforge.publishing.index import reindex
 
 # rattler-build's placeholder is this long too: a binary rewrite needs room for the real prefix.
 PLACEHOLDER = "/home/builder/placehold" + "_placehold" * 23

@@ -69,7 +69,7 @@ def test_audit_publish_and_install_refuse_a_bomb_writing_nothing(sandbox) -> Non
         sandbox.run("audit", str(bomb), "--json", expect=(1, 2)).refused("lib/libbomb.so", "decompression bomb")
         sandbox.run("publish", str(bomb), "--channel", str(channel), "--no-audit", expect=(1, 2)).refused("lib/libbomb.so")
     # Installed from a channel it reached anyway (copied in by hand, then indexed).
-    from extforge.channel.index import reindex
+    from extforge.publishing.index import reindex
 
     (channel / "noarch").mkdir(exist_ok=True)
     bomb.rename(channel / "noarch" / bomb.name)
@@ -87,8 +87,8 @@ def test_install_checks_an_archive_once_and_believes_no_record_it_did_not_sign(s
     import json
     import os
 
-    from extforge.channel import trust
-    from extforge.channel.index import reindex
+    from extforge.environment import trust
+    from extforge.publishing.index import reindex
 
     from .pyish import pyish_package
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.index import reindex
+from extforge.publishing.index import reindex
 
 from .crafted import Member, craft_package, gxx_so, member
 

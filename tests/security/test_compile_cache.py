@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from extforge import compile_cache
-from extforge.build import build_environment
+from extforge.building.build import build_environment
+from extforge.building.parts import Split
 from extforge.errors import ExtforgeError
-from extforge.split_build import Split
 
 # Compiles unit.cpp in the folder argv[2] through a compile cache in argv[1], as a build does.
 COMPILE = ("import os, site, subprocess, sys; site.addsitedir(sys.argv[3]); from pathlib import Path; "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from extforge import cli
-from extforge.channel.index import index_channel
+from extforge.publishing.index import index_channel
 
 
 def _old(path: Path, days: float = 30) -> None:

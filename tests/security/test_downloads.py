@@ -50,7 +50,7 @@ def test_a_stalled_download_times_out_with_a_clear_error(sandbox):
 def test_a_download_just_above_the_stall_rule_still_ends(sandbox):
     # 70 KiB every 0.9 s never trips a 1 s stall window; the package is 2 MiB, so without a
     # floor on the average rate this would run ~27 s and end in a sha256 mismatch.
-    from extforge.channel.index import reindex
+    from extforge.publishing.index import reindex
 
     from .crafted import craft_package, member
 

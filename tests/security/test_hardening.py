@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.publish import publish
+from extforge.publishing.publish import publish
 
 from .crafted import craft_package, craft_wheel, gxx_so, member
 

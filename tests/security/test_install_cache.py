@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.index import reindex
-from extforge.channel.install import CLOBBERS
+from extforge.environment.install import CLOBBERS
+from extforge.publishing.index import reindex
 
 from .demo_env import InstalledDemo
 from .pyish import MODULE, SITE, forge_record, pyish_package
@@ -272,9 +272,9 @@ def test_the_stores_archives_are_read_again_only_when_their_stat_changed(sandbox
     anyone could change before rattler read it). The digests an install took are recorded,
     signed, with the archive's stat; an archive written in place (same inode) is read again,
     found to differ from the lock and fetched again; a link is fetched over."""
-    from extforge.channel import packages
-    from extforge.channel.install import install_env
-    from extforge.channel.mirrors import site_mirrors
+    from extforge.environment import packages
+    from extforge.environment.install import install_env
+    from extforge.environment.mirrors import site_mirrors
 
     channel = sandbox.path("ch")
     pkg = pyish_package(channel)

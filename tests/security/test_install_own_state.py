@@ -13,7 +13,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from extforge.channel.install import JOURNAL, WORK
+from extforge.environment.install import JOURNAL, WORK
 
 from .conftest import listing
 from .crafted import craft_package, member
@@ -198,7 +198,7 @@ def test_a_journal_another_user_signed_is_refused_in_a_folder_of_ones_own(peer_s
     cache.mkdir(mode=0o700)
     os.chown(cache, attacker.uid, attacker.gid)
     sign = ("import os, site, sys; site.addsitedir(sys.argv[1]); os.environ['EXTFORGE_CACHE'] = sys.argv[2]; "
-            "from extforge.channel.trust import sign; "
+            "from extforge.environment.trust import sign; "
             "body = {'journal': 1, 'prefix': sys.argv[3], 'staging': 'staging-1', 'moving': ['lib']}; "
             "open(sys.argv[4], 'wb').write(sign(body)); os.chmod(sys.argv[4], 0o644)")
     _as(attacker, peer_site.python, "-c", sign, sysconfig.get_paths()["purelib"], str(cache), str(shared), str(work / JOURNAL))
@@ -235,7 +235,7 @@ def test_install_refuses_a_prefix_another_user_created(peer_site):
 
 
 def test_byte_compiling_runs_no_pth_file_of_the_environment(sandbox, mirror_python):
-    from extforge.channel.index import reindex
+    from extforge.publishing.index import reindex
 
     channel = sandbox.path("ch")
     (channel / "linux-64").mkdir()

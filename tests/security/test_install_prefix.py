@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from extforge.channel.install import install_lock_path
-from extforge.channel.receipt import receipt_path
+from extforge.environment.install import install_lock_path
+from extforge.environment.receipt import receipt_path
 from extforge.locking import exclusive_or_busy
 
 from .pyish import pyish_package

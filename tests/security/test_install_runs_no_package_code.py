@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from extforge.channel.index import reindex
+from extforge.publishing.index import reindex
 
 from .crafted import craft_package, member
 
@@ -68,7 +68,7 @@ def _install_as_rattler_does(lock: Path, channel: Path, prefix: Path, cache: Pat
 
     from rattler import install
 
-    from extforge.channel.packages import locked_records
+    from extforge.environment.packages import locked_records
 
     records = locked_records(lock, "default")
     origin = {}

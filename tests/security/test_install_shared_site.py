@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from extforge.channel.install import WORK
+from extforge.environment.install import WORK
 
 from .pyish import PLACEHOLDER, pyish_package
 

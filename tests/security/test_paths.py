@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.index import reindex
+from extforge.publishing.index import reindex
 
 from .crafted import Member, craft_conda_outer, craft_package, device, hardlink, member, symlink
 

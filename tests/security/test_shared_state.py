@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from extforge import shared_read, split_build
-from extforge.build import split_environment
+from extforge import shared_read
+from extforge.building import parts
+from extforge.building.build import split_environment
+from extforge.building.parts import owner
 from extforge.errors import ExtforgeError
-from extforge.split_build import owner
 
 from .conftest import Result, assert_no_crash
 
@@ -201,36 +202,36 @@ def test_a_split_builds_notes_are_read_only_from_its_own_private_folder(peer_sit
     attacker = peer_site.peers[1]
     out = peer_site.shared_folder("notes-out")
     _as(attacker, "mkdir", "-m", "2777", str(out / "bld"))
-    state = split_build.state_dir(out / "bld")
+    state = parts.state_dir(out / "bld")
     _as(attacker, "mkdir", "-m", "777", str(state))
     _plant(attacker, state / "units", "link libx.so\ncompiled alpha x y\n")
     env = {"EXTFORGE_COMPILER_LAUNCHER": "ccache"}
     with pytest.raises(ExtforgeError) as exc:
-        split_environment(env, split_build.Split(2, 1), "split-demo", None, {}, state)
+        split_environment(env, parts.Split(2, 1), "split-demo", None, {}, state)
     assert exc.value.what.startswith(f"refusing to use {state}: it is owned by uid {attacker.uid}")
     # The folder is the builder's own now; a file in it that is not (the folder swapped while
     # the part ran), or that others may write, is refused, never counted.
     shutil.rmtree(state)
-    split_environment(env, split_build.Split(2, 1), "split-demo", None, {}, state)
-    assert oct(state.stat().st_mode & 0o777) == "0o700" and (state / split_build.ASSIGNMENT_FILE).read_text() == ""
-    split_build.clear_notes(state)
+    split_environment(env, parts.Split(2, 1), "split-demo", None, {}, state)
+    assert oct(state.stat().st_mode & 0o777) == "0o700" and (state / parts.ASSIGNMENT_FILE).read_text() == ""
+    parts.clear_notes(state)
     (state / "units").write_text("link libx.so\ncompiled alpha x y\ncompiled a[$(id)] 0 3\ncompiled beta 0 3\n")
-    outcome = split_build.read_outcome(state)
+    outcome = parts.read_outcome(state)
     assert (outcome.links, outcome.compiled, outcome.seconds) == (1, {"beta": 0}, {"beta": 3})
     os.chown(state / "units", attacker.uid, attacker.gid)
     with pytest.raises(shared_read.Refused, match=f"belongs to uid {attacker.uid}, not to you"):
-        split_build.part_reached_link(state)
+        parts.part_reached_link(state)
     os.chown(state / "units", 0, 0)
     os.chmod(state / "units", 0o664)
     with pytest.raises(shared_read.Refused, match="others may write it"):
-        split_build.read_outcome(state)
+        parts.read_outcome(state)
 
 
 def test_the_nvcc_wrapper_passes_only_a_number_of_parts_to_split_unit(tmp_path: Path) -> None:
     """EXTFORGE_SPLIT_UNITS reaches extforge-nvcc from the planner, which takes only checked units
     and counts from the store; the wrapper checks the count again before it passes it on. The old
     wrapper gave split_unit.py whatever followed `=`, and the compile died in a traceback."""
-    layer = Path(split_build.__file__).parent / "data" / "torch-build"
+    layer = Path(parts.__file__).parents[1] / "data" / "torch-build"
     fake = tmp_path / "nvcc"
     fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\n')
     fake.chmod(0o755)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.receipt import receipt_path
+from extforge.environment.receipt import receipt_path
 
 from .pyish import MODULE, SITE, conda_meta, pyish_package
 
@@ -296,7 +296,7 @@ def test_install_record_goes_into_the_prefix_when_its_folder_is_not_writable():
     import sys
     import tempfile
 
-    from extforge.channel.receipt import INSIDE, Receipt, find_receipt
+    from extforge.environment.receipt import INSIDE, Receipt, find_receipt
 
     user = pwd.getpwnam("nobody")
     base = Path(tempfile.mkdtemp(prefix="record-in-prefix-"))  # root's, 0755 below: nobody reaches it, cannot write it
@@ -307,7 +307,7 @@ def test_install_record_goes_into_the_prefix_when_its_folder_is_not_writable():
     record = Receipt(str(prefix), "pixi.lock", "default", []).to_json()
     src = Path(__file__).resolve().parents[2] / "src"
     site = next(p for p in sys.path if p.endswith("site-packages"))
-    script = ("import json, sys; from extforge.channel.receipt import Receipt, write_receipt; "
+    script = ("import json, sys; from extforge.environment.receipt import Receipt, write_receipt; "
               "print(write_receipt(Receipt.from_json(json.loads(sys.stdin.read()))))")
     try:
         proc = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.receipt import receipt_path
+from extforge.environment.receipt import receipt_path
 
 from .conftest import Sandbox
 from .demo_env import InstalledDemo

@@ -216,9 +216,9 @@ def make_seed_builds(seed_channel: SeedChannel, fixtures_dir: Path) -> SeedBuild
     """demo-ext, the recipe unchanged, built for each row the channel can build, into one channel."""
     import time
 
-    from extforge.build import build_recipe
-    from extforge.build_options import BuildOptions
-    from extforge.channel.index import index_channel
+    from extforge.building.build import build_recipe
+    from extforge.building.build_options import BuildOptions
+    from extforge.publishing.index import index_channel
 
     out = fixtures_dir / "seed-ext" / build_key(DEMO_RECIPE, seed_channel.path)
     packages: dict[str, Path] = {}
@@ -309,8 +309,8 @@ def make_wrong_abi_package(seed_channel: SeedChannel, fixtures_dir: Path) -> Wro
     """A C++ torch extension built for row C with the new C++ ABI forced on (no CUDA: no toolkit
     needed), or None without row C. Cached like the seed builds (cold: 68 s of the foreground,
     now built by prepare.py in the background); the audit's verdict is kept with it."""
-    from extforge.build import build_recipe
-    from extforge.build_options import BuildOptions
+    from extforge.building.build import build_recipe
+    from extforge.building.build_options import BuildOptions
 
     if WRONG_ABI_ROW not in seed_channel.rows:
         return None

@@ -122,7 +122,7 @@ def test_explain_says_what_to_do_about_its_import_error(wrong_abi_package: Path,
     channel = tmp_path / "ch"
     (channel / "linux-64").mkdir(parents=True)
     (channel / "linux-64" / wrong_abi_package.name).write_bytes(wrong_abi_package.read_bytes())
-    from extforge.mirror.channel import index_channel
+    from extforge.mirror.builder import index_channel
 
     index_channel(channel)
     prefix = tmp_path / "env"

@@ -188,7 +188,7 @@ def test_published_means_listed_in_the_index_not_just_copied_in(tmp_path):
 
 def test_a_slurm_job_builds_with_the_options_a_local_build_gets(tmp_path):
     """One BuildOptions feeds both paths: a job's `extforge build` line carries its test/audit choice."""
-    from extforge.build_options import BuildOptions
+    from extforge.building.build_options import BuildOptions
     from extforge.machine import Machine
     from extforge.slurm.config import SlurmConfig
     from extforge.slurm.submit import BuildRequest, make_job

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from extforge.channel.receipt import Pinned, Receipt, write_receipt
+from extforge.environment.receipt import Pinned, Receipt, write_receipt
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from build_logs import build_log
-from extforge import sources
 from extforge.cli import main
+from extforge.recipes import sources
 from sources.test_sources import _recipe, _sdist, _sha
 
 UNREACHABLE = "https://example.invalid/tinypkg-1.0.tar.gz"

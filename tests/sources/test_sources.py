@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from extforge import sources
 from extforge.cli import main
+from extforge.recipes import sources
 from servers import serving
 
 SETUP_PY = "from setuptools import setup\nsetup(name='tinypkg', version='1.0', py_modules=[])\n"

@@ -22,7 +22,7 @@ import pytest
 import zstandard
 
 from cli_run import run_extforge
-from extforge.channel.hashing import sha256_file
+from extforge.hashing import sha256_file
 from extforge.wheel.index import publish_wheels
 from extforge.wheel.make import record_hash, wheel_from_conda
 from pip_clients import clean_client_env

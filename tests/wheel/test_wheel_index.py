@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from crafted_ext import extension, extension_package, torch_env, torch_package
 
-from extforge.channel.index import index_channel
 from extforge.errors import ExtforgeError
+from extforge.publishing.index import index_channel
 from extforge.wheel.index import LOG_NAME, publish_wheels
 from extforge.wheel.make import Wheel, wheel_from_conda
 from peers import peer_site  # noqa: F401  (the multi-user fixture, shared with other areas)

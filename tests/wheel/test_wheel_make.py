@@ -124,7 +124,7 @@ def test_publish_wheels_runs_from_a_source_tree(tmp_path: Path) -> None:
     code read its version for the wheel's Generator line from that distribution's metadata and
     died with PackageNotFoundError."""
     from extforge import __version__
-    from extforge.channel.index import index_channel
+    from extforge.publishing.index import index_channel
 
     channel = tmp_path / "torch-channel"
     torch_package(channel)
@@ -157,7 +157,7 @@ def test_a_torch_op_library_package_publishes_its_wheel(tmp_path: Path) -> None:
     refused the wheel: "ships 1 Python file(s) but no compiled module beside them"."""
     channel = tmp_path / "torch-channel"
     torch_package(channel)
-    from extforge.channel.index import index_channel
+    from extforge.publishing.index import index_channel
 
     index_channel(channel)
     env = torch_env(tmp_path)
@@ -299,9 +299,9 @@ def test_build_writes_each_passing_packages_wheel_and_a_refused_one_is_a_finding
     """`extforge build --wheel --manylinux 2_28`: a package that passes its audit gets its wheel in
     OUTPUT/wheels beside the channel; one whose module needs GLIBC_2.34 gets none, the build says
     why and exits 1 (a CI job reading only the exit code must not publish a half)."""
-    from extforge.build import BuiltPackage, after_build
-    from extforge.channel.index import index_channel
+    from extforge.building.build import BuiltPackage, after_build
     from extforge.commands.build import build_exit_code, built_line
+    from extforge.publishing.index import index_channel
 
     channel = tmp_path / "torch-channel"
     torch_package(channel)

@@ -110,7 +110,7 @@ def _requires(index: Path, entry: dict) -> list[str]:
 def test_publish_pins_a_dependency_to_the_wheel_of_the_same_row_published_before_or_beside(tmp_path: Path) -> None:
     """mamba-ssm named before causal-conv1d in one publish is made after it; published alone into
     an index without causal-conv1d it is refused, into one holding it (a publish before) pinned."""
-    from extforge.channel.index import index_channel
+    from extforge.publishing.index import index_channel
 
     channel = tmp_path / "torch-channel"
     torch_package(channel)

@@ -7,13 +7,13 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..build_options import BuildOptions
+from ..building.build_options import BuildOptions
+from ..building.parts import parse_link_parts, parse_part
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..options import manylinux_policy, option_type
-from ..split_build import parse_link_parts, parse_part
 
 if TYPE_CHECKING:
-    from ..build import BuiltPackage
+    from ..building.build import BuiltPackage
 
 HELP = "build a recipe with rattler-build against explicit channels (logs, variants, audit)"
 
@@ -64,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
     """The one BuildOptions of this command line, for the local and the Slurm path alike."""
-    from ..variants import parse_variant_overrides
+    from ..recipes.variants import parse_variant_overrides
 
     return BuildOptions.make(
         args.recipe,
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
         return submit_build(opts, args)
     from .. import ui
-    from ..build import build_recipe
+    from ..building.build import build_recipe
 
     with ui.step(f"building {args.recipe}", quiet=args.json), ui.LiveLine("rattler-build", quiet=args.json) as live:
         notes: list[str] = []

@@ -31,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_input(args: argparse.Namespace) -> str:
-    from ..explain import read_tail, stream_tail
+    from ..doctor.explain import read_tail, stream_tail
 
     if args.file is not None:
         return read_tail(args.file)
@@ -51,7 +51,7 @@ def _read_input(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..explain import explain_text
+    from ..doctor.explain import explain_text
     from ..ui import console, emit_json
 
     text = _read_input(args)

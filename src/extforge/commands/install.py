@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..channel.mirrors import add_channel_map_option
+from ..environment.mirrors import add_channel_map_option
 from ..errors import EXIT_OK
 
 HELP = "install a locked environment into a prefix (no solve; every package hash-checked before linking)"
@@ -29,10 +29,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..channel.install import install_env
-    from ..channel.lock import require_current
-    from ..channel.manifest import read_manifest
-    from ..channel.mirrors import site_mirrors
+    from ..environment.install import install_env
+    from ..environment.lock import require_current
+    from ..environment.manifest import read_manifest
+    from ..environment.mirrors import site_mirrors
     from ..ui import console, emit_json, step
 
     lock_path = args.lock.resolve()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..channel.mirrors import add_channel_map_option
+from ..environment.mirrors import add_channel_map_option
 from ..errors import EXIT_FINDINGS, EXIT_OK
 
 HELP = ("lock pixi.toml's environments into pixi.lock (and envs/*.explicit.txt, *.environment.yml, *.conda-lock.yml), "
@@ -22,9 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..channel.lock import lock, stale_reasons
-    from ..channel.manifest import read_manifest
-    from ..channel.mirrors import site_mirrors
+    from ..environment.lock import lock, stale_reasons
+    from ..environment.manifest import read_manifest
+    from ..environment.mirrors import site_mirrors
     from ..ui import console, emit_json, step
 
     manifest = read_manifest(args.manifest)

@@ -23,8 +23,8 @@ def parse_archs(text: str) -> tuple[str, ...]:
 
 def recipe_name(recipe: Path) -> str:
     """The name `extforge build` plans a recipe under: its package name (else its folder's)."""
-    from ..cost_store import recipe_name as package_name
     from ..engine import find_recipe
+    from ..planning.cost_store import recipe_name as package_name
 
     recipe_file = find_recipe(recipe)
     return package_name(recipe_file.read_text()) or recipe_file.parent.name
@@ -33,7 +33,9 @@ def recipe_name(recipe: Path) -> str:
 def recipe_facts(recipe: Path) -> tuple[str | None, tuple[str, ...], int | None]:
     """A recipe folder's version, GPU archs (its variant files) and translation units (its sdist's
     setup.py, where the source cache, $EXTFORGE_SOURCES or the default, holds the sdist)."""
-    from .. import cost_store, engine, scaffold, sources, variants
+    from .. import engine
+    from ..planning import cost_store
+    from ..recipes import scaffold, sources, variants
 
     recipe_file = engine.find_recipe(recipe)
     archs = tuple(variants.archs(engine.read_variant_files(variants.recipe_files(recipe_file, []))[0]))
@@ -82,11 +84,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import cost_store, engine
+    from .. import engine
     from ..machine import detect
-    from ..plan import DEFAULT_ARCHS, minutes, plan_build, slurm_request
-    from ..variants import archs as variant_archs
-    from ..variants import normal_archs, parse_variant_overrides
+    from ..planning import cost_store
+    from ..planning.plan import DEFAULT_ARCHS, minutes, plan_build, slurm_request
+    from ..recipes.variants import archs as variant_archs
+    from ..recipes.variants import normal_archs, parse_variant_overrides
 
     machine = detect()
     if args.cores:
@@ -164,8 +167,8 @@ def split_log(ninja_log: Path) -> str:
 
 def node_speed_from(log: Path, profile: str, archs: tuple[str, ...], threads: int) -> float:
     """This node type's speed against `profile`'s costs, from the ninja log of a build on it."""
-    from .. import cost_store
-    from ..plan import build_node_speed, numbers_for
+    from ..planning import cost_store
+    from ..planning.plan import build_node_speed, numbers_for
 
     speed = build_node_speed(profile, read_log(log), archs, threads, split=cost_store.read_split_log(split_log(log)).parts)
     if speed is None:
@@ -179,7 +182,7 @@ def node_speed_from(log: Path, profile: str, archs: tuple[str, ...], threads: in
 
 def compare(args: argparse.Namespace, archs: tuple[str, ...]) -> int:
     """`--compare FIRST SECOND`: the planner's error on the second build, predicted from the first."""
-    from ..plan import predict_second_build
+    from ..planning.plan import predict_second_build
 
     first, second = args.compare
     result = predict_second_build(read_log(first), read_log(second), archs, args.nvcc_threads,

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def publish_wheel_index(args: argparse.Namespace) -> dict:
-    from ..channel.publish import parse_channel
+    from ..publishing.publish import parse_channel
     from ..ui import console, step
     from ..wheel.publish import publish_conda_wheels
 
@@ -80,7 +80,7 @@ def publish_wheel_index(args: argparse.Namespace) -> dict:
 
 
 def publish_channel(args: argparse.Namespace) -> dict:
-    from ..channel.publish import publish
+    from ..publishing.publish import publish
     from ..ui import console, step
 
     with step(f"publish {len(args.packages)} package(s) to {args.channel}", quiet=args.json):

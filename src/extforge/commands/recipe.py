@@ -46,8 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from packaging.utils import canonicalize_name
 
-    from .. import scaffold
-    from ..channel.hashing import sha256_file
+    from ..hashing import sha256_file
+    from ..recipes import scaffold
 
     try:
         name, version = scaffold.parse_requirement(args.requirement)

@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import sources
+    from ..recipes import sources
 
     specs = sources.read_specs(args.recipe, args.channels)
     root = args.dest.resolve() if args.dest else sources.default_root()

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=option_type(positive_int), help="hashing threads (default: 2 per core, at most 32)")
     parser.add_argument("--rehash", action="store_true",
                         help="hash every file, ignoring the record of files unchanged since the last clean run")
-    from ..channel.mirrors import add_channel_map_option
+    from ..environment.mirrors import add_channel_map_option
     from ..slurm.options import add_verify_options
 
     add_channel_map_option(parser)
@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
         from ..slurm.cli import verify_slurm
 
         return verify_slurm(args)
-    from ..channel.mirrors import site_mirrors
-    from ..channel.venv import is_venv, verify_venv
-    from ..channel.verify import verify_prefix
+    from ..environment.mirrors import site_mirrors
+    from ..environment.venv import is_venv, verify_venv
+    from ..environment.verify import verify_prefix
     from ..ui import console, emit_json
 
     # From the process start to here: the interpreter and every import verify needs.

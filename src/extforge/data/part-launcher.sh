@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compile launcher of a split build (extforge.split_build), in front of every compiler call
+# The compile launcher of a split build (extforge.building.parts), in front of every compiler call
 # of one part (PART 1..PARTS) or of the link job (PART 0):
 #   - a unit of this part compiles through the compile cache, which carries its object to the
 #     link job; a unit of another part gets an empty placeholder object, never cached;
@@ -44,7 +44,7 @@ if ((!compiles)) || [[ -z "$out" ]]; then
     exec "$@"
 fi
 
-# The unit's name as extforge.unit_costs.unit_name gives it: the object's name without .o/.obj,
+# The unit's name as extforge.planning.unit_costs.unit_name gives it: the object's name without .o/.obj,
 # then without its source suffix.
 unit=${out##*/}
 for suffix in .o .obj .cu .cpp .cc .cxx; do unit=${unit%"$suffix"}; done
@@ -53,7 +53,7 @@ if ((part > 0)); then
     # compares number-like fields as numbers).
     owner=$(unit=$unit awk -F '\t' 'NF == 2 && $1 "" == ENVIRON["unit"] "" { print $2; exit }' "$assignment" 2>/dev/null)
     # A unit the cost data does not know, or an owner that is no part number: by its name's hash,
-    # as extforge.split_build.owner().
+    # as extforge.building.parts.owner().
     [[ $owner =~ ^[1-9][0-9]{0,4}$ ]] || owner=$(( 16#$(printf '%s' "$unit" | md5sum | cut -c1-8) % parts + 1 ))
     if ((owner != part)); then
         : > "$out"

@@ -19,7 +19,7 @@ from .. import compile_cache
 from .. import machine as machine_mod
 from ..audit import audit_target
 from ..errors import ExtforgeError
-from ..plan import UNMEASURED, plan_build
+from ..planning.plan import UNMEASURED, plan_build
 from .checks import diagnose
 from .compiler import probe_compiler
 from .driver import probe_driver

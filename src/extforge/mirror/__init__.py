@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import engine
 from ..ui import log
 from . import rows
-from .channel import CachedPackage, build_jobs, place
+from .builder import CachedPackage, build_jobs, place
 from .cuda_sources import add_wheel_headers, toolkit_for
 from .cuda_toolkit import toolkit_jobs
 from .deps import closure, marker_environment

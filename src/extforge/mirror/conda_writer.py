@@ -32,8 +32,8 @@ from typing import IO
 import zstandard
 from rattler import Subdir
 
-from ..channel.hashing import digests_file
 from ..errors import ExtforgeError
+from ..hashing import digests_file
 from ._stage import compile_bytecode, rewrite_shebang, wheel_member_target
 from .recipes import PackageJob, exact_self_pin
 

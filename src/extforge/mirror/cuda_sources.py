@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..channel.hashing import sha256_file as hash_file
 from ..cuda_rule import Offer, choose
 from ..errors import ExtforgeError
+from ..hashing import sha256_file as hash_file
 from ..locking import exclusive
 from ..ui import log
 from .cuda_toolkit import CUDART_LIBS, INCLUDE, LIB, NVCC_TOOLS, TARGET, Toolkit, package_of

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .. import paths
-from ..channel.hashing import sha256_file as hash_file
+from ..hashing import sha256_file as hash_file
 
 
 def _memo_path() -> Path:

@@ -20,8 +20,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .. import paths, safe_files, shared_read
-from ..channel.accounting import user_name
-from ..channel.trust import sign, verify_signed
+from ..environment.accounting import user_name
+from ..environment.trust import sign, verify_signed
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..ui import log

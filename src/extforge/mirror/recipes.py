@@ -13,7 +13,7 @@ from string import Template
 from typing import Any
 
 from .. import __version__
-from ..channel.receipt import COMPILE_SCRIPT
+from ..environment.receipt import COMPILE_SCRIPT
 
 
 def template_text() -> str:

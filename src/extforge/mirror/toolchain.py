@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..build_layer import LAYER_PACKAGE, layer_files
 from ..doctor.compiler import parse_print_file_name
 from ..errors import ExtforgeError
+from ..recipes.build_layer import LAYER_PACKAGE, layer_files
 from ..ui import log
 from .hashing import stat_identity, text_identity
 from .recipes import PackageJob
@@ -118,7 +118,7 @@ def compiler_jobs(tc: Toolchain) -> list[PackageJob]:
 
 
 def layer_job() -> PackageJob:
-    """The build layer every torch extension recipe lists (extforge.build_layer): extforge's own
+    """The build layer every torch extension recipe lists (extforge.recipes.build_layer): extforge's own
     files, so every channel `extforge mirror` writes can build any such recipe."""
     texts = [list(f) for f in layer_files()]
     return PackageJob(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..build_options import BuildOptions
+from ..building.build_options import BuildOptions
 from ..errors import EXIT_CANNOT_RUN, EXIT_FINDINGS, EXIT_OK, ExtforgeError
 from ..ui import console, emit_json
 from .config import SlurmConfig, load

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..variants import Matrix, render
-from ..variants import archs as variant_archs
+from ..recipes.variants import Matrix, render
+from ..recipes.variants import archs as variant_archs
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Variant:
 
 def expand(recipe: Path, resolved: Matrix) -> list[Variant]:
     """Render the recipe over its variant matrix, resolved exactly as `extforge build` resolves it
-    (extforge.variants.resolve), so each job builds the variant expanded here."""
+    (extforge.recipes.variants.resolve), so each job builds the variant expanded here."""
     matrix = resolved.values
     rendered = render(recipe, resolved)
 

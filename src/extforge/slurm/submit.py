@@ -9,16 +9,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import cost_store, paths
-from ..build_options import BuildOptions
+from .. import paths
+from ..building.build_options import BuildOptions
 from ..channel_ref import channel_url
+from ..doctor.explain import explain_text
 from ..engine import find_recipe
 from ..errors import ExtforgeError
-from ..explain import explain_text
 from ..machine import Machine, parse_memory
-from ..plan import plan_build, slurm_request
+from ..planning import cost_store
+from ..planning.plan import plan_build, slurm_request
+from ..recipes.variants import resolve
 from ..safe_files import make_dirs, remove, write_atomic
-from ..variants import resolve
 from .config import SlurmConfig
 from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes

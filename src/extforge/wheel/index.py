@@ -11,7 +11,7 @@ the index's back is refused by the client at install. Beside each wheel lies its
 the older `data-dist-info-metadata` in the HTML, `core-metadata` and `data-dist-info-metadata`
 in the JSON, PEP 714): a resolver reads a few KiB per candidate instead of the whole wheel.
 
-Publishing follows the channel's rules (channel/publish.py): the caller has audited what it
+Publishing follows the channel's rules (publishing/publish.py): the caller has audited what it
 publishes; under one exclusive lock at DIR, every wheel is checked before anything is written
 (a file name published with other bytes is refused: a wheel's name is its identity), copied in
 through a temporary and renamed, logged in DIR/publish-log.jsonl, and only then listed: pages
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from ..channel.hashing import sha256_file
 from ..errors import ExtforgeError
+from ..hashing import sha256_file
 from ..locking import exclusive
 from ..safe_files import append, atomic_writer, make_dir, make_dirs, names, read_bytes, remove_quietly, truncate, write_atomic
 from .make import Wheel

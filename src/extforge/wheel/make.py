@@ -39,8 +39,8 @@ from .. import __version__
 from ..archive import PackageCheck, PackageMeta, package_tars
 from ..audit.elf import ELF_MAGIC, open_elf
 from ..audit.resolve import target_env
-from ..channel.hashing import sha256_file
 from ..errors import ExtforgeError
+from ..hashing import sha256_file
 from ..paths import scratch_dir
 from ..safe_files import atomic_writer, make_dirs
 from ..stamp import AUDIT_DIR, AuditStamp

@@ -16,10 +16,10 @@ from pathlib import Path
 from ..archive import PackageMeta, check_package
 from ..audit import audit_target
 from ..audit.channel_target import pinned_torch_prefix
-from ..channel.publish import audit_gate
 from ..channel_ref import channel_url
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
+from ..publishing.publish import audit_gate
 from .index import WheelPublish, project_name, publish_wheels, served_versions
 from .make import Wheel, wheel_from_conda
 from .requirements import Dep, torch_dep

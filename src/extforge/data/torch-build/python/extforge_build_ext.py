@@ -153,7 +153,7 @@ def _edges(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 
 def _unit(output: str) -> str:
-    """The planner's name of the unit an object compiles (extforge.unit_costs.unit_name; a part
+    """The planner's name of the unit an object compiles (extforge.planning.unit_costs.unit_name; a part
     of a unit compiled in parts starts where its unit does)."""
     name = os.path.basename(output)
     for suffix in (".o", ".obj", ".cu", ".cpp", ".cc", ".cxx"):

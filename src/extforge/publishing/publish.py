@@ -32,9 +32,9 @@ from ..archive import check_package
 from ..audit import audit_package
 from ..channel_ref import channel_url, local_folder
 from ..errors import ExtforgeError
+from ..hashing import sha256_file
 from ..locking import exclusive
 from ..safe_files import append, atomic_writer, make_dir, make_dirs, read_bytes, remove_quietly, truncate
-from .hashing import sha256_file
 from .index import REPODATA_LIMIT, TEMP_PREFIX, is_package_file, reindex, remove_leftovers, require_readable, subdirs
 from .names import file_stem, identity_problems
 

@@ -43,10 +43,10 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import canonicalize_name
 
 from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..hashing import file_key, hash_many
 from ..safe_files import read_bytes
 from .accounting import key, unchanged
 from .admission import Check
-from .hashing import file_key, hash_many
 from .packages import fetch_verified, store_dir
 from .pylock import LockedWheel, PyLock, read_pylock
 from .trust import read_signed, trust_dir, write_signed

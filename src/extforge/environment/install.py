@@ -44,11 +44,11 @@ from pathlib import Path
 from .. import safe_files
 from ..cache import make_room
 from ..errors import EXIT_FINDINGS, ExtforgeError, from_os_error
+from ..hashing import sha256_file
 from ..locking import Busy, exclusive_or_busy
 from ..paths import cache_root, rattler_pkgs_dir
 from . import extracted
 from .accounting import user_name
-from .hashing import sha256_file
 from .mirrors import Mirrors
 from .packages import fetch_verified, locked_records, read_prefix_records, record_sha256, store_dir
 from .receipt import Pinned, Receipt, compile_bytecode, write_receipt

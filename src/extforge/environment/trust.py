@@ -33,9 +33,9 @@ from typing import Literal, NamedTuple
 from .. import archive as archive_rules
 from ..archive import check_package, package_tars
 from ..errors import ExtforgeError
+from ..hashing import RACY_FINE_NS, RACY_NS, default_threads, digests_file, file_key
 from ..paths import private_dir
 from ..safe_files import read_bytes
-from .hashing import RACY_FINE_NS, RACY_NS, default_threads, digests_file, file_key
 from .mirrors import Mirrors
 from .packages import fetch_verified, store_dir
 

@@ -37,8 +37,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from ruamel.yaml import YAML
 
-from . import build_layer, downloads
-from .errors import ExtforgeError
+from .. import downloads
+from ..errors import ExtforgeError
+from . import build_layer
 
 PYPI = "https://pypi.org/pypi"  # the JSON API's root; a site's PyPI proxy serves the same API under its own
 EXTENSION_CALLS = ("CUDAExtension", "CppExtension")

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, ExtforgeError
+from ..hashing import RACY_FINE_NS, RACY_NS, file_key, hash_many
 from ..paths import rattler_pkgs_dir
 from .accounting import TOOL_FILES, expectations, unchanged, user_name, walk
 from .admission import Check, admission_checks
 from .extracted import Inode, Verified
-from .hashing import RACY_FINE_NS, RACY_NS, file_key, hash_many
 from .mirrors import Mirrors
 from .packages import locked_records, read_prefix_records
 from .receipt import Pinned, find_receipt, receipt_path

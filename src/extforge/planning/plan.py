@@ -15,9 +15,9 @@ from importlib import resources
 
 from ruamel.yaml import YAML
 
+from ..errors import ExtforgeError
+from ..machine import GIB, Machine
 from . import cost_store, unit_costs
-from .errors import ExtforgeError
-from .machine import GIB, Machine
 
 DEFAULT_ARCHS: tuple[str, ...] = ("80", "90")
 # The name to plan under for no recipe in particular (`extforge doctor`): the default profile.

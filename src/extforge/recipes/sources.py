@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import downloads, engine, paths, safe_files
-from .channel.hashing import sha256_file
-from .channel_ref import channel_url
-from .errors import ExtforgeError
-from .ui import log
+from .. import downloads, engine, paths, safe_files
+from ..channel_ref import channel_url
+from ..errors import ExtforgeError
+from ..hashing import sha256_file
+from ..ui import log
 from .variants import channel_files
 
 

@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import build_layer, engine
-from .channel_ref import local_folder
-from .cuda_rule import fitting_toolkits, missing_toolkit, takes, version_key
-from .errors import ExtforgeError
-from .fatbin import Arch, parse_arch_list, torch_arch_list
-from .ui import log
+from .. import engine
+from ..channel_ref import local_folder
+from ..cuda_rule import fitting_toolkits, missing_toolkit, takes, version_key
+from ..errors import ExtforgeError
+from ..fatbin import Arch, parse_arch_list, torch_arch_list
+from ..ui import log
+from . import build_layer
 
 CHANNEL_VARIANTS = "variants.yaml"  # written by `extforge mirror` into its channel
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .errors import ExtforgeError
+from ..errors import ExtforgeError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_SECONDS = 5.0

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import cache, engine, paths
-from ..channel.index import carry_fresh_entries, dated_after_its_packages, index_channel
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
 from ..locking import exclusive
+from ..publishing.index import carry_fresh_entries, dated_after_its_packages, index_channel
 from ..ui import log
 from .conda_writer import write_package
 from .recipes import PackageJob, render_recipe

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ExtforgeError
-from .names import SUBDIR, env_name_problem
+from ..publishing.names import SUBDIR, env_name_problem
 
 DEFAULT_FEATURE = "default"
 # pixi's defaults for linux platforms that do not say otherwise.

@@ -41,9 +41,10 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from . import paths, safe_files, shared_read, unit_costs
-from .errors import ExtforgeError
-from .ui import log
+from .. import paths, safe_files, shared_read
+from ..errors import ExtforgeError
+from ..ui import log
+from . import unit_costs
 
 STORE_ENV = "EXTFORGE_COST_STORE"
 # A recipe folder's own costs: a store entry (`<store>/<name>/<version>.json`) copied beside recipe.yaml.

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from . import safe_files, shared_read
-from .errors import ExtforgeError
+from .. import safe_files, shared_read
+from ..errors import ExtforgeError
 
 LINK = 0  # the part number of the link job
 # A Slurm array's default MaxArraySize is 1001; more parts than units compile nothing.

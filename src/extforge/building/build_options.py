@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .split_build import Split
+from .parts import Split
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from .. import safe_files
 from ..archive import package_tars
 from ..channel_ref import REPODATA_LIMIT
 from ..errors import ExtforgeError
+from ..hashing import fsync_dir
 from ..safe_files import make_dir
 from ..ui import log
-from .hashing import fsync_dir
 
 # Every channel needs these two even when empty; conda clients ask for both.
 REQUIRED_SUBDIRS = ("noarch", "linux-64")

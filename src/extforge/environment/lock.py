@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 
 from .. import channel_ref
 from ..errors import EXIT_FINDINGS, ExtforgeError
+from ..hashing import sha256_file
 from ..locking import exclusive
 from ..safe_files import make_dir, make_dirs, write_atomic
-from .hashing import sha256_file
 from .manifest import EnvSpec, Manifest, Platform
 from .mirrors import Mirrors, canonical_channel
 
@@ -189,7 +189,7 @@ async def _missing_torch(env: EnvSpec, served: list[str], platform: Platform, wh
     from rattler import MatchSpec
 
     from .. import engine
-    from ..variants import channel_files, channel_rows, describe_row, mirror_command
+    from ..recipes.variants import channel_files, channel_rows, describe_row, mirror_command
 
     torches = [s for s in env.specs if MatchSpec(s).name.normalized == "pytorch"]
     if not torches or await _lifted_solve(torches, served, platform) is not None:

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from ..downloads import Limits, TooBig, download, fetch, local_path
 from ..errors import ExtforgeError
+from ..hashing import default_threads, digest_file, digests_file, file_key
 from ..paths import mark_used, own_area
 from ..safe_files import hard_link, make_dirs, remove, rename, temp_name
-from .hashing import default_threads, digest_file, digests_file, file_key
 from .mirrors import Mirrors
 
 

@@ -8,7 +8,7 @@ sorted by name. Started longest first (LPT; a recipe-side step keeps that order 
 setuptools' sort, given EXTFORGE_UNIT_ORDER), the tail is short and the wall time is close to
 sum/jobs.
 
-The data is a recipe's: what a site's builds taught the cost store (extforge.cost_store), or
+The data is a recipe's: what a site's builds taught the cost store (extforge.planning.cost_store), or
 what the recipe folder ships (its build-costs.json, the same format plus what its author knows
 of its units: which units a subset variant builds, which it can split). A unit whose seconds
 are not measured (null) is planned at the mean of the measured ones.
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from .errors import ExtforgeError
+from ..errors import ExtforgeError
 
 # The second translation unit of a unit split in two (the recipe-side step that splits units
 # names it so; recipe/flash-attn/shard_units.py).
@@ -334,7 +334,7 @@ def compile_seconds(edges: Sequence[NinjaEdge]) -> float:
 
 def cache_hits(verdicts: Iterable[tuple[str, str]]) -> set[str]:
     """The units a build took from the compile cache, as NinjaEdge.unit names them, by ccache's
-    verdict on each call (split_build.read_verdicts): the n-th call on a source is its n-th compile."""
+    verdict on each call (parts.read_verdicts): the n-th call on a source is its n-th compile."""
     seen = collections.Counter[str]()
     hits = set()
     for source, verdict in verdicts:

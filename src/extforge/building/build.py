@@ -18,39 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import (
-    build_layer,
-    compile_cache,
-    cost_store,
-    engine,
-    machine,
-    paths,
-    plan,
-    safe_files,
-    scaffold,
-    shared_read,
-    sources,
-    split_build,
-    stopping,
-    unit_costs,
-)
-from .archive import check_package
-from .audit import audit_package
+from .. import compile_cache, engine, machine, paths, safe_files, shared_read
+from ..archive import check_package
+from ..audit import audit_package
+from ..cache import make_room
+from ..channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
+from ..cuda_rule import missing_toolkit
+from ..doctor.explain import explain_text
+from ..engine import environment
+from ..errors import ExtforgeError
+from ..planning import cost_store, plan, unit_costs
+from ..publishing.index import index_channel
+from ..recipes import build_layer, scaffold, sources
+from ..recipes.variants import Matrix, recipe_yaml_error
+from ..recipes.variants import archs as variant_archs
+from ..recipes.variants import render as render_variants
+from ..recipes.variants import resolve as resolve_variants
+from ..stamp import run_requirements, stamp_package
+from ..ui import log
+from ..wheel.make import wheel_from_conda
+from . import parts, stopping
 from .build_options import BuildOptions
-from .cache import make_room
-from .channel.index import index_channel
-from .channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
-from .cuda_rule import missing_toolkit
-from .engine import environment
-from .errors import ExtforgeError
-from .explain import explain_text
-from .stamp import run_requirements, stamp_package
-from .ui import log
-from .variants import Matrix, recipe_yaml_error
-from .variants import archs as variant_archs
-from .variants import render as render_variants
-from .variants import resolve as resolve_variants
-from .wheel.make import wheel_from_conda
 
 
 @dataclass
@@ -92,7 +80,7 @@ def build_environment(
     channels: Sequence[str],
     variants: Mapping[str, list[str]],
     profile: str,
-    split: split_build.Split | None = None,
+    split: parts.Split | None = None,
     units: int | None = None,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
@@ -118,7 +106,7 @@ def build_environment(
     return env
 
 
-def split_environment(env: Mapping[str, str], split: split_build.Split, profile: str, version: str | None,
+def split_environment(env: Mapping[str, str], split: parts.Split, profile: str, version: str | None,
                       variants: Mapping[str, list[str]], state_dir: Path) -> dict[str, str]:
     """The variables of one part of a split build, or of its link job: the compile cache is what
     carries the parts' objects to the link job, so there is none without it; one nvcc thread in
@@ -131,11 +119,11 @@ def split_environment(env: Mapping[str, str], split: split_build.Split, profile:
     numbers = plan.numbers_for(profile, version)
     # The variant's own units, dealt longest first: a subset's parts are balanced on what it builds.
     costs = unit_costs.in_variant(numbers.costs.seconds(), numbers.costs.subsets, variants) if numbers.costs else {}
-    assigned = split_build.assignment(costs, split.parts)
-    assignment_file = state_dir / split_build.ASSIGNMENT_FILE
-    safe_files.write_atomic(assignment_file, split_build.assignment_text(assigned).encode(), mode=0o644)
+    assigned = parts.assignment(costs, split.parts)
+    assignment_file = state_dir / parts.ASSIGNMENT_FILE
+    safe_files.write_atomic(assignment_file, parts.assignment_text(assigned).encode(), mode=0o644)
     return {"NVCC_THREADS": "1",
-            "EXTFORGE_COMPILER_LAUNCHER": split_build.launcher(split, compile_cache.cache_tool(cache), state_dir,
+            "EXTFORGE_COMPILER_LAUNCHER": parts.launcher(split, compile_cache.cache_tool(cache), state_dir,
                                                                assignment_file)}
 
 
@@ -461,11 +449,11 @@ def cache_hit_units(state_dir: Path) -> set[str]:
     """The units the compile cache served in the variant just built, by ccache's stats log
     (none known through sccache, which keeps none)."""
     with contextlib.suppress(OSError, ExtforgeError):
-        return unit_costs.cache_hits(split_build.read_verdicts(state_dir))
+        return unit_costs.cache_hits(parts.read_verdicts(state_dir))
     return set()
 
 
-def finish_part(split: split_build.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
+def finish_part(split: parts.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
                 fh: Any, notes: list[str]) -> None:
     """A part is done: its objects are in the compile cache; what it built around them (placeholder
     objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
@@ -488,9 +476,9 @@ def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) ->
     return output_dir
 
 
-def note_outcome(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> split_build.Outcome:
+def note_outcome(split: parts.Split, state_dir: Path, fh: Any, notes: list[str]) -> parts.Outcome:
     """What a part or a link job did, into its build log and the notes the command prints."""
-    outcome = split_build.read_outcome(state_dir)
+    outcome = parts.read_outcome(state_dir)
     summary = outcome.summary(split)
     fh.write(f"extforge: {summary}\n")
     fh.flush()
@@ -498,7 +486,7 @@ def note_outcome(split: split_build.Split, state_dir: Path, fh: Any, notes: list
     return outcome
 
 
-def report_link(split: split_build.Split, state_dir: Path, fh: Any, notes: list[str]) -> None:
+def report_link(split: parts.Split, state_dir: Path, fh: Any, notes: list[str]) -> None:
     outcome = note_outcome(split, state_dir, fh, notes)
     if outcome.cache_misses:
         many = outcome.cache_misses != 1
@@ -556,14 +544,14 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     units = next((n for spec, path in local_sources if spec.is_sdist and (n := scaffold.sdist_units(path))), None)
     planned = Planned(profile, merged, cost_store.recipe_version(recipe_text), units)
     bld = output_dir / "bld"
-    split, split_state = options.split, split_build.state_dir(bld)
+    split, split_state = options.split, parts.state_dir(bld)
     env = build_environment(recipe_text, urls, merged, profile, split, units)
     if split:
         env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
     elif "CCACHE_DIR" in env:
         # ccache's verdict on every compile (a split build's launcher sets its own), in a folder
         # of this build alone: the planner learns only the units compiled, never a cache hit's copy.
-        env["CCACHE_STATSLOG"] = str(private / split_build.STATS_LOG)
+        env["CCACHE_STATSLOG"] = str(private / parts.STATS_LOG)
     verdicts = split_state if split else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
@@ -590,7 +578,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             tests_before = set(rattler_test_envs(output_dir))
             if uses_layer:
                 build_layer.write_settings(output_dir, layer_settings)
-            split_build.clear_notes(verdicts)
+            parts.clear_notes(verdicts)
             try:
                 with progress_reports(sink, bld, before, planned, on_progress), stop.engine():
                     # A part's module is placeholders: nothing to test.
@@ -607,7 +595,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                     fh.write(f"extforge: build stopped by {stop.name}; its work folders were removed\n")
                     fh.flush()
                     stop.check()
-                if split and not split.is_link and split_build.part_reached_link(split_state):
+                if split and not split.is_link and parts.part_reached_link(split_state):
                     # What fails after a part's placeholder links (an import test, a relink) is expected.
                     finish_part(split, split_state, kept, [], fh, notes)
                     continue

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from . import safe_files
+from .. import safe_files
 
 LAYER_PACKAGE = "extforge-torch-build"
 SHARE = "share/extforge-torch-build"

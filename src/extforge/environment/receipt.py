@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import safe_files
 from ..errors import ExtforgeError
-from .hashing import hash_many
+from ..hashing import hash_many
 
 SCHEMA = 1
 COMPILE_TIMEOUT_S = 3600

@@ -18,12 +18,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import machine
-from .audit.abi import abi_evidence
-from .audit.demangle import demangle
-from .build_layer import switch_for
-from .doctor.diagnosis import planner_values
-from .errors import ExtforgeError
+from .. import machine
+from ..audit.abi import abi_evidence
+from ..audit.demangle import demangle
+from ..errors import ExtforgeError
+from ..recipes.build_layer import switch_for
+from .diagnosis import planner_values
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "

@@ -1,0 +1,1 @@
+"""Building a recipe with rattler-build: the options of one build, a build in parts, stopping it."""
