@@ -16,7 +16,7 @@ Run by build.sh with the host python, in the source folder:
                        head-dim dispatch (HEADDIM_SWITCH in static_switch.h) is rewritten so
                        that a call with another head dim raises a ValueError naming the built
                        ones, instead of the module failing to load on an undefined symbol.
-  EXTFORGE_SHARD_UNITS kernel units to split in two translation units (shard_units.py), chosen
+  EXTFORGE_SHARD_UNITS kernel units to shard in two translation units (shard_units.py), chosen
                        by the planner when a unit alone would set the build's wall time; units
                        of other head dims than the built ones are ignored.
 
@@ -172,7 +172,7 @@ def main(root: Path) -> int:
         switch.write_text(edit_switch(switch.read_text(), head_dims))
     print(f"select_sources: {len(kept)} units"
           f"{', head dims ' + ';'.join(map(str, head_dims)) if head_dims else ', every head dim'}"
-          f"{f', {len(shards)} split in two' if shards else ''}"
+          f"{f', {len(shards)} sharded in two' if shards else ''}"
           f"{', longest first' if order else ', upstream order'}: {' '.join(kept[:4])} ...", file=sys.stderr)
     return 0
 

@@ -17,7 +17,7 @@ def simulated(speed: float) -> tuple[dict[str, tuple[float, float]], float]:
     p = plan.plan_build(NODE, "flash-attn", ("90",))
     numbers = plan.numbers_for("flash-attn")
     costs = numbers.costs
-    assert costs is not None and not p.split_units
+    assert costs is not None and not p.shard_units
     seconds = plan.unit_seconds(numbers.profile, costs, 1, p.nvcc_threads)
     schedule = unit_costs.list_schedule([(u, seconds[u] * speed) for u in p.unit_order], p.max_jobs, costs.concurrency)
     return schedule.spans, plan.plan_build(NODE, "flash-attn", ("90",), node_speed=speed).expected_wall_seconds

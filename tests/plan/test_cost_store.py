@@ -212,7 +212,7 @@ def test_a_sites_subset_build_is_planned_with_what_the_recipe_ships(tmp_path: Pa
     assert full.unit_order[0] == "flash_fwd_split_hdim128_fp16_sm80"
     subset = plan.plan_build(node(16, 128), "flash-attn", ("90",), version="2.8.3",
                              variant={"flash_attn_head_dims": ["128"]})
-    assert len(subset.unit_order) == 13 + len(subset.split_units) and subset.split_units
+    assert len(subset.unit_order) == 13 + len(subset.shard_units) and subset.shard_units
 
 
 def test_costs_follow_the_package_name_not_the_folder(tmp_path: Path, own_cost_store: Path) -> None:

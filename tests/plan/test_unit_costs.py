@@ -164,7 +164,7 @@ def test_a_unit_longer_than_the_rest_of_the_schedule_is_split() -> None:
     # 4 slots, one 400 s split-kv unit and three 100 s ones: alone, the long unit is the wall time.
     long = "flash_fwd_split_hdim128_fp16_sm80"
     costs = {long: 400.0, **{f"flash_fwd_hdim{d}_fp16_sm80": 100.0 for d in (32, 64, 96)}}
-    split_costs, split = unit_costs.split_units(costs, 4, SHARDS)
+    split_costs, split = unit_costs.shard_units(costs, 4, SHARDS)
     assert split == [long]
     # Each half repeats 20% of the unit and takes half of the rest.
     assert split_costs[long] == pytest.approx(240.0)
@@ -176,24 +176,24 @@ def test_a_unit_longer_than_the_rest_of_the_schedule_is_split() -> None:
 
 def test_busy_slots_split_nothing() -> None:
     costs = {f"flash_bwd_hdim{d}_{t}_sm80": 300.0 for d in (32, 64, 96, 128) for t in ("fp16", "bf16")}
-    assert unit_costs.split_units(costs, 2, SHARDS) == (costs, [])
+    assert unit_costs.shard_units(costs, 2, SHARDS) == (costs, [])
 
 
 def test_only_kernel_units_of_a_known_switch_are_split() -> None:
     costs = {"flash_api": 500.0, "flash_fwd_hdim64_fp16_sm80": 100.0}
-    assert unit_costs.split_units(costs, 4, SHARDS)[1] == []
+    assert unit_costs.shard_units(costs, 4, SHARDS)[1] == []
     no_split_kv = unit_costs.ShardModel({"fwd": unit_costs.ShardKind("flash_fwd_hdim", 0.2, 0.4)})
-    assert unit_costs.split_units({"flash_fwd_split_hdim64_fp16_sm80": 500.0}, 4, no_split_kv)[1] == []
-    assert unit_costs.split_units({"flash_fwd_hdim64_fp16_sm80": 500.0}, 4, None)[1] == []
+    assert unit_costs.shard_units({"flash_fwd_split_hdim64_fp16_sm80": 500.0}, 4, no_split_kv)[1] == []
+    assert unit_costs.shard_units({"flash_fwd_hdim64_fp16_sm80": 500.0}, 4, None)[1] == []
 
 
 def test_shipped_data_splits_the_head_dim_128_build_only() -> None:
     node = Machine(cores=16, memory_bytes=128 * GIB, glibc="2.36", cores_source="t", memory_source="t")
     full = plan_build(node, "flash-attn", ("90",))
     slim = plan_build(node, "flash-attn", ("90",), variant={"flash_attn_head_dims": ["128"]})
-    assert full.split_units == () and "EXTFORGE_SHARD_UNITS" not in full.env()
-    assert slim.split_units and slim.split_units[0] == "flash_fwd_split_hdim128_fp16_sm80"
-    assert slim.env()["EXTFORGE_SHARD_UNITS"].split(";") == list(slim.split_units)
+    assert full.shard_units == () and "EXTFORGE_SHARD_UNITS" not in full.env()
+    assert slim.shard_units and slim.shard_units[0] == "flash_fwd_split_hdim128_fp16_sm80"
+    assert slim.env()["EXTFORGE_SHARD_UNITS"].split(";") == list(slim.shard_units)
     order = slim.env()["EXTFORGE_UNIT_ORDER"].split(";")
-    assert all(u + unit_costs.SHARD_SUFFIX in order for u in slim.split_units)
+    assert all(u + unit_costs.SHARD_SUFFIX in order for u in slim.shard_units)
     assert slim.upstream_order_wall_seconds is not None and slim.expected_wall_seconds < slim.upstream_order_wall_seconds

@@ -70,7 +70,7 @@ def test_a_split_build_is_learned_as_its_whole_unit_and_planned_again(tmp_path: 
     # Only units the build compiled, and only those that can be split, are remembered as such.
     assert json.loads(entry.path.read_text())["part_limits"] == LIMITS
     again = plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.7.0")
-    assert again.env()["EXTFORGE_SPLIT_UNITS"] == "causal_conv1d_bwd=2" and again.unit_parts == (("causal_conv1d_bwd", 2),)
+    assert again.env()["EXTFORGE_SPLIT_UNITS"] == "causal_conv1d_bwd=2" and again.split_units == (("causal_conv1d_bwd", 2),)
     # Planned again in two parts, each is the parts' mean: what the first build measured.
     assert unit_costs.split_in_parts(entry.costs().seconds(), 2, 2, (), LIMITS).costs[
         unit_costs.part_name("causal_conv1d_bwd", 1)] == pytest.approx(320.0, abs=0.1)
@@ -83,7 +83,7 @@ def test_a_split_build_is_learned_as_its_whole_unit_and_planned_again(tmp_path: 
     log.write_text(ninja_log(RUN_V | {"causal_conv1d_bwd": 700.0}, 2))
     assert cost_store.learn_from_build("causal-conv1d", "1.7.0", log, ("90",), {"NVCC_THREADS": "1"},
                                        tmp_path / "split.log") is not None
-    assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.7.0").unit_parts == ()
+    assert plan.plan_build(node(2, 23), "causal-conv1d", ("90",), version="1.7.0").split_units == ()
 
 
 def test_a_recipe_folder_ships_costs_for_a_sites_first_build(tmp_path: Path, own_cost_store: Path) -> None:
@@ -93,7 +93,7 @@ def test_a_recipe_folder_ships_costs_for_a_sites_first_build(tmp_path: Path, own
     with cost_store.recipe_costs(folder):
         first = plan.plan_build(node(16, 128), "causal-conv1d", ("90",), version="1.7.0")
     assert first.numbers_from.endswith("largest compiler process 3.2 GiB") and str(folder) in first.numbers_from
-    assert dict(first.unit_parts).get("causal_conv1d_bwd", 0) > 2 and first.expected_wall_seconds < 120
+    assert dict(first.split_units).get("causal_conv1d_bwd", 0) > 2 and first.expected_wall_seconds < 120
     # The site's own measurement, once made, wins over what the recipe ships.
     log = tmp_path / ".ninja_log"
     log.write_text(ninja_log(RUN_V, 4))

@@ -155,7 +155,7 @@ def test_patched_flash_api_references_only_built_kernels(recipe_dir: Path, sdist
 SPLIT = ["flash_fwd_hdim128_bf16_sm80", "flash_bwd_hdim128_fp16_causal_sm80", "flash_fwd_split_hdim128_fp16_sm80"]
 
 
-def test_split_units_get_a_twin_listed_beside_them(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
+def test_shard_units_get_a_twin_listed_beside_them(recipe_dir: Path, sdist: Path, tmp_path: Path) -> None:
     work = run_select(recipe_dir, sdist, tmp_path, FLASH_ATTN_HEAD_DIMS="128",
                       EXTFORGE_SHARD_UNITS=";".join([*SPLIT, "flash_bwd_hdim64_fp16_sm80"]))
     units = listed_units(work / "setup.py")

@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         f"  {' '.join(f'{k}={v}' for k, v in plan.env().items() if k != 'EXTFORGE_UNIT_ORDER')}\n"
         f"  predicted peak {plan.predicted_peak_bytes / gib:.1f} GiB of {plan.memory_limit_bytes / gib:.1f} GiB allowed\n"
         f"  expected wall time ~{minutes(plan.expected_wall_seconds)} (compile + link)"
-        + (f", longest units first{f', {len(plan.split_units)} split in two' if plan.split_units else ''}"
-           f"{''.join(f', {u} in {k} parts' for u, k in plan.unit_parts)}{spread}; "
+        + (f", longest units first{f', {len(plan.shard_units)} sharded in two' if plan.shard_units else ''}"
+           f"{''.join(f', {u} in {k} parts' for u, k in plan.split_units)}{spread}; "
            f"in upstream's order ~{minutes(plan.upstream_order_wall_seconds)}\n"
            if plan.upstream_order_wall_seconds else "\n") +
         f"  sbatch {' '.join(slurm.sbatch_args())}",

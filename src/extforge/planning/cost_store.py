@@ -83,7 +83,7 @@ class RecipeModel:
     section): a measured job peak where one process is not the whole job (nvcc's threads), the
     final link, units that compile for one arch each, how the compiles slow each other down, the
     nodes measured against the seconds, which units a subset variant builds, which units a
-    recipe-side step can split in two. Its author measured it; a site's learned entry of the
+    recipe-side step can shard in two. Its author measured it; a site's learned entry of the
     same recipe is planned with it too."""
 
     per_job_peak_gib: float | None = None

@@ -54,13 +54,13 @@ class BuildPlan:
     reasons: list[str] = field(default_factory=list)
     # The same build with the units started in upstream's order (None: no per-unit data).
     upstream_order_wall_seconds: int | None = None
-    # The translation units, longest first (empty: no per-unit data), and those split in two.
+    # The translation units, longest first (empty: no per-unit data), and those sharded in two.
     unit_order: tuple[str, ...] = ()
-    split_units: tuple[str, ...] = ()
+    shard_units: tuple[str, ...] = ()
     # Units the build layer compiles as parallel parts, and into how many (any learned recipe),
     # and the cores their parts keep busy beside the jobs.
-    unit_parts: tuple[tuple[str, int], ...] = ()
-    part_cores: int = 0
+    split_units: tuple[tuple[str, int], ...] = ()
+    split_cores: int = 0
     # The wall time on the slowest and fastest nodes measured (None: no node speeds, or --node-speed).
     wall_range_seconds: tuple[int, int] | None = None
     # Where the numbers come from: shipped, learned on a date from N units, or the default estimate.
@@ -72,14 +72,14 @@ class BuildPlan:
 
     def env(self) -> dict[str, str]:
         """What the recipe's build script reads: the job settings, the order ninja starts the
-        units in (setup.py's source order), and the units to split in two translation units."""
+        units in (setup.py's source order), and the units to shard in two translation units."""
         env = self.job_env()
         if self.unit_order:
             env["EXTFORGE_UNIT_ORDER"] = ";".join(self.unit_order)
+        if self.shard_units:
+            env["EXTFORGE_SHARD_UNITS"] = ";".join(self.shard_units)
         if self.split_units:
-            env["EXTFORGE_SHARD_UNITS"] = ";".join(self.split_units)
-        if self.unit_parts:
-            env["EXTFORGE_SPLIT_UNITS"] = ";".join(f"{u}={k}" for u, k in self.unit_parts)
+            env["EXTFORGE_SPLIT_UNITS"] = ";".join(f"{u}={k}" for u, k in self.split_units)
         return env
 
 
@@ -221,7 +221,7 @@ def plan_build(machine: Machine, profile: str, archs: tuple[str, ...] | list[str
     upstream_wall: float | None = None
     wall_range: tuple[int, int] | None = None
     order: tuple[str, ...] = ()
-    split: list[str] = []
+    shards: list[str] = []
     parts: dict[str, int] = {}
     slots = jobs
     if costs:
@@ -233,7 +233,7 @@ def plan_build(machine: Machine, profile: str, archs: tuple[str, ...] | list[str
         # running beside them (costs.concurrency).
         upstream_wall = unit_costs.runs_makespan(per_unit, jobs, costs.concurrency, costs.runs, upstream_order=True) \
             + p.link_seconds
-        per_unit, split = unit_costs.split_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
+        per_unit, shards = unit_costs.shard_units(per_unit, jobs, costs.shards, concurrency=costs.concurrency)
         runs: tuple[tuple[str, ...], ...] = ()
         if costs.part_limits is not None:
             peak_one = job_peak_bytes(p, threads, n_archs)
@@ -276,9 +276,9 @@ def plan_build(machine: Machine, profile: str, archs: tuple[str, ...] | list[str
     if costs and costs.runs:
         reasons.append(f"setuptools' {len(costs.runs)} extensions compile in one ninja run (the build layer), their "
                        f"units sharing the {jobs} job slots; a plain build runs one ninja per extension, one after another")
-    if split:
-        reasons.append(f"{len(split)} unit(s) split in two translation units, each alone longer than the rest of the "
-                       f"schedule: {', '.join(split)}")
+    if shards:
+        reasons.append(f"{len(shards)} unit(s) sharded in two translation units, each alone longer than the rest of the "
+                       f"schedule: {', '.join(shards)}")
     if parts:
         reasons.append("compiled as parallel parts (their explicit template instantiations dealt out), each alone "
                        f"longer than the rest of the schedule: {', '.join(f'{u} in {k}' for u, k in parts.items())}")
@@ -288,7 +288,7 @@ def plan_build(machine: Machine, profile: str, archs: tuple[str, ...] | list[str
     elif jobs * threads < machine.cores:
         reasons.append(f"memory, not cores, limits parallelism: {jobs} x {threads} of {machine.cores} cores busy")
     return BuildPlan(profile, archs, machine.cores, jobs, threads, peak, limit, int(round(wall)), reasons,
-                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(split), tuple(parts.items()),
+                     None if upstream_wall is None else int(round(upstream_wall)), order, tuple(shards), tuple(parts.items()),
                      max(0, min(slots, machine.cores // threads) - jobs) * threads, wall_range, numbers.source)
 
 
@@ -298,7 +298,7 @@ def build_node_speed(profile: str, ninja_log: str, archs: Sequence[str], threads
     """How fast the machine of a finished build compiled against the planner's costs for it
     (`plan_build(node_speed=...)`), from the build's ninja log (`load`: compiles running that the
     log does not show, see unit_costs.at_reference); None without costs for the profile or units
-    to compare. A unit split in two is left out (its first half bears the unit's name), and so
+    to compare. A unit sharded in two is left out (its first half bears the unit's name), and so
     is one the build layer compiled as parallel parts (`split`: its edge times the longest), and
     any unit the caller names there for another reason (a compile-cache hit times a copy)."""
     numbers = numbers_for(profile, version)
@@ -458,7 +458,7 @@ def build_progress(machine: Machine, profile: str, archs: Sequence[str], ninja_l
     ends = sorted(e.end_ms / 1000 - t0 for e in edges)
     load = [(0.0, float(min(base.max_jobs, total)))] + [(t, float(min(base.max_jobs, total - i)))
                                                          for i, t in enumerate(ends, 1)]
-    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load, split=dict(base.unit_parts),
+    speed = build_node_speed(profile, ninja_log, base.archs, base.nvcc_threads, load, split=dict(base.split_units),
                              version=version)
     if not speed:
         return planned
@@ -479,7 +479,7 @@ def slurm_request(plan: BuildPlan) -> SlurmRequest:
     seconds = int(plan.expected_wall_seconds * 1.5) + 600
     h, rest = divmod(seconds, 3600)
     return SlurmRequest(
-        cpus_per_task=plan.max_jobs * plan.nvcc_threads + plan.part_cores,
+        cpus_per_task=plan.max_jobs * plan.nvcc_threads + plan.split_cores,
         mem=f"{mem_gib}G",
         time=f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}",
     )

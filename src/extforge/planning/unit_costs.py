@@ -38,7 +38,7 @@ from pathlib import PurePosixPath
 
 from ..errors import ExtforgeError
 
-# The second translation unit of a unit split in two (the recipe-side step that splits units
+# The second translation unit of a unit sharded in two (the recipe-side step that shards units
 # names it so; recipe/flash-attn/shard_units.py).
 SHARD_SUFFIX = "_shard1"
 # A part of a unit compiled as parallel parts (split_in_parts), in the planner's schedule.
@@ -70,7 +70,7 @@ class NinjaEdge:
 
 @dataclass(frozen=True)
 class ShardKind:
-    """A kind of unit the recipe can split in two translation units (its names start with
+    """A kind of unit the recipe can shard in two translation units (its names start with
     `prefix`): each half repeats `repeated` of the unit's seconds (headers, the front end, the
     code both sides share), and the second half takes `twin_share` of the rest."""
 
@@ -150,9 +150,9 @@ class UnitCosts:
         return {u: mean if s is None else s for u, s in self.units.items()}
 
 
-def split_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | None,
+def shard_units(per_unit: Mapping[str, float], jobs: int, model: ShardModel | None,
                 min_gain: float = 0.02, concurrency: Concurrency | None = None) -> tuple[dict[str, float], list[str]]:
-    """Split the longest units in two while that shortens the longest-first schedule by at
+    """Shard the longest units in two while that shortens the longest-first schedule by at
     least `min_gain` of it: a build with fewer long units than job slots (a head-dim subset)
     otherwise waits for its longest unit on an idle node. A full build, whose slots stay busy,
     splits nothing. Returns the per-unit seconds with the twins and the units split."""

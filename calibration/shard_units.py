@@ -2,7 +2,7 @@
 """What splitting flash-attn units in two translation units costs: each unit compiled unsplit and
 as its two halves (recipe/flash-attn/shard_units.py), all at once, with torch's nvcc flags.
 
-  calibration/split_units.py SDIST [--python PY] [--arch 90] [--unit STEM ...] [--node WORDS] [--no-record]
+  calibration/shard_units.py SDIST [--python PY] [--arch 90] [--unit STEM ...] [--node WORDS] [--no-record]
 
 Prints per unit the unsplit seconds, the halves, and the `shards` model values they imply
 (repeated: the share of the unit each half repeats; twin_share: the second half's share of the
@@ -105,7 +105,7 @@ def main() -> int:
     print(f"{len(jobs)} compiles at once, {wall:.0f} s; build folders: {base}")
     if not args.no_record:
         append_section([f"## Split units, unsplit and halves compiled at once ({dt.date.today().isoformat()})\n",
-                        f"Node: {args.node or f'{os.cpu_count()} cores'}. `calibration/split_units.py`, sm_{args.arch}, "
+                        f"Node: {args.node or f'{os.cpu_count()} cores'}. `calibration/shard_units.py`, sm_{args.arch}, "
                         f"{len(jobs)} nvcc compiles at once.\n", *rows])
     return 0
 
