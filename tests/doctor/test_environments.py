@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from extforge.doctor.diagnosis import run_doctor
+from extforge.doctor.extensions import ExtensionSpec
 
 from .conftest import FakeMachine
 
@@ -69,8 +70,8 @@ def test_generic_wheel_without_the_extension_is_an_error(tmp_path: Path, shadowe
     python, site = make_env(tmp_path)
     install_fake_flash_attn(site, "py3-none-any", with_extension=False)
     report = run_doctor(str(python), shadowed_machine.env, toolkit_globs=shadowed_machine.globs, proc_driver=NO_PROC)
-    fa = report.facts.flash_attn
-    assert fa is not None and (fa.version, fa.installer, fa.wheel_tags, fa.extension) == ("2.8.3", "pip", ("py3-none-any",), None)
+    (fa,) = report.facts.extensions
+    assert (fa.name, fa.version, fa.installer, fa.wheel_tags, fa.extension) == ("flash-attn", "2.8.3", "pip", ("py3-none-any",), None)
     missing = [x for x in report.findings if "no flash_attn_2_cuda" in x.title]
     assert missing and "generic wheel (py3-none-any)" in missing[0].cause
     assert "FLASH_ATTENTION_FORCE_BUILD=TRUE" in missing[0].fix
@@ -85,10 +86,37 @@ def test_conda_installed_flash_attn_with_its_extension(tmp_path: Path, shadowed_
     record = {"name": "flash-attn", "version": "2.8.3", "build": "cuda130_torch211_py312_h1a2b3c4_0", "channel": "file:///srv/channel"}
     (meta / "flash-attn-2.8.3-cuda130_torch211_py312_h1a2b3c4_0.json").write_text(json.dumps(record))
     report = run_doctor(str(python), shadowed_machine.env, toolkit_globs=shadowed_machine.globs, proc_driver=NO_PROC, audit=False)
-    fa = report.facts.flash_attn
-    assert fa is not None and fa.installer == "conda" and fa.conda_build == record["build"]
+    (fa,) = report.facts.extensions
+    assert fa.installer == "conda" and fa.conda_build == record["build"]
     assert fa.extension and Path(fa.extension).name.startswith("flash_attn_2_cuda")
     assert not [x for x in report.findings if "flash_attn_2_cuda" in x.title]
+
+
+def test_an_extension_named_only_in_the_data_is_probed_and_diagnosed(tmp_path: Path, shadowed_machine: FakeMachine) -> None:
+    """What doctor knows of an installed extension is data (data/doctor-extensions.yaml): a package
+    it was never coded for is found by its pip name, its missing module named, its rebuild command
+    given, and the oldest nvcc its build takes judged. The old code looked for flash-attn alone, by
+    names in its code, and had no way to be told of another package."""
+    python, site = make_env(tmp_path)
+    (site / "tiny_ext").mkdir()
+    (site / "tiny_ext" / "__init__.py").write_text("import tiny_ext_cuda\n")
+    dist = site / "tiny_ext-0.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-ext\nVersion: 0.3\n")
+    (dist / "WHEEL").write_text("Wheel-Version: 1.0\nTag: py3-none-any\n")
+    (dist / "INSTALLER").write_text("uv\n")
+    spec = ExtensionSpec("tiny-ext", ("tiny-ext",), "tiny_ext_cuda", "tiny_ext", "pip install --no-binary tiny-ext tiny-ext=={version}",
+                         (12, 0), "tiny-ext needs CUDA 12")
+    report = run_doctor(str(python), shadowed_machine.env, toolkit_globs=shadowed_machine.globs, proc_driver=NO_PROC,
+                        extensions=[spec])
+    (ext,) = report.facts.extensions
+    assert (ext.name, ext.module, ext.version, ext.installer) == ("tiny-ext", "tiny_ext_cuda", "0.3", "uv")
+    missing = [x for x in report.findings if x.title == "tiny-ext 0.3 has no tiny_ext_cuda extension"]
+    assert missing and "`import tiny_ext` raises" in missing[0].cause and missing[0].fix == "pip install --no-binary tiny-ext tiny-ext==0.3"
+    # The build's nvcc is 11.5 on this machine: older than what tiny-ext's setup.py takes.
+    old = [x for x in report.findings if "older than 12.0" in x.title]
+    assert old and "tiny-ext's setup.py stops with \"tiny-ext needs CUDA 12\"" in old[0].cause
+    assert not [x for x in report.findings if "flash" in x.title]
 
 
 def test_real_torch_2_14_on_the_shadowed_machine(shadowed_machine: FakeMachine, torch_2_14_python: Path) -> None:

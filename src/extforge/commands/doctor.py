@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import EXIT_FINDINGS, EXIT_OK
 
-HELP = "probe this machine and a Python env (torch, nvcc, driver, GPUs, compiler ABI, flash-attn) and say what to fix"
+HELP = "probe this machine and a Python env (torch, nvcc, driver, GPUs, compiler ABI, installed CUDA extensions) and say what to fix"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the interpreter of the environment to check (default: the one running extforge)",
     )
-    parser.add_argument("--no-audit", action="store_true", help="skip auditing an installed flash-attn")
+    parser.add_argument("--no-audit", action="store_true", help="skip auditing the installed CUDA extensions it knows (e.g. flash-attn)")
     parser.epilog = "exit code: 0 no errors (warnings may remain), 1 error findings, 2 could not run"
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
-from .model import Facts, Finding, Nvcc
-
-# flash-attn's setup.py refuses older toolkits ("FlashAttention is only supported on CUDA 11.7 and above").
-FLASH_ATTN_MIN_NVCC = (11, 7)
+from .extensions import ExtensionSpec, known, spec_for
+from .model import ExtensionFacts, Facts, Finding, Nvcc
 
 
 def major_minor(version: str | None) -> tuple[int, int] | None:
@@ -47,10 +46,15 @@ def use_toolkit(n: Nvcc) -> str:
     return f"export CUDA_HOME={n.toolkit_root} PATH={n.toolkit_root}/bin:$PATH"
 
 
-def diagnose(facts: Facts) -> list[Finding]:
+def diagnose(facts: Facts, extensions: Sequence[ExtensionSpec] | None = None) -> list[Finding]:
+    """`extensions`: the packages whose builds and installs are judged (default: the data's)."""
+    specs = known() if extensions is None else tuple(extensions)
     findings: list[Finding] = []
-    for rule in (_torch, _nvcc, _driver, _compiler, _compile_cache, _flash_attn):
+    for rule in (_torch, _driver, _compiler, _compile_cache):
         findings.extend(rule(facts))
+    findings += _nvcc(facts, specs)
+    for ext in facts.extensions:
+        findings += _extension(ext, next((s for s in specs if s.name == ext.name), None) or spec_for(ext.name))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order[f.severity])
 
@@ -72,7 +76,7 @@ def _torch(facts: Facts) -> list[Finding]:
         Finding(
             "warning",
             f"torch {t.version} is a CPU build",
-            "torch.version.cuda is None: CUDA extensions such as flash-attn cannot be built or run against it.",
+            "torch.version.cuda is None: CUDA extensions cannot be built or run against it.",
             "install a CUDA build of torch, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu130",
         )
     ]
@@ -86,7 +90,7 @@ def _install_toolkit(cuda: str | None) -> str:
     )
 
 
-def _nvcc(facts: Facts) -> list[Finding]:
+def _nvcc(facts: Facts, specs: Sequence[ExtensionSpec]) -> list[Finding]:
     tc = facts.torch.cuda if facts.torch else None
     torch_cuda = major_minor(tc)
     home = facts.cuda_home
@@ -118,13 +122,15 @@ def _nvcc(facts: Facts) -> list[Finding]:
     else:
         fix = use_toolkit(best) if best else _install_toolkit(tc)
     via = f"CUDA_HOME={home.path} ({home.reason})"
-    if mm < FLASH_ATTN_MIN_NVCC:
+    # The extension whose build refuses the most toolkits speaks for them all.
+    strictest = max((s for s in specs if s.min_nvcc and mm < s.min_nvcc), key=lambda s: s.min_nvcc or (0, 0), default=None)
+    if strictest and strictest.min_nvcc:
         out.append(
             Finding(
                 "error",
-                f"the nvcc builds use is CUDA {used.version}, older than 11.7",
-                f"{used.path} is the build's nvcc ({via}); flash-attn's setup.py stops with "
-                "\"FlashAttention is only supported on CUDA 11.7 and above\".",
+                f"the nvcc builds use is CUDA {used.version}, older than {'.'.join(map(str, strictest.min_nvcc))}",
+                f"{used.path} is the build's nvcc ({via}); {strictest.name}'s setup.py stops with "
+                f"\"{strictest.min_nvcc_refusal}\".",
                 fix,
             )
         )
@@ -253,34 +259,28 @@ def _compiler(facts: Facts) -> list[Finding]:
     return out
 
 
-def _flash_attn(facts: Facts) -> list[Finding]:
-    fa = facts.flash_attn
-    if fa is None:
-        return []
-    out: list[Finding] = []
-    reinstall = (
-        f"pip uninstall -y flash-attn && FLASH_ATTENTION_FORCE_BUILD=TRUE "
-        f"pip install --no-build-isolation --no-cache-dir flash-attn=={fa.version}"
-    )
-    generic = any(tag.endswith("-none-any") for tag in fa.wheel_tags)
-    if fa.extension is None:
-        how = f"a generic wheel ({', '.join(fa.wheel_tags)})" if generic else f"installed by {fa.installer}"
-        out.append(
+def _extension(ext: ExtensionFacts, spec: ExtensionSpec | None) -> list[Finding]:
+    reinstall = spec.reinstall.format(version=ext.version) if spec else ""
+    package = spec.package if spec else ext.name
+    generic = any(tag.endswith("-none-any") for tag in ext.wheel_tags)
+    if ext.extension is None:
+        how = f"a generic wheel ({', '.join(ext.wheel_tags)})" if generic else f"installed by {ext.installer}"
+        return [
             Finding(
                 "error",
-                f"flash-attn {fa.version} has no flash_attn_2_cuda extension",
+                f"{ext.name} {ext.version} has no {ext.module} extension",
                 f"the package is {how} and ships Python code only, or its build failed or was skipped; "
-                "`import flash_attn` raises \"No module named 'flash_attn_2_cuda'\".",
+                f"`import {package}` raises \"No module named '{ext.module}'\".",
                 reinstall,
             )
-        )
-    elif fa.audit_verdict and fa.audit_verdict != "pass":
-        out.append(
+        ]
+    if ext.audit_verdict and ext.audit_verdict != "pass":
+        return [
             Finding(
                 "error",
-                f"flash-attn {fa.version} fails the audit against the installed torch ({fa.audit_verdict})",
-                "; ".join(fa.audit_problems) or "see: extforge audit " + fa.extension,
+                f"{ext.name} {ext.version} fails the audit against the installed torch ({ext.audit_verdict})",
+                "; ".join(ext.audit_problems) or "see: extforge audit " + ext.extension,
                 reinstall,
             )
-        )
-    return out
+        ]
+    return []

@@ -23,7 +23,8 @@ from ..planning.plan import UNMEASURED, plan_build
 from .checks import diagnose
 from .compiler import probe_compiler
 from .driver import probe_driver
-from .model import CompileCacheFacts, DoctorReport, Facts, Finding, FlashAttnFacts
+from .extensions import ExtensionSpec, known
+from .model import CompileCacheFacts, DoctorReport, ExtensionFacts, Facts, Finding
 from .nvcc import DEFAULT_TOOLKIT_GLOBS, find_nvccs, torch_cuda_home
 from .target import probe_target
 
@@ -57,20 +58,20 @@ def probe_compile_cache() -> CompileCacheFacts:
                              place.shared or "")
 
 
-def _audit(fa: FlashAttnFacts, prefix: str) -> tuple[FlashAttnFacts, str | None]:
-    if not fa.extension:
-        return fa, None
+def _audit(ext: ExtensionFacts, prefix: str) -> tuple[ExtensionFacts, str | None]:
+    if not ext.extension:
+        return ext, None
     try:
-        report = audit_target(Path(fa.extension), against=Path(prefix))
+        report = audit_target(Path(ext.extension), against=Path(prefix))
     except Exception as exc:
-        return fa, f"flash-attn audit: {type(exc).__name__}: {exc}"
+        return ext, f"{ext.name} audit: {type(exc).__name__}: {exc}"
     problems = tuple(
         str(getattr(f, "message", f))
         for f in getattr(report, "findings", ())
         if getattr(f, "severity", "error") == "error"
     )
     verdict = getattr(report, "verdict", None) or ("pass" if getattr(report, "ok", False) else "fail")
-    return dataclasses.replace(fa, audit_verdict=str(verdict), audit_problems=problems), None
+    return dataclasses.replace(ext, audit_verdict=str(verdict), audit_problems=problems), None
 
 
 def run_doctor(
@@ -80,13 +81,16 @@ def run_doctor(
     toolkit_globs: Sequence[str] = DEFAULT_TOOLKIT_GLOBS,
     proc_driver: Path = Path("/proc/driver/nvidia/version"),
     audit: bool = True,
+    extensions: Sequence[ExtensionSpec] | None = None,
 ) -> DoctorReport:
+    """`extensions`: the installed packages to look for (default: data/doctor-extensions.yaml's)."""
     env = dict(os.environ if env is None else env)
     python = python or sys.executable
     facts = Facts()
+    wanted = known() if extensions is None else tuple(extensions)
     # The target probe imports torch (seconds); the other probes run meanwhile.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        target = pool.submit(probe_target, python)
+        target = pool.submit(probe_target, python, wanted)
         nvccs = pool.submit(find_nvccs, env, toolkit_globs)
         driver = pool.submit(probe_driver, env, proc_driver)
         compiler = pool.submit(probe_compiler, env)
@@ -102,18 +106,22 @@ def run_doctor(
         if why:
             facts.not_checked.append(why)
         t = target.result()
-    facts.python, facts.torch, facts.flash_attn = t.python, t.torch, t.flash_attn
+    facts.python, facts.torch = t.python, t.torch
     for what, err in t.errors.items():
         facts.not_checked.append(f"{what}: not importable in {python} ({err})")
     if facts.driver.driver_version is None:
         facts.not_checked.append("GPUs, driver/CUDA compatibility: no NVIDIA driver")
-    if facts.flash_attn is None and "flash_attn" not in t.errors:
-        facts.not_checked.append("flash-attn: not installed")
-    elif facts.flash_attn and audit:
-        if facts.torch is None:
-            facts.not_checked.append("flash-attn audit: needs torch")
+    installed = {e.name for e in t.extensions}
+    facts.not_checked += [f"{w.name}: not installed" for w in wanted if w.name not in installed and w.name not in t.errors]
+    for ext in t.extensions:
+        if not audit:
+            facts.extensions.append(ext)
+        elif facts.torch is None:
+            facts.extensions.append(ext)
+            facts.not_checked.append(f"{ext.name} audit: needs torch")
         else:
-            facts.flash_attn, why = _audit(facts.flash_attn, t.python.prefix)
+            audited, why = _audit(ext, t.python.prefix)
+            facts.extensions.append(audited)
             if why:
                 facts.not_checked.append(why)
-    return DoctorReport(facts, diagnose(facts))
+    return DoctorReport(facts, diagnose(facts, wanted))

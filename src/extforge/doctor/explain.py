@@ -27,7 +27,7 @@ from .diagnosis import planner_values
 
 UNKNOWN_ADVICE = (
     "unknown: no known failure signature matched. Run `extforge doctor` (add --python for the "
-    "environment that failed) to check torch, nvcc, driver, compiler ABI and flash-attn."
+    "environment that failed) to check torch, nvcc, driver, compiler ABI and the installed CUDA extensions."
 )
 
 

@@ -102,14 +102,18 @@ class CompileCacheFacts:
 
 
 @dataclass(frozen=True)
-class FlashAttnFacts:
+class ExtensionFacts:
+    """An installed extension of those data/doctor-extensions.yaml names."""
+
+    name: str
+    module: str  # its compiled extension module
     version: str
     location: str
     installer: str  # "conda", "pip", ...
     conda_build: str | None = None  # build string of the conda package
     conda_channel: str | None = None
     wheel_tags: tuple[str, ...] = ()  # Tag: lines of the dist-info WHEEL file
-    extension: str | None = None  # path of flash_attn_2_cuda*.so, None when absent
+    extension: str | None = None  # path of the module's .so, None when absent
     audit_verdict: str | None = None
     audit_problems: tuple[str, ...] = ()
 
@@ -128,7 +132,7 @@ class Facts:
     memory_source: str | None = None
     plan: dict[str, Any] | None = None  # MAX_JOBS / NVCC_THREADS the planner would use
     compile_cache: CompileCacheFacts | None = None
-    flash_attn: FlashAttnFacts | None = None
+    extensions: list[ExtensionFacts] = field(default_factory=list)
     not_checked: list[str] = field(default_factory=list)  # what could not be checked, and why
 
 

@@ -61,14 +61,13 @@ def _facts_lines(f: Facts) -> list[tuple[str, str]]:
         fit = f" (predicted peak {peak / GIB:.1f} GiB of {limit / GIB:.1f} GiB allowed)" if peak and limit else ""
         archs = f" for sm_{', sm_'.join(f.plan['archs'])}" if f.plan.get("archs") else ""
         rows.append(("planner", " ".join(f"{k}={v}" for k, v in f.plan.items() if k.isupper()) + archs + fit))
-    if f.flash_attn:
-        fa = f.flash_attn
-        how = f"conda {fa.conda_build} from {fa.conda_channel}" if fa.installer == "conda" else fa.installer
-        tags = f", wheel tags {' '.join(fa.wheel_tags)}" if fa.wheel_tags else ""
-        rows.append(("flash-attn", f"{fa.version} ({how}{tags}) in {fa.location}"))
-        rows.append(("  extension", fa.extension or "flash_attn_2_cuda missing"))
-        if fa.audit_verdict:
-            rows.append(("  audit", fa.audit_verdict))
+    for ext in f.extensions:
+        how = f"conda {ext.conda_build} from {ext.conda_channel}" if ext.installer == "conda" else ext.installer
+        tags = f", wheel tags {' '.join(ext.wheel_tags)}" if ext.wheel_tags else ""
+        rows.append((ext.name, f"{ext.version} ({how}{tags}) in {ext.location}"))
+        rows.append(("  extension", ext.extension or f"{ext.module} missing"))
+        if ext.audit_verdict:
+            rows.append(("  audit", ext.audit_verdict))
     return rows
 
 

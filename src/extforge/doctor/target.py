@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExtforgeError
 from ..paths import scratch_dir
-from .model import FlashAttnFacts, PythonFacts, TorchFacts
+from .extensions import ExtensionSpec
+from .model import ExtensionFacts, PythonFacts, TorchFacts
 from .run import run_text
 
 PROBE = Path(__file__).with_name("target_probe.py")
@@ -20,7 +22,7 @@ SENTINEL = "EXTFORGE-PROBE "
 class TargetFacts:
     python: PythonFacts
     torch: TorchFacts | None
-    flash_attn: FlashAttnFacts | None
+    extensions: tuple[ExtensionFacts, ...]  # those installed of the ones asked for
     errors: dict[str, str]  # what could not be read, e.g. {"torch": "ModuleNotFoundError: ..."}
 
 
@@ -29,20 +31,21 @@ def parse_probe_output(stdout: str) -> TargetFacts:
     if line is None:
         raise ValueError("probe printed no result line")
     data: dict[str, Any] = json.loads(line[len(SENTINEL):])
-    t, fa = data.get("torch"), data.get("flash_attn")
+    t = data.get("torch")
     return TargetFacts(
         python=PythonFacts(**data["python"]),
         torch=TorchFacts(**{**t, "arch_list": tuple(t.get("arch_list") or ())}) if t else None,
-        flash_attn=FlashAttnFacts(**{**fa, "wheel_tags": tuple(fa["wheel_tags"])}) if fa else None,
+        extensions=tuple(ExtensionFacts(**{**e, "wheel_tags": tuple(e["wheel_tags"])}) for e in data.get("extensions", ())),
         errors=data.get("errors", {}),
     )
 
 
-def probe_target(python: str, timeout: float = 120) -> TargetFacts:
-    # A neutral working directory: a flash-attention source checkout in the cwd would shadow
-    # the installed package and make the installed one look broken.
+def probe_target(python: str, extensions: Sequence[ExtensionSpec] = (), timeout: float = 120) -> TargetFacts:
+    # A neutral working directory: an extension's source checkout in the cwd would shadow the
+    # installed package and make the installed one look broken.
+    wanted = json.dumps([e.probe() for e in extensions])
     with scratch_dir("doctor") as cwd:
-        out = run_text([python, "-c", PROBE.read_text()], timeout=timeout, cwd=str(cwd))
+        out = run_text([python, "-c", PROBE.read_text(), wanted], timeout=timeout, cwd=str(cwd))
     if out is None or SENTINEL not in out.stdout:
         detail = (out.stderr.strip().splitlines() or ["no output"])[-1] if out else "it did not start or timed out"
         raise ExtforgeError(

@@ -1,7 +1,7 @@
 # Runs inside the TARGET python (`python -c <this source>`), never imported by extforge:
 # extforge must not import torch, and the target may be another Python version (>= 3.8),
 # so this file keeps to the standard library and to syntax old interpreters accept.
-# It prints one line: SENTINEL + JSON.
+# It prints one line: SENTINEL + JSON. Its argument (JSON) names the extensions to look for.
 import glob
 import json
 import os
@@ -36,24 +36,26 @@ def conda_record(name):
     return None
 
 
-def flash_attn_facts():
+def extension_facts(want):
     import importlib.util
     from importlib import metadata
 
     dist = None
-    for name in ("flash-attn", "flash_attn"):
+    for name in want["distributions"]:
         try:
             dist = metadata.distribution(name)
             break
         except metadata.PackageNotFoundError:
             pass
-    rec = conda_record("flash-attn")
+    rec = conda_record(want["name"])
     if dist is None and rec is None:
         return None
     wheel = (dist.read_text("WHEEL") or "") if dist else ""
     # find_spec locates the extension module without loading it (loading would pull in libtorch).
-    spec = importlib.util.find_spec("flash_attn_2_cuda")
+    spec = importlib.util.find_spec(want["module"])
     return {
+        "name": want["name"],
+        "module": want["module"],
         "version": dist.version if dist else rec["version"],
         "location": str(dist.locate_file("")) if dist else sys.prefix,
         "installer": "conda" if rec or dist is None else ((dist.read_text("INSTALLER") or "").strip() or "unknown"),
@@ -83,13 +85,18 @@ def torch_facts():
 
 
 def main():
-    out = {"python": python_facts(), "errors": {}}
-    for key, fn in (("flash_attn", flash_attn_facts), ("torch", torch_facts)):
+    out = {"python": python_facts(), "errors": {}, "extensions": []}
+    probes = [(w["name"], lambda w=w: extension_facts(w)) for w in json.loads(sys.argv[1])]
+    for key, fn in probes + [("torch", torch_facts)]:
         try:
-            out[key] = fn()
+            found = fn()
         except BaseException as exc:  # a broken install is a fact to report
-            out[key] = None
+            found = None
             out["errors"][key] = "%s: %s" % (type(exc).__name__, exc)
+        if key == "torch":
+            out["torch"] = found
+        elif found:
+            out["extensions"].append(found)
     sys.stdout.write("\n" + SENTINEL + json.dumps(out) + "\n")
 
 
