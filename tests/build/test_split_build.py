@@ -43,9 +43,9 @@ def _recipe(tmp_path: Path, text: str) -> Path:
     return recipe
 
 
-def _build(recipe: Path, channel: Path, out: Path, split: parts.Split | None) -> tuple[list, list[str]]:
+def _build(recipe: Path, channel: Path, out: Path, part: parts.Part | None) -> tuple[list, list[str]]:
     notes: list[str] = []
-    built = build_recipe(BuildOptions.make(recipe, [str(channel)], out, test=False, audit=False, split=split), notes=notes)
+    built = build_recipe(BuildOptions.make(recipe, [str(channel)], out, test=False, audit=False, part=part), notes=notes)
     return built, notes
 
 
@@ -68,7 +68,7 @@ def test_two_parts_then_the_link_job_make_the_package_from_the_cache(site: tuple
     # Output folders of different lengths: rattler-build pads each host prefix's name differently.
     for i in (1, 2):
         out = tmp_path / f"part{i * 'i'}"
-        built, notes = _build(recipe, channel, out, parts.Split(2, i))
+        built, notes = _build(recipe, channel, out, parts.Part(2, i))
         # A part makes no package and leaves no work folder: its objects are in the cache only.
         assert built == [] and not list(out.rglob("*.conda")) and not list((out / "bld").glob("rattler-build_*"))
         # Its log, ninja's log and the unit notes stay: the units it compiled, with their seconds.
@@ -80,7 +80,7 @@ def test_two_parts_then_the_link_job_make_the_package_from_the_cache(site: tuple
         assert re.fullmatch(rf"part {i} of 2: {mine} units? compiled into the compile cache \(0 were there already; "
                             rf"longest \d+ s\), {4 - mine} left to the other parts", *notes)
 
-    built, notes = _build(recipe, channel, tmp_path / "link", parts.Split(2, parts.LINK))
+    built, notes = _build(recipe, channel, tmp_path / "link", parts.Part(2, parts.LINK))
     assert [p.name for p in built] == ["split-demo"]
     assert re.fullmatch(r"the link job of 2 parts: 4 units \(4 from the compile cache, 0 compiled here; longest \d+ s\)", *notes)
     assert _symbols(built[0].path, tmp_path) == {f"f_{u}" for u in UNITS}
@@ -107,8 +107,8 @@ def test_builds_in_output_folders_of_any_depth_and_length_share_the_compile_cach
 
 def test_a_link_job_without_its_parts_compiles_what_the_cache_lacks(site: tuple[Path, Path], tmp_path: Path) -> None:
     recipe, channel = site
-    _build(recipe, channel, tmp_path / "part1", parts.Split(2, 1))
-    built, notes = _build(recipe, channel, tmp_path / "link", parts.Split(2, parts.LINK))
+    _build(recipe, channel, tmp_path / "part1", parts.Part(2, 1))
+    built, notes = _build(recipe, channel, tmp_path / "link", parts.Part(2, parts.LINK))
     done_by_part1 = sum(1 for u in UNITS if parts.owner(u, 2) == 1)
     assert re.fullmatch(rf"the link job of 2 parts: 4 units \({done_by_part1} from the compile cache, "
                         rf"{4 - done_by_part1} compiled here; longest \d+ s\)", *notes)
@@ -122,7 +122,7 @@ def test_a_part_whose_unit_does_not_compile_fails_with_the_compilers_error(site:
     failures = []
     for i in (1, 2):
         try:
-            _build(broken, channel, tmp_path / f"part{i}", parts.Split(2, i))
+            _build(broken, channel, tmp_path / f"part{i}", parts.Part(2, i))
         except ExtforgeError as exc:
             failures.append((i, exc))
     assert [i for i, _ in failures] == [parts.owner("beta", 2)]
@@ -138,19 +138,19 @@ def test_a_split_build_without_a_compile_cache_is_refused(tmp_path: Path, monkey
     (channel / "noarch").mkdir(parents=True)
     recipe = _recipe(tmp_path, RECIPE)
     with pytest.raises(ExtforgeError) as exc:
-        _build(recipe, channel, tmp_path / "out", parts.Split(2, 1))
+        _build(recipe, channel, tmp_path / "out", parts.Part(2, 1))
     assert "needs a compile cache" in exc.value.what and "apt-get install ccache" in exc.value.fix
 
 
 def test_parts_are_balanced_by_the_cost_data_and_the_rest_by_name(tmp_path: Path) -> None:
     costs = {"a": 10.0, "b": 9.0, "c": 5.0, "d": 4.0, "e": 1.0}
     assert parts.assignment(costs, 2) == {"a": 1, "b": 2, "c": 2, "d": 1, "e": 1}
-    assert parts.parse_part("2/4") == parts.Split(4, 2)
+    assert parts.parse_part("2/4") == parts.Part(4, 2)
     for bad in ("0/4", "5/4", "2", "a/b"):
         with pytest.raises(ExtforgeError):
             parts.parse_part(bad)
     # The launcher (shell) and owner() (Python) put a unit the cost data does not know in one part.
-    script = parts.launcher(parts.Split(3, 1), "ccache", Path("/s"), Path("/a")).split()[1]
+    script = parts.launcher(parts.Part(3, 1), "ccache", Path("/s"), Path("/a")).split()[1]
     for unit in ("flash_fwd_hdim128_bf16_sm90", "x", "rmsnorm_kernel"):
         state = tmp_path / unit
         state.mkdir()

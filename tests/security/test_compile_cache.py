@@ -18,7 +18,7 @@ import pytest
 
 from extforge import compile_cache
 from extforge.building.build import build_environment
-from extforge.building.parts import Split
+from extforge.building.parts import Part
 from extforge.errors import ExtforgeError
 
 # Compiles unit.cpp in the folder argv[2] through a compile cache in argv[1], as a build does.
@@ -154,7 +154,7 @@ def test_a_per_user_folder_another_user_made_is_refused_never_used(peer_site, to
     env = build_environment("", [], {}, "no-such-profile")
     assert not any(k.startswith("CCACHE") or k == "EXTFORGE_COMPILER_LAUNCHER" for k in env)
     with pytest.raises(ExtforgeError) as split:
-        build_environment("", [], {}, "no-such-profile", Split(2, 1))
+        build_environment("", [], {}, "no-such-profile", Part(2, 1))
     assert "needs a compile cache" in split.value.what and split.value.why == refused.value.what
     if planted == "a link to theirs":
         assert not any((root / "elsewhere").iterdir())

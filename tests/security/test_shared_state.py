@@ -15,7 +15,7 @@ import pytest
 
 from extforge import shared_read
 from extforge.building import parts
-from extforge.building.build import split_environment
+from extforge.building.build import part_environment
 from extforge.building.parts import owner
 from extforge.errors import ExtforgeError
 
@@ -207,12 +207,12 @@ def test_a_split_builds_notes_are_read_only_from_its_own_private_folder(peer_sit
     _plant(attacker, state / "units", "link libx.so\ncompiled alpha x y\n")
     env = {"EXTFORGE_COMPILER_LAUNCHER": "ccache"}
     with pytest.raises(ExtforgeError) as exc:
-        split_environment(env, parts.Split(2, 1), "split-demo", None, {}, state)
+        part_environment(env, parts.Part(2, 1), "split-demo", None, {}, state)
     assert exc.value.what.startswith(f"refusing to use {state}: it is owned by uid {attacker.uid}")
     # The folder is the builder's own now; a file in it that is not (the folder swapped while
     # the part ran), or that others may write, is refused, never counted.
     shutil.rmtree(state)
-    split_environment(env, parts.Split(2, 1), "split-demo", None, {}, state)
+    part_environment(env, parts.Part(2, 1), "split-demo", None, {}, state)
     assert oct(state.stat().st_mode & 0o777) == "0o700" and (state / parts.ASSIGNMENT_FILE).read_text() == ""
     parts.clear_notes(state)
     (state / "units").write_text("link libx.so\ncompiled alpha x y\ncompiled a[$(id)] 0 3\ncompiled beta 0 3\n")

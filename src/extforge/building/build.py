@@ -80,11 +80,11 @@ def build_environment(
     channels: Sequence[str],
     variants: Mapping[str, list[str]],
     profile: str,
-    split: parts.Split | None = None,
+    part: parts.Part | None = None,
     units: int | None = None,
 ) -> dict[str, str]:
     """Variables the build needs: CONDA_OVERRIDE_CUDA, the planner's MAX_JOBS/NVCC_THREADS,
-    longest-first unit order and units to split, a compile cache (which a split build must have).
+    longest-first unit order and units to split, a compile cache (which a build in parts must have).
     `units`: the translation units the sdist's setup.py names, for a recipe planned by the default estimate."""
     env: dict[str, str] = {}
     if "CONDA_OVERRIDE_CUDA" not in os.environ and needs_cuda_override(recipe_text, channels):
@@ -93,12 +93,12 @@ def build_environment(
     env |= plan.plan_build(machine.detect(), profile, variant_archs(variants) or plan.DEFAULT_ARCHS,
                            version=cost_store.recipe_version(recipe_text), units=units, variant=variants).env()
     # No compile cache is no reason to fail a build, it only makes rebuilds slower; but the parts
-    # of a split build hand their objects to the link job through it.
+    # of a build in parts hand their objects to the link job through it.
     try:
         env |= compile_cache.env()
     except ExtforgeError as exc:
-        if split:
-            raise ExtforgeError(f"{split.describe()} needs a compile cache: the parts' objects reach the link job "
+        if part:
+            raise ExtforgeError(f"{part.describe()} needs a compile cache: the parts' objects reach the link job "
                                 "through it", exc.what, f"{exc.fix} (on every build node: all parts and the link job "
                                 "use the compile cache of one EXTFORGE_CACHE on shared storage)") from exc
         if not isinstance(exc, compile_cache.NoCompileCache):
@@ -106,12 +106,12 @@ def build_environment(
     return env
 
 
-def split_environment(env: Mapping[str, str], split: parts.Split, profile: str, version: str | None,
+def part_environment(env: Mapping[str, str], part: parts.Part, profile: str, version: str | None,
                       variants: Mapping[str, list[str]], state_dir: Path) -> dict[str, str]:
-    """The variables of one part of a split build, or of its link job: the compile cache is what
+    """The variables of one part of a build in parts, or of its link job: the compile cache is what
     carries the parts' objects to the link job, so there is none without it; one nvcc thread in
     every job, so parts and link job run the same compile commands (the cache's key)."""
-    cache = env["EXTFORGE_COMPILER_LAUNCHER"]  # build_environment refused a split build without one
+    cache = env["EXTFORGE_COMPILER_LAUNCHER"]  # build_environment refused a build in parts without one
     # Private to this user (0700, made by them): what the launcher notes there is believed.
     output_dir = state_dir.parent.parent
     safe_files.make_dirs(state_dir.parent, beneath=output_dir)
@@ -119,11 +119,11 @@ def split_environment(env: Mapping[str, str], split: parts.Split, profile: str, 
     numbers = plan.numbers_for(profile, version)
     # The variant's own units, dealt longest first: a subset's parts are balanced on what it builds.
     costs = unit_costs.in_variant(numbers.costs.seconds(), numbers.costs.subsets, variants) if numbers.costs else {}
-    assigned = parts.assignment(costs, split.parts)
+    assigned = parts.assignment(costs, part.parts)
     assignment_file = state_dir / parts.ASSIGNMENT_FILE
     safe_files.write_atomic(assignment_file, parts.assignment_text(assigned).encode(), mode=0o644)
     return {"NVCC_THREADS": "1",
-            "EXTFORGE_COMPILER_LAUNCHER": parts.launcher(split, compile_cache.cache_tool(cache), state_dir,
+            "EXTFORGE_COMPILER_LAUNCHER": parts.launcher(part, compile_cache.cache_tool(cache), state_dir,
                                                                assignment_file)}
 
 
@@ -453,12 +453,12 @@ def cache_hit_units(state_dir: Path) -> set[str]:
     return set()
 
 
-def finish_part(split: parts.Split, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
+def finish_part(part: parts.Part, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
                 fh: Any, notes: list[str]) -> None:
     """A part is done: its objects are in the compile cache; what it built around them (placeholder
     objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
     log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
-    note_outcome(split, state_dir, fh, notes)
+    note_outcome(part, state_dir, fh, notes)
     output_dir = keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")])
     for path in [*work_dirs, *(p.path for p in packages)]:
         safe_files.remove_quietly(path, beneath=output_dir)
@@ -476,23 +476,23 @@ def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) ->
     return output_dir
 
 
-def note_outcome(split: parts.Split, state_dir: Path, fh: Any, notes: list[str]) -> parts.Outcome:
+def note_outcome(part: parts.Part, state_dir: Path, fh: Any, notes: list[str]) -> parts.Outcome:
     """What a part or a link job did, into its build log and the notes the command prints."""
     outcome = parts.read_outcome(state_dir)
-    summary = outcome.summary(split)
+    summary = outcome.summary(part)
     fh.write(f"extforge: {summary}\n")
     fh.flush()
     notes.append(summary)
     return outcome
 
 
-def report_link(split: parts.Split, state_dir: Path, fh: Any, notes: list[str]) -> None:
-    outcome = note_outcome(split, state_dir, fh, notes)
+def report_link(part: parts.Part, state_dir: Path, fh: Any, notes: list[str]) -> None:
+    outcome = note_outcome(part, state_dir, fh, notes)
     if outcome.cache_misses:
         many = outcome.cache_misses != 1
         log.warning("%s: %d unit%s not in the compile cache and compiled here (a part failed, did not run, or ran "
                     "with other sources or flags; or the unit's headers expand __FILE__, which names this build's "
-                    "own folder: FA3's flash_prepare_scheduler)", split.describe(), outcome.cache_misses,
+                    "own folder: FA3's flash_prepare_scheduler)", part.describe(), outcome.cache_misses,
                     "s were" if many else " was")
 
 
@@ -500,7 +500,7 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
                  notes: list[str] | None = None,
                  on_progress: Callable[[plan.BuildProgress], None] | None = None) -> list[BuiltPackage]:
     """Build `options.recipe` into `options.output_dir` (an indexed channel) and return the packages
-    it made; a split build's part makes none. What a part or a link job did is added to `notes`;
+    it made; a part of a build in parts makes none. What a part or a link job did is added to `notes`;
     how far each compile has come goes to `on_progress` (else `on_step`, as a line).
     Planned from the site's costs for the recipe, else those its folder ships."""
     recipe_file = engine.find_recipe(options.recipe)
@@ -544,15 +544,15 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     units = next((n for spec, path in local_sources if spec.is_sdist and (n := scaffold.sdist_units(path))), None)
     planned = Planned(profile, merged, cost_store.recipe_version(recipe_text), units)
     bld = output_dir / "bld"
-    split, split_state = options.split, parts.state_dir(bld)
-    env = build_environment(recipe_text, urls, merged, profile, split, units)
-    if split:
-        env |= split_environment(env, split, profile, cost_store.recipe_version(recipe_text), merged, split_state)
+    part, parts_state = options.part, parts.state_dir(bld)
+    env = build_environment(recipe_text, urls, merged, profile, part, units)
+    if part:
+        env |= part_environment(env, part, profile, cost_store.recipe_version(recipe_text), merged, parts_state)
     elif "CCACHE_DIR" in env:
-        # ccache's verdict on every compile (a split build's launcher sets its own), in a folder
+        # ccache's verdict on every compile (the launcher of a build in parts sets its own), in a folder
         # of this build alone: the planner learns only the units compiled, never a cache hit's copy.
         env["CCACHE_STATSLOG"] = str(private / parts.STATS_LOG)
-    verdicts = split_state if split else private
+    verdicts = parts_state if part else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
     make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
@@ -583,7 +583,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 with progress_reports(sink, bld, before, planned, on_progress), stop.engine():
                     # A part's module is placeholders: nothing to test.
                     result = engine.build_variant(variant, output_dir, urls, sink, keep_build=True,
-                                                  test=options.test and not (split and not split.is_link))
+                                                  test=options.test and not (part and not part.is_link))
             except BaseException as exc:
                 if not engine.engine_failure(exc):
                     raise
@@ -595,9 +595,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                     fh.write(f"extforge: build stopped by {stop.name}; its work folders were removed\n")
                     fh.flush()
                     stop.check()
-                if split and not split.is_link and parts.part_reached_link(split_state):
+                if part and not part.is_link and parts.part_reached_link(parts_state):
                     # What fails after a part's placeholder links (an import test, a relink) is expected.
-                    finish_part(split, split_state, kept, [], fh, notes)
+                    finish_part(part, parts_state, kept, [], fh, notes)
                     continue
                 if failed_solve(exc):
                     # Nothing ran yet: the work folder holds only a copy of the sources.
@@ -619,15 +619,15 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             for pkg in packages:
                 pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
-            if split and not split.is_link:
-                finish_part(split, split_state, work_dirs, packages, fh, notes)
+            if part and not part.is_link:
+                finish_part(part, parts_state, work_dirs, packages, fh, notes)
                 continue
             split_log = split_log_in(work_dirs)
             cached = cache_hit_units(verdicts)
             speed = measured_node_speed(profile, work_dirs, merged, env, split_log, cached)
-            if split:
+            if part:
                 # A link job's log times cache hits, not compiles: it teaches the cost store nothing.
-                report_link(split, split_state, fh, notes)
+                report_link(part, parts_state, fh, notes)
             else:
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .parts import Split
+from .parts import Part
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class BuildOptions:
     profile: str | None = None  # planner profile named on the command line
     test: bool = True
     audit: bool = True  # audit and stamp what was built (and, on Slurm, gate the publish)
-    split: Split | None = None  # one part of a split build, or its link job (split_build)
+    part: Part | None = None  # one part of a build in parts, or its link job (parts.py)
     wheel: bool = False  # also write each audited package's wheel (extforge.wheel) into <output>/wheels
     manylinux: tuple[int, int] | None = None  # the site's target policy a wheel may not exceed (2, 28)
 
@@ -37,7 +37,7 @@ class BuildOptions:
         profile: str | None = None,
         test: bool = True,
         audit: bool = True,
-        split: Split | None = None,
+        part: Part | None = None,
         wheel: bool = False,
         manylinux: tuple[int, int] | None = None,
     ) -> BuildOptions:
@@ -51,7 +51,7 @@ class BuildOptions:
             profile=profile,
             test=test,
             audit=audit,
-            split=split,
+            part=part,
             wheel=wheel,
             manylinux=manylinux,
         )

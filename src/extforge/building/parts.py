@@ -14,7 +14,7 @@ others may write: the assignment holds only unit names of shared_read.UNIT_NAME'
 part numbers, which the launcher checks again and never evaluates; the notes are read back only
 from this user's private folder, as this user's files (shared_read).
 
-Public API: Split, parse_part(text), parse_link_parts(text), assignment(costs, parts), owner(unit, parts),
+Public API: Part, parse_part(text), parse_link_parts(text), assignment(costs, parts), owner(unit, parts),
 launcher(split, cache, state_dir, assignment_file), state_dir(bld), Outcome, read_outcome(state_dir),
 clear_notes(state_dir), part_reached_link(state_dir).
 """
@@ -44,7 +44,7 @@ _COUNT = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
-class Split:
+class Part:
     parts: int
     part: int  # 1..parts, or LINK
 
@@ -56,23 +56,23 @@ class Split:
         return f"the link job of {self.parts} parts" if self.is_link else f"part {self.part} of {self.parts}"
 
 
-def parse_part(text: str) -> Split:
-    """`--part I/N` → Split(N, I)."""
+def parse_part(text: str) -> Part:
+    """`--part I/N` → Part(N, I)."""
     m = re.fullmatch(r"\s*([0-9]{1,6})\s*/\s*([0-9]{1,6})\s*", text)
     if not m or not 1 <= int(m[1]) <= int(m[2]) <= MAX_PARTS:
         raise ExtforgeError(f"--part {shared_read.shown(text)} is not I/N with 1 <= I <= N <= {MAX_PARTS}",
-                            "a split build's part names its number and the number of parts",
+                            "a build in parts: a part names its number and the number of parts",
                             "e.g. --part 2/4 (Slurm: --part ${SLURM_ARRAY_TASK_ID}/4 in an array 1-4)")
-    return Split(int(m[2]), int(m[1]))
+    return Part(int(m[2]), int(m[1]))
 
 
-def parse_link_parts(text: str) -> Split:
-    """`--link-parts N` → Split(N, LINK)."""
+def parse_link_parts(text: str) -> Part:
+    """`--link-parts N` → Part(N, LINK)."""
     m = re.fullmatch(r"\s*([0-9]{1,6})\s*", text)
     if not m or not 1 <= int(m[1]) <= MAX_PARTS:
-        raise ExtforgeError(f"--link-parts {shared_read.shown(text)}: a split build has 1 to {MAX_PARTS} parts", "",
+        raise ExtforgeError(f"--link-parts {shared_read.shown(text)}: a build in parts has 1 to {MAX_PARTS} parts", "",
                             "pass the N the parts were built with (--part I/N)")
-    return Split(int(m[1]), LINK)
+    return Part(int(m[1]), LINK)
 
 
 def owner(unit: str, parts: int) -> int:
@@ -97,13 +97,13 @@ def assignment_text(mapping: Mapping[str, int]) -> str:
     return "".join(f"{shared_read.unit_name(u)}\t{p}\n" for u, p in sorted(mapping.items()))
 
 
-def launcher(split: Split, cache: str, state_dir: Path, assignment_file: Path) -> str:
+def launcher(part: Part, cache: str, state_dir: Path, assignment_file: Path) -> str:
     """EXTFORGE_COMPILER_LAUNCHER for one part or the link job (recipes split it on spaces)."""
     script = Path(str(resources.files("extforge").joinpath("data/part-launcher.sh")))
-    words = [str(script), str(split.part), str(split.parts), str(assignment_file), str(state_dir), cache]
+    words = [str(script), str(part.part), str(part.parts), str(assignment_file), str(state_dir), cache]
     spaced = [w for w in words if not w or re.search(r"\s", w)]
     if spaced:
-        raise ExtforgeError(f"a split build cannot pass {spaced[0]!r} to its compile launcher",
+        raise ExtforgeError(f"a build in parts cannot pass {spaced[0]!r} to its compile launcher",
                             "recipes split EXTFORGE_COMPILER_LAUNCHER on spaces",
                             "install extforge, the compile cache and the output folder under paths without spaces")
     return "bash " + " ".join(words)
@@ -111,7 +111,7 @@ def launcher(split: Split, cache: str, state_dir: Path, assignment_file: Path) -
 
 def state_dir(bld: Path) -> Path:
     """Beside rattler-build's work folders: where a part or the link job notes each unit and
-    reads its assignment; one for each user (a private folder: split_environment makes it)."""
+    reads its assignment; one for each user (a private folder: part_environment makes it)."""
     return bld / f"extforge-split-{os.geteuid()}"
 
 
@@ -131,13 +131,13 @@ class Outcome:
     def failed(self) -> list[str]:
         return sorted(u for u, rc in self.compiled.items() if rc != 0)
 
-    def summary(self, split: Split) -> str:
+    def summary(self, part: Part) -> str:
         done = len(self.compiled) - len(self.failed)
         longest = max(self.seconds.values(), default=0)
-        if split.is_link:
+        if part.is_link:
             cached = f"{self.cache_hits} from the compile cache, {self.cache_misses} compiled here"
-            return f"{split.describe()}: {done} units ({cached}; longest {longest} s)"
-        return (f"{split.describe()}: {done} unit{'' if done == 1 else 's'} compiled into the compile cache ({self.cache_hits} were "
+            return f"{part.describe()}: {done} units ({cached}; longest {longest} s)"
+        return (f"{part.describe()}: {done} unit{'' if done == 1 else 's'} compiled into the compile cache ({self.cache_hits} were "
                 f"there already; longest {longest} s), {len(self.skipped)} left to the other parts")
 
 

@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manylinux", type=option_type(manylinux_policy), metavar="2_N",
                         help="with --wheel: the site's target policy; a package whose binaries need more gets no wheel (exit 1)")
     split = parser.add_argument_group(
-        "a split build: N jobs compile a share of the units each into the compile cache (one EXTFORGE_CACHE "
+        "a build in parts: N jobs compile a share of the units each into the compile cache (one EXTFORGE_CACHE "
         "on shared storage), then a link job builds the package from it (for a build one job cannot hold)")
     one = split.add_mutually_exclusive_group()
     one.add_argument("--part", type=option_type(parse_part), metavar="I/N",
@@ -75,7 +75,7 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         profile=args.profile,
         test=not args.no_test,
         audit=not args.no_audit,
-        split=args.part or args.link_parts,
+        part=args.part or args.link_parts,
         wheel=args.wheel,
         manylinux=args.manylinux,
     )

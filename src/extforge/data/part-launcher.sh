@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compile launcher of a split build (extforge.building.parts), in front of every compiler call
+# The compile launcher of a build in parts (extforge.building.parts), in front of every compiler call
 # of one part (PART 1..PARTS) or of the link job (PART 0):
 #   - a unit of this part compiles through the compile cache, which carries its object to the
 #     link job; a unit of another part gets an empty placeholder object, never cached;

@@ -65,7 +65,7 @@ def _compile_cache(facts: Facts) -> list[Finding]:
         return []
     return [Finding("warning", f"builds compile without the compile cache: {cc.why}",
                     "a compile cache folder someone else made or can reach could hand their objects to your builds; "
-                    "a split build refuses to run without the cache", cc.fix)]
+                    "a build in parts refuses to run without the cache", cc.fix)]
 
 
 def _torch(facts: Facts) -> list[Finding]:

@@ -54,9 +54,9 @@ def submit_build(opts: BuildOptions, args: argparse.Namespace) -> int:
             "each job publishes the package it built to a channel every node can reach",
             "add --publish-to /shared/channels/internal (a folder on the shared filesystem)",
         )
-    if opts.split:
+    if opts.part:
         raise ExtforgeError(
-            "--part and --link-parts are what the jobs of a split build run, not options of --slurm",
+            "--part and --link-parts are what the jobs of a build in parts run, not options of --slurm",
             "with --slurm, extforge submits the parts and the link job itself",
             "pass --parts N instead (and --shared-cache DIR, on storage every build node sees)",
         )

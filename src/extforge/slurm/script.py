@@ -55,7 +55,7 @@ class BuildJob:
     publish_flags: tuple[str, ...] = ()  # e.g. --no-audit, passed on to `extforge publish`
     wheel_publish: tuple[str, ...] = ()  # --wheels DIR [--manylinux 2_N]: its wheel is published too, first
     env: tuple[tuple[str, str], ...] = ()  # exported before the build (shared caches)
-    # A split build (split_build): this many part jobs (a job array) compile into the shared
+    # A build in parts (building/parts.py): this many part jobs (a job array) compile into the shared
     # compile cache first, and this job is their link job, started when the array has ended.
     parts: int = 1
     after_job: str | None = None  # the job (array) this job waits for
@@ -99,7 +99,7 @@ def parts_dir(job: BuildJob) -> Path:
 
 
 def render_parts_script(job: BuildJob, config: SlurmConfig) -> str:
-    """The job array of a split build's parts: task I runs `extforge build --part I/N`; what it
+    """The job array of a build's parts: task I runs `extforge build --part I/N`; what it
     compiles goes to the shared compile cache, nothing is published (the link job does that)."""
     opts = [o for o in sbatch_options(job, config) if not o.startswith(("--job-name=", "--output="))]
     log = job.files.log.with_name(f"{job.variant.id}.part-%a.log")
@@ -111,7 +111,7 @@ def render_parts_script(job: BuildJob, config: SlurmConfig) -> str:
         f"#SBATCH --output={log}",
         f"#SBATCH --array=1-{job.parts}",
         *(f"#SBATCH {o}" for o in opts),
-        f"# extforge {__version__}: the {job.parts} parts of variant {job.variant.id} (a split build)",
+        f"# extforge {__version__}: the {job.parts} parts of variant {job.variant.id} (a build in parts)",
         "set -euo pipefail",
         'echo "extforge: $(date -Is) part ${SLURM_ARRAY_TASK_ID}/' + str(job.parts) + ' (job ${SLURM_JOB_ID:-?}) on $(hostname)"',
         *(f"export {k}={shlex.quote(val)}" for k, val in job.env),
