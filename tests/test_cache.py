@@ -134,10 +134,6 @@ def test_reusing_a_mirror_package_or_wheel_marks_it_used(tmp_path: Path, monkeyp
     assert time.time() - kept.stat().st_mtime < DAY
 
 
-# Written under the cache root but no area: a file of a few KiB that the next mirror run rebuilds.
-NOT_AN_AREA = {"mirror/sha256-memo.json"}
-
-
 def test_every_folder_the_code_writes_under_the_cache_is_an_area():
     """Each folder the project (code, tests, benches, calibration and node tools) joins onto cache_root() is listed by
     `extforge cache`: a folder it does not list is disk a user cannot see or prune."""
@@ -156,9 +152,9 @@ def test_every_folder_the_code_writes_under_the_cache_is_an_area():
             written.add(top + ("*" if templated else "") + (f"/{sub}" if sub else ""))
         for kind, name in per_user.findall(text):
             written |= {f"{name}-*"} | ({name} if kind == "own_area" else set())
-    assert {"trust-*", "mirror/packages", "audit-torch", "tools", "logs"} <= written, written
+    assert {"trust-*", "mirror-*", "toolkits-*", "audit-targets-*", "audit-torch", "tools", "logs"} <= written, written
     rels = [a.rel for a in cache.AREAS]
-    unlisted = {w for w in written - NOT_AN_AREA
+    unlisted = {w for w in written
                 if not any(fnmatch.fnmatch(w, rel) or w.startswith(rel + "/") or rel.startswith(w + "/")
                            or ("/" in rel and fnmatch.fnmatch(w, rel.split("/", 1)[0])) for rel in rels)}
     assert not unlisted, f"cache folders no area lists: {unlisted}"

@@ -40,17 +40,17 @@ class Area:
 CHANNELS = Area("channels", "channels", "channels published under the cache (scripts/demo's mirror)", prunable=False)
 
 AREAS = (
-    Area("mirror-packages", "mirror/packages", "conda packages built by `extforge mirror`"),
-    Area("mirror-wheels", "mirror/wheel-store", "downloaded wheels, one copy per sha256"),
-    Area("wheel-requests", "mirror/wheels", "pip download folders (hard links into mirror-wheels)"),
-    Area("toolkits", "toolkits", "CUDA toolkits fetched for the mirror"),
-    Area("audit-targets", "audit-targets", "pinned torch environments the audit resolves against"),
-    # pkgs-<uid>, rattler-<uid>: a user's own in a cache root of another user's (paths.own_area).
+    Area("mirror-packages", "mirror*/packages", "conda packages built by `extforge mirror`"),
+    Area("mirror-wheels", "mirror*/wheel-store", "downloaded wheels, one copy per sha256"),
+    Area("wheel-requests", "mirror*/wheels", "pip download folders (hard links into mirror-wheels)"),
+    Area("toolkits", "toolkits*", "CUDA toolkits fetched for the mirror"),
+    Area("audit-targets", "audit-targets*", "pinned torch environments the audit resolves against"),
+    # <name>-<uid>: a user's own in a cache root others may write (paths.own_area).
     Area("package-store", "pkgs*", "package archives checked by `extforge install`"),
     Area("rattler", "rattler*/pkgs", "rattler's extracted packages (build and install environments)"),
     Area("sources", "sources/sha256", "recipe sources, by sha256"),
     Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
-    Area("mirror-work", "mirror/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
+    Area("mirror-work", "mirror*/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
     Area("unit-costs", "unit-costs", "compile costs learned from this machine's builds, per recipe and version (the planner's)"),
     CHANNELS,
     Area("audit-torch", "audit-torch", "unpacked torch wheels the test suite and the audit bench audit against"),

@@ -100,16 +100,39 @@ def private_dir(name: str, *, create: bool = True) -> Path:
 
 
 def own_area(name: str, *, create: bool = True) -> Path:
-    """Where this user keeps the cache area `name` that it hard-links or extracts into its own
-    environments: the shared `<cache>/<name>` in a cache root of its own (the usual case), its
-    private_dir in another user's (a site's shared cache), so that no user's environment holds
-    another user's files and no user needs write access to another's folder."""
+    """Where this user keeps the cache area `name`, whose entries it takes as its own without
+    checking them again: hard-links them into its environments, serves them in its mirror
+    channel, runs them as its CUDA toolkit, audits against them.
+
+    `<cache>/<name>` where nobody else can have put anything there (the usual one-user cache):
+    the cache root and that folder, if there, this user's and writable by nobody else. Else (a
+    site's shared cache root, sticky or a group's, even one this user owns) its private_dir: an
+    entry's name is a content hash anyone can compute, so another user who can write the area
+    could plant the package, toolkit or environment this user is about to look up."""
     root = cache_root()
+    shared = root / name
+    for path, st in ((root, _stat(root, follow=True)), (shared, _stat(shared, follow=False))):
+        if st is not None and (not stat.S_ISDIR(st.st_mode) or not_only_mine(st)):
+            log = logging.getLogger("extforge")
+            if path == shared and shared not in _warned:
+                _warned.add(shared)
+                log.warning("%s is not yours alone (owner uid %d, mode %o): using a folder of your own instead",
+                            shared, st.st_uid, stat.S_IMODE(st.st_mode))
+            return private_dir(name, create=create)
+    return shared
+
+
+def _stat(path: Path, *, follow: bool) -> os.stat_result | None:
     try:
-        owner = root.stat().st_uid
+        return path.stat() if follow else path.lstat()
     except FileNotFoundError:
-        owner = os.geteuid()  # made by this run
-    return root / name if owner == os.geteuid() else private_dir(name, create=create)
+        return None  # made by this run, as this user's
+
+
+def not_only_mine(st: os.stat_result) -> bool:
+    """Whether another user may have written what `st` describes: not this user's, or writable
+    by its group or by anyone."""
+    return st.st_uid != os.geteuid() or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def rattler_cache_dir(*, create: bool = True) -> Path:

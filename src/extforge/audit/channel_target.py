@@ -14,7 +14,7 @@ from .. import cache
 from ..channel_ref import channel_url, records, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
-from ..paths import cache_root, mark_used, rattler_pkgs_dir
+from ..paths import cache_root, mark_used, own_area, rattler_pkgs_dir
 from ..safe_files import make_dirs, remove_quietly, rename
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
@@ -93,7 +93,7 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
             "pass --against PREFIX with the environment the package must run in",
         )
     key = hashlib.sha256("\n".join([*channels, *sorted(specs)]).encode()).hexdigest()[:16]
-    prefix = cache_root() / "audit-targets" / key
+    prefix = own_area("audit-targets") / key
     # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
     with exclusive(prefix.with_name(prefix.name + ".lock")):
         if (prefix / "conda-meta").is_dir():

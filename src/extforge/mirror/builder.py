@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import stat
 import time
@@ -14,8 +15,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .. import cache, engine, paths
+from .. import cache, engine, paths, shared_read
 from ..channel_ref import SUBDIRS
 from ..errors import ExtforgeError
 from ..locking import exclusive
@@ -37,15 +39,48 @@ class CachedPackage:
 
 
 def package_cache_dir() -> Path:
-    return paths.cache_root() / "mirror" / "packages"
+    return paths.own_area("mirror") / "packages"
+
+
+# What _build_miss writes: a repodata record (~1 KiB) and the names of one package file.
+_ENTRY_LIMIT = 1 << 20
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]{0,250}\.(conda|tar\.bz2)")
+_refused: set[Path] = set()
+
+
+def _entry_fields(data: object) -> dict[str, Any]:
+    """A package.json's fields, typed: four strings, the package's file name (no folder), its record."""
+    if not isinstance(data, dict):
+        raise ValueError("it is not a JSON object")
+    for field in ("name", "version", "build", "subdir", "file"):
+        if not isinstance(data.get(field), str):
+            raise ValueError(f"{field} is {shared_read.shown(data.get(field))}, not a string")
+    if data["subdir"] not in SUBDIRS or not _FILE_NAME.fullmatch(data["file"]):
+        raise ValueError(f"{shared_read.shown(data['subdir'] + '/' + data['file'])} is no package file of a subdir")
+    if not isinstance(data.get("record", {}), dict):
+        raise ValueError("its record is not a JSON object")
+    return data
+
+
+def _read_entry(entry: Path) -> dict[str, Any] | None:
+    """The package.json of a cache entry; None where there is none, or one not as _build_miss
+    writes it (said once: the package is built again over it)."""
+    try:
+        return shared_read.read_json(entry / "package.json", _entry_fields, limit=_ENTRY_LIMIT)
+    except FileNotFoundError:
+        return None
+    except shared_read.Refused as exc:
+        if exc.path not in _refused:
+            _refused.add(exc.path)
+            log.warning("%s; packaging it again", exc.what)
+        return None
 
 
 def lookup(job: PackageJob) -> CachedPackage | None:
     entry = package_cache_dir() / job.cache_key()
-    meta = entry / "package.json"
-    if not meta.is_file():
+    data = _read_entry(entry)
+    if data is None:
         return None
-    data = json.loads(meta.read_text())
     pkg = entry / data["file"]
     if not pkg.is_file():
         return None
@@ -68,7 +103,7 @@ def build_job(job: PackageJob, log_file: Path | None = None, compression_threads
 def _build_miss(job: PackageJob, key: str, log_file: Path | None, compression_threads: int | None) -> CachedPackage:
     start = time.monotonic()
     entry = package_cache_dir() / key
-    work = paths.cache_root() / "mirror" / "work" / key
+    work = entry.parent.parent / "work" / key
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     if job.written_directly:
@@ -177,10 +212,7 @@ def seed_records(channel: Path, packages: list[CachedPackage]) -> int:
                 continue
             if pkg.path.name in entries and not os.path.samefile(placed, pkg.path):
                 continue  # a copy (another file system) indexed before: its entry was carried or it is read again
-            try:
-                record = json.loads((pkg.path.parent / "package.json").read_text()).get("record")
-            except (OSError, ValueError):
-                record = None
+            record = (_read_entry(pkg.path.parent) or {}).get("record")
             if record and record.get("size") == pkg.path.stat().st_size:
                 entries[pkg.path.name] = record
                 seeded += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import paths, shared_read
 from ..cuda_rule import Offer, choose
 from ..errors import ExtforgeError
 from ..hashing import sha256_file as hash_file
@@ -75,7 +76,7 @@ def toolkit_for(torch_cuda: str, cuda_home: str | None = None) -> Toolkit:
 
 
 def toolkits_dir() -> Path:
-    return paths.cache_root() / "toolkits"
+    return paths.own_area("toolkits")
 
 
 def fetch(offer: Offer) -> Toolkit:
@@ -89,8 +90,21 @@ def fetch(offer: Offer) -> Toolkit:
 # ------------------------------------------------------------------ a layout tree in the cache
 
 
+# toolkit.json and a request's note: a few hundred bytes each, as _cached_tree and from_wheels write them.
+_META_LIMIT = 1 << 20
+
+
+def _strings(*fields: str) -> Callable[[object], dict[str, Any]]:
+    """A parser of a JSON object whose `fields` are strings."""
+    def parse(data: object) -> dict[str, Any]:
+        if not isinstance(data, dict) or not all(isinstance(data.get(f), str) for f in fields):
+            raise ValueError(f"it is not an object whose {', '.join(fields)} are strings")
+        return data
+    return parse
+
+
 def _tree_toolkit(root: Path, source: str) -> Toolkit:
-    meta = json.loads((root / "toolkit.json").read_text())
+    meta = shared_read.read_json(root / "toolkit.json", _strings("version", "origin", "identity"), limit=_META_LIMIT)
     files = {}
     tree = root / "tree"
     for dirpath, dirnames, filenames in os.walk(tree):
@@ -140,8 +154,12 @@ def from_wheels(short: str, python: str = sys.executable) -> Toolkit:
     req = f"cuda-toolkit[{WHEEL_EXTRAS}]=={short}.*"
     note = toolkits_dir() / "wheels" / f"{text_identity(str(LAYOUT), req)[:16]}.json"
     with exclusive(note.with_suffix(".lock")):
-        if note.exists():
-            root = toolkits_dir() / json.loads(note.read_text())["key"]
+        try:
+            key = shared_read.read_json(note, _strings("key"), limit=_META_LIMIT)["key"]
+        except (FileNotFoundError, shared_read.Refused):
+            key = ""  # fetched again: the note is written anew below
+        if re.fullmatch(r"wheels-[0-9a-f]{24}", key):
+            root = toolkits_dir() / key
             if (root / ".complete").exists():
                 paths.mark_used(root)
                 return _tree_toolkit(root, "wheels")

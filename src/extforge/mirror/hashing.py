@@ -5,16 +5,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from .. import paths
+from .. import paths, shared_read
 from ..hashing import sha256_file as hash_file
+
+# ~150 bytes a wheel: thousands of wheels fit many times over.
+_MEMO_LIMIT = 16 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_STAMP = re.compile(r"[0-9]{1,20}:[0-9]{1,30}")
+
+
+def _memo_entries(data: object) -> dict[str, list[str]]:
+    """The memo's entries, each a path's [stamp, sha256]; malformed ones are left out."""
+    if not isinstance(data, dict):
+        raise ValueError("it is not a JSON object")
+    return {path: hit for path, hit in data.items() if isinstance(hit, list) and len(hit) == 2
+            and isinstance(hit[0], str) and _STAMP.fullmatch(hit[0]) and isinstance(hit[1], str) and _SHA256.fullmatch(hit[1])}
 
 
 def _memo_path() -> Path:
-    return paths.cache_root() / "mirror" / "sha256-memo.json"
+    return paths.own_area("mirror") / "sha256-memo.json"
 
 
 def sha256_file(path: Path) -> str:
@@ -22,9 +36,9 @@ def sha256_file(path: Path) -> str:
     st = path.stat()
     memo_file = _memo_path()
     try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        memo = {}
+        memo = shared_read.read_json(memo_file, _memo_entries, limit=_MEMO_LIMIT)
+    except (FileNotFoundError, shared_read.Refused):
+        memo = {}  # rewritten below with this digest: the others are hashed again once
     stamp = f"{st.st_size}:{st.st_mtime_ns}"
     hit = memo.get(str(path))
     if hit and hit[0] == stamp:

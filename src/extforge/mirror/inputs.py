@@ -173,7 +173,7 @@ def from_wheels(wheel_dir: Path, python: str = sys.executable) -> MirrorInputs:
 def pip_wheel_dir(requirements: list[str], py_short: str) -> Path:
     """The download folder of one request for one Python minor (wheels differ per cpXY tag)."""
     key = hashlib.sha256(json.dumps([py_short, *sorted(requirements)]).encode()).hexdigest()[:16]
-    return paths.cache_root() / "mirror" / "wheels" / key
+    return paths.own_area("mirror") / "wheels" / key
 
 
 # A download folder pip completed holds its record: the request and each wheel's sha256 and
@@ -470,7 +470,7 @@ def from_pip(requirements: list[str], python: str = sys.executable) -> MirrorInp
                 log.info("%d any-python wheels (%.1f GB) taken from another Python's download of this request, "
                          "not downloaded again", len(taken), sum(w.stat().st_size for w in taken) / 1e9)
             record = _record_download(wheel_dir, requirements, interp.short, lent)
-        share_wheels(wheel_dir, paths.cache_root() / "mirror" / "wheel-store",
+        share_wheels(wheel_dir, wheel_dir.parent.parent / "wheel-store",
                      {name: sha256 for name, (sha256, _) in record.wheels.items()})
         if downloaded:
             safe_files.write_atomic(wheel_dir / COMPLETE, sign(record.body()), mode=0o644)
