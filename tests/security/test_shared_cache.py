@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,78 @@ def test_a_package_another_user_planted_in_a_shared_cache_is_never_served(peer_s
     assert hashlib.sha256(served.read_bytes()).digest() != hashlib.sha256(evil).digest(), "their package was served"
     own = _own_area(cache, victim, "mirror")
     assert [p.read_bytes() == served.read_bytes() for p in own.glob("packages/*/pytorch-*.conda")] == [True]
+
+
+def _toolkit_index(folder: Path, nvcc: bytes) -> Path:
+    """A find-links folder where pip finds CUDA 13.0 as NVIDIA ships it: cuda-toolkit, whose
+    `nvcc` extra requires nvidia-cuda-nvcc, which holds nvidia/cu13/bin/nvcc."""
+    folder.mkdir()
+    extras = "nvcc,cudart,cccl,cublas,cusparse,cusolver,curand,cufft".split(",")
+    for name, version, members, requires in (
+        ("cuda_toolkit", "13.0.0", {}, ['nvidia-cuda-nvcc==13.0.48; extra == "nvcc"']),
+        ("nvidia_cuda_nvcc", "13.0.48", {"nvidia/cu13/bin/nvcc": nvcc}, []),
+    ):
+        with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as zf:
+            for member, data in members.items():
+                info = zipfile.ZipInfo(member)
+                info.external_attr = 0o100755 << 16
+                zf.writestr(info, data)
+            zf.writestr(f"{name}-{version}.dist-info/METADATA", "".join(
+                [f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n",
+                 *(f"Provides-Extra: {e}\n" for e in extras if name == "cuda_toolkit"),
+                 *(f"Requires-Dist: {r}\n" for r in requires)]))
+            zf.writestr(f"{name}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: py3-none-any\n")
+    return _readable(folder)
+
+
+@pytest.mark.parametrize(("mode", "who"), _VICTIMS, ids=_VICTIM_IDS)
+def test_a_cuda_toolkit_another_user_planted_in_a_shared_cache_is_never_served_or_run(peer_site, mode, who):
+    """Another user of a shared cache root plants a complete CUDA toolkit tree (`toolkits/<key>`
+    with .complete and toolkit.json) and the note that maps the CUDA 13.0 request to it (its name
+    is a hash of the request: anyone computes it). The old code took their tree as the fetched
+    toolkit without downloading anything: my channel's cuda-nvcc-tools shipped their `bin/nvcc`,
+    which every build from the channel runs. Now the request is fetched into my own toolkits
+    folder: the channel serves the nvcc of NVIDIA's wheels, and theirs never runs."""
+    from extforge.mirror.cuda_sources import LAYOUT, WHEEL_EXTRAS
+    from extforge.mirror.hashing import text_identity
+    from package_files import package_member
+
+    victim = _victim_user(peer_site, who)
+    attacker = peer_site.peers[1]
+    case = f"toolkit-{mode:o}-{who}"
+    base = _readable(peer_site.root / case)
+    stand_in_torch(base / "wheels", "2.9.1", abi=1, cuda="13.0")
+    genuine = b"#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n"
+    index = _toolkit_index(base / "index", genuine)
+    marker = base / "ran" / "their-nvcc-ran"
+    marker.parent.mkdir(mode=0o777)
+    marker.parent.chmod(0o1777)
+
+    staged = base / "staged"
+    key = "wheels-" + "0" * 24
+    tree = staged / key / "tree" / "bin"
+    tree.mkdir(parents=True)
+    (tree / "nvcc").write_text(f"#!/bin/sh\ntouch {marker}\necho 'Cuda compilation tools, release 13.0, V13.0.48'\n")
+    (staged / key / "toolkit.json").write_text(json.dumps({"version": "13.0.48", "origin": "NVIDIA's wheels", "identity": key}))
+    (staged / key / ".complete").touch()
+    request = f"cuda-toolkit[{WHEEL_EXTRAS}]==13.0.*"
+    (staged / "wheels").mkdir()
+    (staged / "wheels" / f"{text_identity(str(LAYOUT), request)[:16]}.json").write_text(json.dumps({"request": request, "key": key}))
+    _readable(staged)
+    (tree / "nvcc").chmod(0o755)
+    cache = _shared_cache(peer_site, f"cache-{case}", mode)
+    _plant(peer_site, attacker, cache, "toolkits", staged)
+
+    channel = _owned(peer_site.root / f"channel-{case}", victim)
+    res = _mirror(peer_site, victim, cache, base / "wheels", channel, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(index))
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tools,) = (channel / "linux-64").glob("cuda-nvcc-tools-*.conda")
+    served = package_member(tools, "bin/nvcc")
+    assert served == genuine, served
+    # As a build from the channel would: the nvcc it serves runs, and it is not theirs.
+    nvcc = base / "served-nvcc"
+    nvcc.write_bytes(served)
+    nvcc.chmod(0o755)
+    subprocess.run([str(nvcc), "--version"], check=True, capture_output=True)
+    assert not marker.exists()
+    _own_area(cache, victim, "toolkits")
