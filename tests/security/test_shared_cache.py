@@ -326,3 +326,28 @@ def test_a_cuda_toolkit_another_user_planted_in_a_shared_cache_is_never_served_o
     subprocess.run([str(nvcc), "--version"], check=True, capture_output=True)
     assert not marker.exists()
     _own_area(cache, victim, "toolkits")
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o2775], ids=["sticky", "group"])
+def test_the_owner_of_a_cache_root_others_may_write_keeps_its_areas_private(tmp_path, monkeypatch, caplog, mode):
+    """The old own_area gave the cache root's owner `<cache>/<name>` whatever the root's mode: in a
+    sticky or group root, another user could make `<cache>/rattler` (or `mirror`) first and fill
+    it before the owner's first run. Now the owner too keeps private folders there; in a root only
+    it may write, an area folder that another user owns (one made while the root was open) is
+    passed by, said once."""
+    from extforge import paths
+
+    monkeypatch.delenv("RATTLER_CACHE_DIR", raising=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(mode)
+    monkeypatch.setenv("EXTFORGE_CACHE", str(cache))
+    uid = os.geteuid()
+    for name in ("mirror", "toolkits", "audit-targets", "pkgs"):
+        assert paths.own_area(name) == cache / f"{name}-{uid}"
+    assert paths.rattler_pkgs_dir() == cache / f"rattler-{uid}" / "pkgs"
+    cache.chmod(0o755)
+    (cache / "mirror").mkdir()
+    os.chown(cache / "mirror", uid + 1, uid + 1)
+    assert paths.own_area("mirror") == cache / f"mirror-{uid}" and paths.own_area("toolkits") == cache / "toolkits"
+    assert f"{cache / 'mirror'} is not yours alone (owner uid {uid + 1}" in caplog.text
