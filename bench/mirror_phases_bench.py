@@ -111,8 +111,8 @@ def main() -> int:
     if args.cache.resolve() == default.resolve():
         raise SystemExit("refusing to empty the mirror packages of the default cache: pass a cache of your own")
     for sub in ("packages", "work"):
-        shutil.rmtree(paths.cache_root() / "mirror" / sub, ignore_errors=True)
-    (paths.cache_root() / "mirror" / "sha256-memo.json").unlink(missing_ok=True)
+        shutil.rmtree(paths.own_area("mirror") / sub, ignore_errors=True)
+    (paths.own_area("mirror") / "sha256-memo.json").unlink(missing_ok=True)
 
     rows: list[Row] = []
     reqs = mirror.pip_requirements(args.torch, [])
