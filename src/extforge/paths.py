@@ -112,7 +112,7 @@ def own_area(name: str, *, create: bool = True) -> Path:
     root = cache_root()
     shared = root / name
     for path, st in ((root, _stat(root, follow=True)), (shared, _stat(shared, follow=False))):
-        if st is not None and (not stat.S_ISDIR(st.st_mode) or not_only_mine(st)):
+        if st is not None and (not stat.S_ISDIR(st.st_mode) or _others_may_write(st)):
             log = logging.getLogger("extforge")
             if path == shared and shared not in _warned:
                 _warned.add(shared)
@@ -129,7 +129,7 @@ def _stat(path: Path, *, follow: bool) -> os.stat_result | None:
         return None  # made by this run, as this user's
 
 
-def not_only_mine(st: os.stat_result) -> bool:
+def _others_may_write(st: os.stat_result) -> bool:
     """Whether another user may have written what `st` describes: not this user's, or writable
     by its group or by anyone."""
     return st.st_uid != os.geteuid() or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
