@@ -177,10 +177,13 @@ def test_published_means_listed_in_the_index_not_just_copied_in(tmp_path):
     outputs = ["linux-64/demo-ext-0.1-h1_0", "linux-64/demo-ext-0.1-h2_0"]
     for o in outputs:
         (tmp_path / f"{o}.conda").write_bytes(b"")
-    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}}}))
+    def record(build: str) -> dict:
+        return {"name": "demo-ext", "version": "0.1", "build": build}
+
+    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": record("h1_0")}}))
     assert not published_in(channel_listing(tmp_path, {"linux-64"}), outputs)
-    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": {}},
-                                                   "packages": {"demo-ext-0.1-h2_0.tar.bz2": {}}}))
+    (sub / "repodata.json").write_text(json.dumps({"packages.conda": {"demo-ext-0.1-h1_0.conda": record("h1_0")},
+                                                   "packages": {"demo-ext-0.1-h2_0.tar.bz2": record("h2_0")}}))
     assert published_in(channel_listing(tmp_path, {"linux-64"}), outputs)
     assert not published_in(channel_listing(tmp_path / "nowhere", {"linux-64"}), outputs)
     assert not published_in(channel_listing(None, {"linux-64"}), outputs)
