@@ -107,6 +107,34 @@ def test_a_second_install_asks_python_only_about_modules_it_has_not_found_curren
     assert install("fourth")[0] == second
 
 
+def test_a_module_python_cannot_compile_is_asked_about_once(sandbox, mirror_python):
+    """A source the interpreter cannot compile (torch ships test data in Python 3.12's syntax)
+    gets no .pyc, so the old install sent it again at every install: with the configuration
+    modules, it kept a Python process running for nothing. Its key is remembered as the current
+    .pyc's are: asked about again only once its bytes, mtime or size change."""
+    from .crafted import craft_package, member
+
+    bad = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages/py2_data.py"
+    channel = sandbox.path("ch")
+    (channel / "linux-64").mkdir(exist_ok=True)
+    shutil.copy(mirror_python, channel / "linux-64")
+    craft_package(channel / "noarch", "oldsyntax", [member(bad, b"print 'py2 test data'\n")], index={"depends": ["python"]})
+    reindex(channel)
+    lock = sandbox.lock(channel, "oldsyntax")
+
+    def install(name: str) -> int:
+        prefix = sandbox.root / "envs" / name
+        res = sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), "--json", expect=0)
+        assert not (prefix / Path(bad).parent / "__pycache__").exists()
+        return json.loads(res.stdout)["modules_checked"]
+
+    install("first")
+    second = install("second")
+    os.utime(sandbox.cache / "rattler" / "pkgs" / "oldsyntax-1.0-0" / bad, (1, 1))
+    assert install("third") == second + 1
+    assert install("fourth") == second
+
+
 @pytest.mark.slow
 def test_demo_ext_from_a_tampered_cache_is_repaired_and_edited_records_are_caught(sandbox, installed_demo: InstalledDemo):
     # The caches an install of this lock filled (the session's, linked in): demo-ext's extracted entry is there.

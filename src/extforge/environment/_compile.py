@@ -10,7 +10,8 @@ core: the stdlib's compileall takes a file list one file at a time (a torch env'
 
 It reports on stdout, a line each as it goes (what a run cut short did is still said): `tag T`
 (this Python's cache tag), `current SOURCE` for each source whose .pyc it takes as it is, then
-`wrote PYC` for each .pyc it compiled.
+`wrote PYC` for each .pyc it compiled and `invalid SOURCE` for each source this Python cannot
+compile (test data of another Python version): Python cannot import it either.
 
 Install compiles timestamped .pyc (Python checks them with one stat). The mirror compiles the
 .pyc its packages ship with `checked-hash`: an installer may copy a file instead of linking it,
@@ -73,19 +74,24 @@ def main(staging, prefix, mode=None):
 
 def compile_source(staging, prefix, invalidation, source):
     """What compileall.compile_file(stripdir=staging, prependdir=prefix) does for one source,
-    without compileall's imports (a third of this script's start)."""
+    without compileall's imports (a third of this script's start): "wrote", "invalid" where
+    the source's bytes do not compile, None where the .pyc could not be written."""
     try:
         py_compile.compile(source, dfile=os.path.join(prefix, os.path.relpath(source, staging)), doraise=True,
                            invalidation_mode=invalidation)
-    except (py_compile.PyCompileError, SyntaxError, UnicodeError, OSError):
-        return False
-    return True
+    except (py_compile.PyCompileError, SyntaxError, UnicodeError):
+        return "invalid"
+    except OSError:
+        return None
+    return "wrote"
 
 
 def report(sources, results):
-    for source, ok in zip(sources, results):
-        if ok:
+    for source, done in zip(sources, results):
+        if done == "wrote":
             print("wrote", importlib.util.cache_from_source(source), flush=True)
+        elif done:
+            print(done, source, flush=True)
 
 
 if __name__ == "__main__":

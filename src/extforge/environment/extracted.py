@@ -128,7 +128,9 @@ def remember(records: list, cache: Path, manifests: dict[str, dict], found: dict
 # and on the interpreter (its magic number). Install asks the interpreter once (receipt.py's
 # compile step reads each .pyc's header and, for a hash-checked one, its whole source: 6,500
 # torch modules, 0.2-0.4 s) and remembers the answer, signed, per python package: a later
-# install sends it only the sources whose key it has not found current before.
+# install sends it only the sources whose key it has not found current before. A source it
+# cannot compile (torch ships test data of Python 3.12's syntax) is remembered as well: its bytes
+# will not compile the next time either, and asking again took a Python process every install.
 _BYTECODE_SCHEMA = 1
 _BYTECODE_KEPT = 200_000  # keys per python package; past that the record starts over
 
@@ -138,20 +140,22 @@ def _bytecode_path(python_sha256: str) -> Path:
 
 
 def bytecode_keys(sources: list[str], tag: str, staged: dict[str, tuple[os.stat_result, str]]) -> dict[str, str]:
-    """{source: key} for each source whose .pyc of cache tag `tag` is staged: the key binds the
-    source's sha256, mtime and size and the .pyc's sha256, as install's check found them."""
+    """{source: key} for each staged source: the key binds the source's sha256, mtime and size
+    and the sha256 of its .pyc of cache tag `tag` where one is staged, as install's check found them."""
     keys = {}
     for source in sources:
         folder, _, name = source.rpartition("/")
         pyc = staged.get(f"{folder}/__pycache__/{name.removesuffix('.py')}.{tag}.pyc")
-        if pyc is not None and (src := staged.get(source)) is not None:
+        if (src := staged.get(source)) is not None:
             st, sha = src
-            keys[source] = hashlib.blake2b(f"{sha}:{st.st_mtime_ns}:{st.st_size}:{pyc[1]}".encode(), digest_size=16).hexdigest()
+            keys[source] = hashlib.blake2b(f"{sha}:{st.st_mtime_ns}:{st.st_size}:{pyc[1] if pyc else ''}".encode(),
+                                           digest_size=16).hexdigest()
     return keys
 
 
 def recall_bytecode(python_sha256: str) -> tuple[str, set[str]]:
-    """The python package's cache tag and the keys of the sources it found current before."""
+    """The python package's cache tag and the keys of the sources it found current, or could not
+    compile, before."""
     body = read_signed(_bytecode_path(python_sha256))
     if body is None or body.get("schema") != _BYTECODE_SCHEMA or not isinstance(body.get("tag"), str):
         return "", set()
@@ -160,7 +164,8 @@ def recall_bytecode(python_sha256: str) -> tuple[str, set[str]]:
 
 
 def remember_bytecode(python_sha256: str, tag: str, known: set[str], found: set[str]) -> None:
-    """Add the keys the interpreter found current this time to those `recall_bytecode` gave."""
+    """Add the keys the interpreter found current or could not compile this time to those
+    `recall_bytecode` gave."""
     if found <= known:
         return
     keys = known | found if len(known) + len(found) <= _BYTECODE_KEPT else found

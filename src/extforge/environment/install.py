@@ -382,7 +382,7 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], pytho
     if done.tag:
         keys = keys if done.tag == tag else extracted.bytecode_keys(sources, done.tag, staged)
         extracted.remember_bytecode(python_sha256, done.tag, known if done.tag == tag else set(),
-                                    {keys[s] for s in done.current if s in keys})
+                                    {keys[s] for s in done.current | done.invalid if s in keys})
     return done.written, len(send)
 
 

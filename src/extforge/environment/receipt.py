@@ -170,10 +170,11 @@ def find_receipt(prefix: Path) -> tuple[Receipt | None, str]:
 @dataclass
 class Compiled:
     """What the byte-compile step reported: the interpreter's cache tag, the sources whose .pyc it
-    took as it is, and {relative path: [sha256, mode]} of each .pyc it wrote."""
+    took as it is, those it cannot compile, and {relative path: [sha256, mode]} of each .pyc it wrote."""
 
     tag: str = ""
     current: set[str] = field(default_factory=set)
+    invalid: set[str] = field(default_factory=set)
     written: dict[str, list] = field(default_factory=dict)
 
 
@@ -212,11 +213,11 @@ def _reported(out: str, staging: Path) -> Compiled:
         word, _, rest = line.partition(" ")
         if word == "tag":
             done.tag = rest
-        elif rest.startswith(base) and "/../" not in rest and word in ("current", "wrote"):
-            if word == "current":
-                done.current.add(rest[len(base):])
-            else:
+        elif rest.startswith(base) and "/../" not in rest and word in ("current", "invalid", "wrote"):
+            if word == "wrote":
                 wrote.append(Path(rest))
+            else:
+                (done.current if word == "current" else done.invalid).add(rest[len(base):])
     hashes = hash_many(wrote)
     done.written = {p.relative_to(staging).as_posix(): [h, stat.S_IMODE(p.lstat().st_mode)]
                     for p, h in sorted(hashes.items()) if isinstance(h, str)}
