@@ -41,7 +41,7 @@ from .extracted import Inode, Verified
 from .mirrors import Mirrors
 from .packages import locked_records, read_prefix_records
 from .receipt import Pinned, find_receipt, receipt_path
-from .trust import PackageRef, expected_entries, expected_paths, manifests_for, read_signed, trust_dir, write_signed
+from .trust import PackageRef, expected_entries, manifests_for, read_signed, trust_dir, write_signed
 
 if TYPE_CHECKING:  # install imports this module for check_files, without the node's modules
     from .node import NodeFacts
@@ -117,18 +117,33 @@ def check_packages(records: list[dict], locked: list[Pinned], source: str, mirro
     return Check("packages", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS]))
 
 
-def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, tuple[tuple[str, ...], str]], list[str]]:
-    """{relative path: (sha256s, package)} of files to hash, and findings for entries checked
-    without hashing (symbolic links: presence only). A path several packages ship may hold any
-    one's copy: rattler keeps one of them in place, not always the last one's."""
-    expect: dict[str, tuple[tuple[str, ...], str]] = {}
+# What check_files expects at a path: the sha256s it may hold, the package named in findings,
+# and each shipping package's mode bits for it (where its payload gives them).
+Wanted = tuple[tuple[str, ...], str, tuple[tuple[str, int], ...]]
+
+
+def expected_files(root: Path, manifests: dict[str, dict], prefix: Path) -> tuple[dict[str, Wanted], list[str]]:
+    """{relative path: Wanted} of files to hash, and findings for entries checked without
+    hashing (symbolic links: presence only). A path several packages ship may hold any one's
+    copy: rattler keeps one of them in place, not always the last one's. The manifests' rows are
+    read as they are (trust.expected_paths's rule, inline: a torch env has 25,000 of them)."""
+    expect: dict[str, Wanted] = {}
     findings = []
     for name, body in manifests.items():
-        for rel, sha in expected_paths(body, prefix):
-            if sha is not None:
-                expect[rel] = ((sha, *expect[rel][0]) if rel in expect else (sha,), name)
-            elif not os.path.lexists(os.path.join(root, rel)):
-                findings.append(f"missing: {rel} ({name})")
+        in_prefix = body["in_prefix"].get(str(prefix), {})
+        for rel, kind, sha, placeholder, _file_mode, mode, _target in body["paths"]:
+            if kind != "hardlink" or not sha:
+                if not os.path.lexists(os.path.join(root, rel)):
+                    findings.append(f"missing: {rel} ({name})")
+                continue
+            if placeholder:
+                sha = in_prefix.get(rel, sha)
+            modes = () if mode is None else ((name, mode),)
+            if rel in expect:
+                shas, _, more = expect[rel]
+                expect[rel] = ((sha, *shas), name, more + modes)
+            else:
+                expect[rel] = ((sha,), name, modes)
     return expect, findings
 
 
@@ -218,7 +233,7 @@ def check_files(root: Path, manifests: dict[str, dict], threads: int | None, rep
     found: dict[str, tuple[os.stat_result, str]] = {}
     seen: dict[str, os.stat_result] = {}
     to_hash: dict[str, list[int] | None] = {}
-    for rel, (shas, pkg) in expect.items():
+    for rel, (shas, pkg, modes) in expect.items():
         try:
             st = os.lstat(f"{root}/{rel}")
         except OSError:
@@ -235,13 +250,12 @@ def check_files(root: Path, manifests: dict[str, dict], threads: int | None, rep
             found[rel] = (st, known[3])
         else:
             to_hash[rel] = file_key(st)
-    hashed, good = _hash_and_compare(root, expect, to_hash, threads, report)
-    findings += hashed
-    for name, body in manifests.items():
-        for rel, e in expected_entries(name, body, prefix or root):
-            if e.kind == "file" and e.mode is not None and rel in seen and (mode := stat.S_IMODE(seen[rel].st_mode)) & ~e.mode:
-                findings.append(f"mode widened: {rel} is {mode:04o}, {name} gives {e.mode:04o}")
+        for name, mode in modes:
+            if (have := stat.S_IMODE(st.st_mode)) & ~mode:
+                findings.append(f"mode widened: {rel} is {have:04o}, {name} gives {mode:04o}")
                 report.bad_files.append(rel)
+    hashed, good = _hash_and_compare(root, {rel: expect[rel][:2] for rel in to_hash}, to_hash, threads, report)
+    findings += hashed
     summary = f"{len(expect)} files from {len(manifests)} packages: {len(findings)} problem(s)"
     return (Check("files", "fail" if findings else "pass", summary, tuple(findings[:MAX_FINDINGS])), found,
             {rel: (seen[rel], sha) for rel, (_, sha) in good.items()})
