@@ -12,12 +12,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from rich.text import Text
 
 # Colours (SGR) in a compiler's log: dropped, they only style the text.
 _COLOUR = re.compile(r"\x1b\[[0-9;:]*m")
@@ -73,8 +74,11 @@ class PlainHandler(logging.Handler):
 def setup_logging(verbosity: int) -> None:
     """0 = warnings and step lines only, 1 = info (-v), 2+ = debug (-vv)."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = (RichHandler(console=console, show_time=False, show_path=False, markup=False)
-               if console.is_terminal else PlainHandler())
+    handler: logging.Handler = PlainHandler()
+    if console.is_terminal:  # rich's handler and progress display: imported where a terminal shows them
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
     # RichHandler renders a record's text itself, past the console's render_str.
     handler.setFormatter(_PrintableFormatter("%(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
@@ -111,6 +115,8 @@ def step(title: str, *, quiet: bool = False) -> Iterator[dict[str, float]]:
 
 def progress(transient: bool = True) -> Progress:
     """A progress display for long loops (mirroring packages, auditing many files)."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
