@@ -15,6 +15,8 @@ the same file system (empty for the cold round, as the cold round left it for th
 - the wheel path: a venv (`python -m venv`) that uv fills from a pylock.toml of the same wheels
   (`uv pip sync --require-hashes`, uv's cache warm), then `extforge verify VENV --lock
   pylock.toml` twice: the first run hashes every file, the second trusts what the first checked.
+extforge runs byte-compiled, as a pip install leaves it (its modules are compiled once before the
+rounds: where PYTHONDONTWRITEBYTECODE is set, every run compiled them again, ~0.1 s of each).
 Prints a row per install and the warm medians' ratios; appends a dated section to
 docs/benchmarks-history.md unless --no-record. --caches keeps the tools' caches in a folder
 between runs (hard links of warm caches elsewhere cost no disk); --warm-only then skips the cold
@@ -152,6 +154,8 @@ def main() -> int:
     rows: list[str] = []
     warm: dict[str, list[float]] = {"extforge": [], "uv": [], "py-rattler": []}
     venv: dict[str, list[float]] = {}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(__file__).resolve().parents[1] / "src" / "extforge")],
+                   check=True)
     with tempfile.TemporaryDirectory(prefix="install-bench-", dir=args.work) as tmp:
         tools = Tools(args, Path(tmp))
         runs = {"extforge": tools.extforge, "py-rattler": tools.rattler, "uv": tools.uv_install}
