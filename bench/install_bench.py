@@ -24,6 +24,7 @@ round, where the disk has no room for three more extracted copies of the payload
 
     bench/install_bench.py pixi.lock ENV --wheels DIR --python PY [--requirement torch==2.14.1]
                            [--channel-map NAME=URL] [--runs 3] [--work DIR] [--caches DIR [--warm-only]]
+                           [--no-wheel-path]
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Tools:
         self.extforge_env["EXTFORGE_CACHE"] = str(self.caches / "extforge-cache")
         self.uv_env = {**os.environ, "UV_CACHE_DIR": str(self.caches / "uv-cache")}
         self.pylock = work / "pylock.toml"
+        if args.no_wheel_path:
+            return
         subprocess.run([self.uv, "pip", "compile", "-q", "--no-config", "--no-index", "--find-links", str(args.wheels),
                         "--python", args.python, "--format", "pylock.toml", "-o", str(self.pylock), "-"],
                        input=args.requirement, text=True, check=True, env=self.uv_env)
@@ -146,6 +149,8 @@ def main() -> int:
     ap.add_argument("--caches", type=Path, default=None,
                     help="keep each tool's cache here between runs (extforge-cache/, uv-cache/), not in the work folder")
     ap.add_argument("--warm-only", action="store_true", help="no cold round: the caches in --caches are warm already")
+    ap.add_argument("--no-wheel-path", action="store_true",
+                    help="no venv from a pylock.toml (its hashes made uv copy the wheels into a cache keyed by another path)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.warm_only and not args.caches:
@@ -168,17 +173,18 @@ def main() -> int:
                     warm[tool].append(seconds)
                 show(rows, f"| {i} | {tool} | {state} | {seconds:.2f} s | {detail} |")
                 shutil.rmtree(Path(tmp) / name)
-            if i:
+            if i and not args.no_wheel_path:
                 for tool, seconds, detail in tools.venv(f"venv-{i}"):
                     venv.setdefault(tool, []).append(seconds)
                     show(rows, f"| {i} | {tool} | warm | {seconds:.2f} s | {detail} |")
                 shutil.rmtree(Path(tmp) / f"venv-{i}")
     median = {tool: statistics.median(times) for tool, times in (warm | venv).items()}
     ratios = (f"warm medians: extforge {median['extforge']:.2f} s, uv {median['uv']:.2f} s, py-rattler "
-              f"{median['py-rattler']:.2f} s; extforge / uv {median['extforge'] / median['uv']:.1f}, "
-              f"extforge / py-rattler {median['extforge'] / median['py-rattler']:.1f}; the wheel path: uv from the "
-              f"pylock {median['uv pylock']:.2f} s, extforge's verify of that venv {median['verify venv, first']:.2f} s "
-              f"first, {median['verify venv, second']:.2f} s second")
+              f"{median['py-rattler']:.2f} s; extforge / uv {median['extforge'] / median['uv']:.2f}, "
+              f"extforge / py-rattler {median['extforge'] / median['py-rattler']:.2f}")
+    if venv:
+        ratios += (f"; the wheel path: uv from the pylock {median['uv pylock']:.2f} s, extforge's verify of that venv "
+                   f"{median['verify venv, first']:.2f} s first, {median['verify venv, second']:.2f} s second")
     print(ratios)
     if not args.no_record:
         records = locked_records(args.lock, args.env)
