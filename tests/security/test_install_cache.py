@@ -334,3 +334,31 @@ def test_the_stores_archives_are_read_again_only_when_their_stat_changed(sandbox
     fourth = install_env(lock, "default", sandbox.root / "envs" / "fourth", mirrors=mirrors)
     assert fourth.cache_mismatches == [f"{stored} (a symbolic link, fetched again)"]
     assert not stored.is_symlink() and stored.read_bytes() == pkg.read_bytes()
+
+
+def test_a_new_prefix_reads_the_manifest_once_and_leaves_it_as_it_is(tmp_path, monkeypatch):
+    """The placeholder files' hashes in a prefix were added to the package's manifest, which grew
+    by every prefix ever installed (torch's: 2.7 MB of JSON after 100), and for each new prefix
+    the old install read it three times (to find the prefix missing, again in ensure_manifest,
+    then as the manifest to complete) and wrote it whole. Now it is read once and left as it
+    is; the new prefix's hashes are a record of their own, found by the next install there."""
+    from extforge.environment import trust
+
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    pkg = pyish_package(tmp_path / "ch")
+    sha = hashlib.sha256(pkg.read_bytes()).hexdigest()
+    ref = trust.PackageRef("pyish", pkg.name, pkg.as_uri(), sha, pkg.stat().st_size)
+    reads: list[Path] = []
+    read_signed = trust.read_signed
+    monkeypatch.setattr(trust, "read_signed", lambda path: reads.append(path) or read_signed(path))
+    first, second = tmp_path / "first", tmp_path / "second"
+    trust.manifests_for([ref], first, {pkg.name: pkg})
+    stored = trust.manifest_path(sha).read_bytes()
+    reads.clear()
+    manifests, _ = trust.manifests_for([ref], second, {pkg.name: pkg})
+    assert reads.count(trust.manifest_path(sha)) == 1
+    assert trust.manifest_path(sha).read_bytes() == stored
+    hashes = manifests["pyish"]["in_prefix"][str(second)]
+    assert hashes and hashes != manifests["pyish"]["in_prefix"][str(first)]
+    again, _ = trust.manifests_for([ref], second, {})  # no archive at hand: the record serves
+    assert again["pyish"]["in_prefix"][str(second)] == hashes

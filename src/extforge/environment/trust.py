@@ -455,24 +455,47 @@ def manifest_path(sha256: str) -> Path:
     return trust_dir() / "manifests" / f"{sha256}.json"
 
 
-def cached_manifest(sha256: str, prefix: Path) -> dict | None:
-    """The stored manifest when it is genuine and already knows this prefix."""
+def stored_manifest(sha256: str) -> dict | None:
+    """The stored manifest of a package when it is genuine (signed, of this schema and package)."""
     body = read_signed(manifest_path(sha256))
     if body is None or body.get("schema") != SCHEMA or body.get("sha256") != sha256:
-        return None
-    if any(p[3] for p in body["paths"]) and str(prefix) not in body["in_prefix"]:
         return None
     return body
 
 
-def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path, extracted: Path | None = None) -> dict:
-    body = cached_manifest(ref.sha256, prefix)
-    if body is None:
-        previous = read_signed(manifest_path(ref.sha256))
-        if previous and (previous.get("sha256") != ref.sha256 or previous.get("schema") != SCHEMA):
-            previous = None
-        body = build_manifest(archive, ref.sha256, prefix, previous, extracted)
+def _in_prefix_path(sha256: str, prefix: Path) -> Path:
+    return trust_dir() / "in-prefix" / f"{hashlib.sha256(f'{sha256}:{prefix}'.encode()).hexdigest()[:32]}.json"
+
+
+def _knows(body: dict, sha256: str, prefix: Path) -> bool:
+    """Whether a manifest holds what its placeholder files hash to in this prefix: in its own
+    in_prefix (the prefix it was made for), or in the prefix's record beside it, then added."""
+    if str(prefix) in body["in_prefix"] or not any(p[3] for p in body.get("paths", ())):
+        return True
+    record = read_signed(_in_prefix_path(sha256, prefix))
+    hashes = record.get("hashes") if record and record.get("sha256") == sha256 and record.get("prefix") == str(prefix) else None
+    if not isinstance(hashes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
+        return False
+    body["in_prefix"][str(prefix)] = hashes
+    return True
+
+
+def ensure_manifest(ref: PackageRef, archive: Path, prefix: Path, extracted: Path | None = None,
+                    stored: dict | None = None) -> dict:
+    """The package's manifest, knowing this prefix: `stored` (stored_manifest's, read already) or
+    the stored one. A new prefix's placeholder hashes are kept in a record of their own: they
+    were added to the manifest, which grew by every prefix ever installed (torch's: 2.7 MB of
+    JSON after 100 prefixes, read three times and written once for each new one)."""
+    body = stored if stored is not None else stored_manifest(ref.sha256)
+    if body is not None and "paths" in body and _knows(body, ref.sha256, prefix):
+        return body
+    made = body is None or "paths" not in body
+    body = build_manifest(archive, ref.sha256, prefix, body, extracted)
+    if made:
         write_signed(manifest_path(ref.sha256), body)
+    else:
+        write_signed(_in_prefix_path(ref.sha256, prefix), {"schema": SCHEMA, "sha256": ref.sha256, "prefix": str(prefix),
+                                                           "hashes": body["in_prefix"][str(prefix)]})
     return body
 
 
@@ -530,12 +553,15 @@ def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] |
     `extracted`: the package cache's copy of each package by file name (build_manifest)."""
     out: dict[str, dict] = {}
     missing = []
+    stored: dict[str, dict] = {}  # genuine, but without this prefix's placeholder hashes
     for ref in refs:
-        body = cached_manifest(ref.sha256, prefix)
-        if body is None:
-            missing.append(ref)
-        else:
+        body = stored_manifest(ref.sha256)
+        if body is not None and "paths" in body and _knows(body, ref.sha256, prefix):
             out[ref.name] = body
+        else:
+            missing.append(ref)
+            if body is not None:
+                stored[ref.sha256] = body
     problems: list[str] = []
     if missing:
         have = {r.file_name: local[r.file_name] for r in missing if local and r.file_name in local}
@@ -548,7 +574,8 @@ def manifests_for(refs: list[PackageRef], prefix: Path, local: dict[str, Path] |
         problems += [f"package archive not usable: {b}" for b in bad]
         for ref in missing:
             if ref.file_name in have:
-                out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix, (extracted or {}).get(ref.file_name))
+                out[ref.name] = ensure_manifest(ref, have[ref.file_name], prefix, (extracted or {}).get(ref.file_name),
+                                                stored.get(ref.sha256))
     noarch = sorted(name for name, body in out.items() if body.get("noarch_python") is not None)
     if noarch:
         python = python_minor(refs)
