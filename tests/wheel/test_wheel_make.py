@@ -37,7 +37,7 @@ from extforge.errors import ExtforgeError
 from extforge.wheel.make import wheel_from_conda
 from extforge.wheel.manylinux import Need, platform_tag
 from extforge.wheel.requirements import Dep, TorchPin, held_torch, pep440, requires_dist, torch_dep, torch_pin
-from security.crafted import gxx_so, member
+from security.crafted import craft_package, gxx_so, member
 
 STEM = "demo_x-1.0+cu130torch2.14cxx11abiTRUE"
 
@@ -320,3 +320,28 @@ def test_build_writes_each_passing_packages_wheel_and_a_refused_one_is_a_finding
     assert built[1].wheel is None and "pthread_create@GLIBC_2.34" in str(built[1].wheel_refused)
     assert "no wheel: the wheel needs manylinux_2_34" in built_line(built[1])
     assert build_exit_code(built) == 1 and build_exit_code(built[:1]) == 0
+
+
+def test_build_pins_a_package_built_per_torch_to_the_one_in_its_channels(tmp_path: Path) -> None:
+    """`extforge build --wheel recipe/mamba-ssm -c out`: its requirement on causal-conv1d (built by
+    extforge per torch) could only be pinned to a wheel an index serves, so the old build refused
+    the wheel ("the wheel index row ... serves no wheel of it"). Now it is the version the channel
+    holds built for the same torch (1.7.0; the 1.6.0 built for another torch is not taken)."""
+    from extforge.building.build import BuiltPackage, after_build
+    from extforge.publishing.index import index_channel
+
+    channel = tmp_path / "torch-channel"
+    torch_package(channel)
+    for version, pin in (("1.7.0", TORCH_PIN), ("1.6.0", "pytorch ==2.13.0 cuda130_py311_h0000000_0")):
+        craft_package(channel / "linux-64", "causal-conv1d", [member("x", b"")], version=version, build="cuda130_0",
+                      subdir="linux-64", index={"depends": [pin]})
+    index_channel(channel)
+    env = torch_env(tmp_path)
+    out = tmp_path / "out"
+    depends = [d for d in DEPENDS if not d.startswith("__")] + ["causal-conv1d >=1.2.0"]
+    built = [BuiltPackage(extension_package(out / "linux-64", extension(tmp_path, env), depends=depends), "demo-x", "1.0",
+                          "cuda130_torch214_py311_cxx11_h1234567_0", "linux-64")]
+    after_build(built, [str(channel)], wheel=True)
+    assert built[0].wheel_refused is None and built[0].wheel is not None, built[0].wheel_refused
+    (metadata,) = [v.decode() for k, v in _members(built[0].wheel).items() if k.endswith(".dist-info/METADATA")]
+    assert "Requires-Dist: causal-conv1d==1.7.0" in metadata.splitlines()

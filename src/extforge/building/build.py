@@ -37,6 +37,7 @@ from ..recipes.variants import resolve as resolve_variants
 from ..stamp import run_requirements, stamp_package
 from ..ui import log
 from ..wheel.make import wheel_from_conda
+from ..wheel.requirements import built_for_rows
 from . import parts, stopping
 from .build_options import BuildOptions
 
@@ -329,6 +330,10 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
     `rejected/` (kept for `extforge audit`, not served). With `wheel`, each package that passes
     also becomes a wheel in the output folder's `wheels/`, its search paths taken from the torch
     it was audited against."""
+    # What a wheel of a package built per torch (mamba-ssm's causal-conv1d) may require: the packages
+    # built for the same torch in the channels and the output folder.
+    served = built_for_rows([r for ch in [*channels, *{str(p.path.parent.parent) for p in packages}]
+                             for sub in ("linux-64", "noarch") for r in records(ch, sub).values()]) if wheel else {}
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         record = report.to_stamp(pkg.path)
@@ -338,7 +343,7 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
             output = pkg.path.parent.parent
             try:
                 pkg.wheel = wheel_from_conda(pkg.path, output / WHEELS_DIR, Path(report.against), manylinux=manylinux,
-                                             beneath=output).path
+                                             beneath=output, served=served).path
             except ExtforgeError as exc:
                 pkg.wheel_refused = f"{exc.what} ({exc.fix})" if exc.fix else exc.what
         if not report.ok:

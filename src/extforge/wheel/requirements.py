@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -216,8 +217,28 @@ def _served_pin(dep: Dep, package: str, row: str, served: Mapping[str, Sequence[
                             f"{dep.name} is built for one torch: the wheel of {package} requires the version its own row "
                             "serves, never a build for another torch or PyPI's source",
                             f"publish the wheel of {dep.name} built for this torch into the row first, or in the same "
-                            f"`extforge publish --wheels` as {package}", exit_code=1)
+                            f"`extforge publish --wheels` as {package} (for `extforge build --wheel`: build {dep.name} "
+                            "for this torch into a channel the build reads, such as its output folder)", exit_code=1)
     return f"{dep.name}=={max(versions).public}"
+
+
+def built_for_rows(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """row -> project (PEP 503 name) -> versions, of the packages built per torch that channels hold
+    (each by the exact torch it pins): what a build's wheels may require before any index serves
+    them (`extforge build --wheel` of mamba-ssm beside the causal-conv1d built for its torch; the
+    wheel index's publish keeps its own rule, the wheels it serves)."""
+    names = pypi_names()
+    out: dict[str, dict[str, list[str]]] = {}
+    for record in records:
+        name, version = record.get("name"), record.get("version")
+        if name not in names.per_torch or not isinstance(version, str):
+            continue
+        try:
+            pin = torch_pin([str(d) for d in record.get("depends") or ()], str(name))
+        except ExtforgeError:
+            continue
+        out.setdefault(pin.row, {}).setdefault(canonicalize_name(str(name)), []).append(version)
+    return out
 
 
 def cuda_toolkit(depends: Sequence[str], build_string: str) -> str | None:
