@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from .errors import ExtforgeError
-from .shared_read import Refused, parse_json, read_bytes
+from .shared_read import Refused, read_bytes, read_json
 
 SUBDIRS = ("linux-64", "noarch")
 # A repodata.json bigger than this is no channel's (conda-forge's linux-64 is ~300 MB).
@@ -62,10 +62,10 @@ def repodata(channel: str | Path, subdir: str) -> dict[str, Any]:
     if folder is None:
         return {}
     try:
-        data = parse_json(read_bytes(folder / subdir / "repodata.json", limit=REPODATA_LIMIT), "repodata.json")
-    except (OSError, ValueError, Refused):
+        return read_json(folder / subdir / "repodata.json", lambda data: data if isinstance(data, dict) else {},
+                         limit=REPODATA_LIMIT)
+    except (OSError, Refused):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def records(channel: str | Path, subdir: str) -> dict[str, dict[str, Any]]:
@@ -88,9 +88,16 @@ def listing(channel: str | Path | None, subdirs: Iterable[str]) -> set[str]:
     return {f"{subdir}/{name}" for subdir in sorted(subdirs) for name in records(channel, subdir)}
 
 
+def all_records(channels: Iterable[str | Path], subdir: str = "linux-64") -> Iterator[dict[str, Any]]:
+    """Every record the indexes of local `channels` list for `subdir` and noarch."""
+    for ch in channels:
+        for sub in (subdir, "noarch"):
+            yield from records(ch, sub).values()
+
+
 def package_names(channels: Sequence[str | Path], subdir: str = "linux-64") -> set[str]:
     """Names of the packages local `channels` hold for `subdir` and noarch."""
-    return {rec["name"] for ch in channels for sub in (subdir, "noarch") for rec in records(ch, sub).values()}
+    return {rec["name"] for rec in all_records(channels, subdir)}
 
 
 def virtual_packages(subdir: str, *, linux: str, glibc: str, extra: Mapping[str, str] | None = None) -> list[Any]:

@@ -22,7 +22,7 @@ from .. import compile_cache, engine, machine, paths, safe_files, shared_read
 from ..archive import check_package
 from ..audit import audit_package
 from ..cache import make_room
-from ..channel_ref import channel_url, local_folder, package_names, records, repodata_mentions
+from ..channel_ref import all_records, channel_url, local_folder, package_names, records, repodata_mentions
 from ..cuda_rule import missing_toolkit
 from ..doctor.explain import explain_text
 from ..engine import environment
@@ -181,10 +181,8 @@ def channel_versions(specs: Sequence[str], channels: Sequence[str]) -> tuple[lis
     """For the versioned specs of a failed solve: those no package of that name in the channels
     matches by version (`python 3.12.*` against 3.11.7), and what the channels have of each name."""
     found: dict[str, set[str]] = {}
-    for ch in channels:
-        for sub in ("linux-64", "noarch"):
-            for rec in records(ch, sub).values():
-                found.setdefault(rec["name"], set()).add(rec["version"])
+    for rec in all_records(channels):
+        found.setdefault(rec["name"], set()).add(rec["version"])
     unmet, have = [], []
     for spec in specs:
         m = SPEC_PARTS.match(spec)
@@ -332,8 +330,8 @@ def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env
     it was audited against."""
     # What a wheel of a package built per torch (mamba-ssm's causal-conv1d) may require: the packages
     # built for the same torch in the channels and the output folder.
-    served = built_for_rows([r for ch in [*channels, *{str(p.path.parent.parent) for p in packages}]
-                             for sub in ("linux-64", "noarch") for r in records(ch, sub).values()]) if wheel else {}
+    outputs = {str(p.path.parent.parent) for p in packages}
+    served = built_for_rows(all_records([*channels, *outputs])) if wheel else {}
     for pkg in packages:
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         record = report.to_stamp(pkg.path)
