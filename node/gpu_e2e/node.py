@@ -70,9 +70,15 @@ def cpu_list(cpus: list[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
+def json_out(stdout: str) -> dict[str, Any]:
+    """The JSON object a `--json` command printed, after whatever it printed before it."""
+    found: dict[str, Any] = json.JSONDecoder().raw_decode(stdout, stdout.index("{"))[0]
+    return found
+
+
 def planned(stdout: str) -> dict[str, Any]:
-    """The plan of `extforge plan --json`'s output (whatever the command printed before it)."""
-    plan: dict[str, Any] = json.JSONDecoder().raw_decode(stdout, stdout.index("{"))[0]["plan"]
+    """The plan of `extforge plan --json`'s output."""
+    plan: dict[str, Any] = json_out(stdout)["plan"]
     return plan
 
 

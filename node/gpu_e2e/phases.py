@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .builds import collect_build_probes, packaged_file, snapshot, start_build, tool_env, wait_build
-from .node import cpu_halves, cpu_list, dir_size, gpu_facts, mib, node_words, planned, sm_archs
+from .node import cpu_halves, cpu_list, dir_size, gpu_facts, json_out, mib, node_words, planned, sm_archs
 from .state import REPO, Run
 
 CARRY = REPO / ".carry"
@@ -389,10 +389,32 @@ def phase_finish(run: Run, o: Options) -> None:
     # The Slurm-prolog case: a second run trusts the unchanged-file record and hashes nothing.
     again = run.step("verify prefix again (unchanged files)", verify, env=env, log="verify2.json", critical=False)
     with contextlib.suppress(ValueError, KeyError):
-        phases = json.loads(again.stdout[again.stdout.index("{"):]).get("phases", {})
+        phases = json_out(again.stdout).get("phases", {})
         run.fact("verify second run phases (s)", ", ".join(f"{k} {v}" for k, v in phases.items()))
+    warm_installs(run, py, o.env, lock, manifest, cmap, env)
     gpu_tests(run, o, env, str(prefix / "bin" / "python"))
     bundle_results(run)
+
+
+def warm_installs(run: Run, py: str, env_name: str, lock: Path, manifest: Path, cmap: list[str],
+                  env: dict[str, str], rounds: int = 3) -> None:
+    """The same lock into fresh prefixes, the package store warm from the first install: what a job
+    start pays on every node (each prefix removed before the next, as a job's scratch would be)."""
+    seconds = []
+    for n in range(1, rounds + 1):
+        prefix = lock.parent / f"env-warm-{n}"
+        shutil.rmtree(prefix, ignore_errors=True)
+        step = run.step(f"install again into a fresh prefix, store warm ({n} of {rounds})",
+                        extforge(py, "install", env_name, "--prefix", str(prefix), "--lock", str(lock),
+                                 "--manifest", str(manifest), *cmap, "--json"),
+                        env=env, log=f"install-warm-{n}.json", critical=False)
+        with contextlib.suppress(ValueError, KeyError):
+            result = json_out(step.stdout)
+            seconds.append(float(result["seconds"]))
+            run.fact(f"warm install {n}: phases (s)", ", ".join(f"{k} {v:.2f}" for k, v in result["timings"].items()))
+        shutil.rmtree(prefix, ignore_errors=True)
+    if seconds:
+        run.fact("warm install into a fresh prefix (s), median", f"{sorted(seconds)[len(seconds) // 2]:.2f} of {', '.join(f'{s:.2f}' for s in seconds)}")
 
 
 def clean_env() -> dict[str, str]:

@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 
 from .builds import tool_env
-from .node import mib
+from .node import json_out, mib
 from .phases import Options, bench_json, bundle_results, clean_env, extforge, gpu_tests, promised_archs
 from .state import Run, StepFailed
 
@@ -87,7 +87,7 @@ def copy_venv(run: Run, python: str) -> str:
 
 def published_wheels(stdout: str, index: Path) -> list[Path]:
     """The wheel files `extforge publish --wheels --json` put into the index."""
-    return [index / w["file"] for w in json.loads(stdout[stdout.index("{"):])["wheels"]["wheels"]]
+    return [index / w["file"] for w in json_out(stdout)["wheels"]["wheels"]]
 
 
 def project_of(wheel: Path) -> str:
