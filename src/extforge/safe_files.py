@@ -27,7 +27,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from .errors import ExtforgeError
 
@@ -206,6 +206,18 @@ def write_atomic(path: Path, data: bytes, *, mode: int = READABLE, beneath: Path
     """Replace path with data: readers see the old file or the new one, never a part."""
     with atomic_writer(path, mode=mode, beneath=beneath, sync=sync) as out:
         out.write(data)
+
+
+def new_text_file(path: Path, *, mode: int = READABLE, beneath: Path | None = None) -> TextIO:
+    """The new file path, open for writing text as it grows (a log others may follow): created
+    exclusively, never through a link or over anything already at the name (refused)."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        try:
+            fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
+        except FileExistsError:
+            raise _refusal(path, "something is there already (a symbolic link, or another run's file)") from None
+    os.fchmod(fd, mode)
+    return os.fdopen(fd, "w")
 
 
 def open_lock(path: Path, *, mode: int = GROUP_WRITABLE) -> int:
