@@ -217,7 +217,7 @@ def new_text_file(path: Path, *, mode: int = READABLE, beneath: Path | None = No
         except FileExistsError:
             raise _refusal(path, "something is there already (a symbolic link, or another run's file)") from None
     os.fchmod(fd, mode)
-    return os.fdopen(fd, "w")
+    return open(path, "w", opener=lambda _name, _flags: fd)  # its `name` the path, as readers of the log take it
 
 
 def open_lock(path: Path, *, mode: int = GROUP_WRITABLE) -> int:

@@ -69,8 +69,8 @@ open('{out}/slurm/state.json', 'w').write({json.dumps(json.dumps(state))})
     assert "the Slurm state file" in deep.stderr and "nested more than" in deep.stderr
 
 
-def test_jobs_never_write_into_folders_another_user_can_replace(peer_site: PeerSite, slurm_cluster,
-                                                                 tmp_path: Path) -> None:  # noqa: F811
+def test_jobs_never_write_into_folders_another_user_can_replace(
+        peer_site: PeerSite, slurm_cluster, tmp_path: Path) -> None:  # noqa: F811
     """A member of the output folder's group (2775) makes slurm/exit/ there and links the name the
     job's exit trap writes first (`<variant>.exit.tmp`) to a file of root's. main made the job's
     folders with make_dirs, taking the member's, and root's job wrote its exit status through the
