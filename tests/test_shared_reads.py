@@ -12,11 +12,11 @@ import ast
 
 from test_disk_layer import SRC, check_calls, raw_changes
 
-# The planning and build path, and the mirror's download folders. Other readers of shared places
+# The planning and build path, the mirror's download folders and a Slurm build's state and job files. Other readers of shared places
 # are not converted yet and are named in docs/architecture.md ("Files other people write, read"):
 # recipes/scaffold.py and recipes/sources.py (recipe new, the source cache), cache.py, channel/.
 MODULES = ("planning/cost_store.py", "planning/unit_costs.py", "planning/plan.py", "building/parts.py", "building/build.py", "compile_cache.py", "recipes/build_layer.py",
-           "commands/plan.py", "commands/build.py", "mirror/inputs.py")
+           "commands/plan.py", "commands/build.py", "mirror/inputs.py", "slurm/state.py", "slurm/submit.py")
 
 PACKAGE_DATA = "extforge's own package data (importlib.resources), installed with extforge: no other user writes it"
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "

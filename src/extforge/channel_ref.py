@@ -70,14 +70,16 @@ def repodata(channel: str | Path, subdir: str) -> dict[str, Any]:
 
 def records(channel: str | Path, subdir: str) -> dict[str, dict[str, Any]]:
     """Filename -> record of every package the subdir's index lists (.conda and .tar.bz2); entries
-    that are no record (no name, version and build strings) are left out."""
+    that are no record (no name, version and build strings, depends other than a list of
+    strings) are left out."""
     data = repodata(channel, subdir)
     out: dict[str, dict[str, Any]] = {}
     for key in ("packages", "packages.conda"):
         listed = data.get(key)
         if isinstance(listed, dict):
             out |= {f: r for f, r in listed.items() if isinstance(r, dict)
-                    and all(isinstance(r.get(k), str) for k in ("name", "version", "build"))}
+                    and all(isinstance(r.get(k), str) for k in ("name", "version", "build"))
+                    and isinstance(depends := r.get("depends", []), list) and all(isinstance(d, str) for d in depends)}
     return out
 
 

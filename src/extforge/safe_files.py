@@ -27,7 +27,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from .errors import ExtforgeError
 
@@ -208,6 +208,18 @@ def write_atomic(path: Path, data: bytes, *, mode: int = READABLE, beneath: Path
         out.write(data)
 
 
+def new_text_file(path: Path, *, mode: int = READABLE, beneath: Path | None = None) -> TextIO:
+    """The new file path, open for writing text as it grows (a log others may follow): created
+    exclusively, never through a link or over anything already at the name (refused)."""
+    with folder(path.parent, beneath=beneath) as dfd:
+        try:
+            fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
+        except FileExistsError:
+            raise _refusal(path, "something is there already (a symbolic link, or another run's file)") from None
+    os.fchmod(fd, mode)
+    return open(path, "w", opener=lambda _name, _flags: fd)  # its `name` the path, as readers of the log take it
+
+
 def open_lock(path: Path, *, mode: int = GROUP_WRITABLE) -> int:
     """A read-write descriptor of the lock file path (created if missing, never through a
     symlink), ready for fcntl.lockf. Group-writable by default: every member of a shared
@@ -276,18 +288,19 @@ def make_dirs(path: Path, *, beneath: Path | None = None, mode: int = 0o777) -> 
         os.close(fd)
 
 
-def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool = True, own_group: bool = False) -> None:
+def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool = True, own_group: bool = False,
+                     readable: bool = False) -> None:
     """The folder path, mode 0700, made by this user (created if missing; with exist_ok False,
     FileExistsError where anything is there). One that exists is used only if it is a folder
     (not a link) this user owns that nobody else can write: what extforge later trusts in it (a
     lock, a journal of what to delete) is then its own. With `own_group`, a new one takes this
     user's group, not a setgid parent's: files made in it and hard-linked elsewhere (a package
     cache's into an environment) carry the group their user would give them, not the shared
-    cache's."""
+    cache's. With `readable`, mode 0755: others may read it, still nobody else write it."""
     with folder(path.parent, beneath=beneath) as dfd:
         created = False
         try:
-            os.mkdir(path.name, 0o700, dir_fd=dfd)
+            os.mkdir(path.name, 0o755 if readable else 0o700, dir_fd=dfd)
             created = True
         except FileExistsError:
             if not exist_ok:
@@ -302,21 +315,22 @@ def make_private_dir(path: Path, *, beneath: Path | None = None, exist_ok: bool 
             if own_group and created and os.fstat(fd).st_gid != os.getegid():
                 os.fchown(fd, -1, os.getegid())
                 os.fchmod(fd, 0o700)  # the setgid bit it inherited goes too
-            why = not_private_why(os.fstat(fd))
+            why = not_private_why(os.fstat(fd), readable=readable)
         finally:
             os.close(fd)
         if why:
             raise _private_refusal(path, why)
 
 
-def not_private_why(st: os.stat_result) -> str | None:
-    """Why a folder (its lstat or fstat) is not private to this user; None when it is."""
+def not_private_why(st: os.stat_result, *, readable: bool = False) -> str | None:
+    """Why a folder (its lstat or fstat) is not private to this user (`readable`: not writable
+    by anyone else); None when it is."""
     if not stat.S_ISDIR(st.st_mode):
         return "it is a symbolic link or not a folder"
     if st.st_uid != os.geteuid():
         return f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    if st.st_mode & 0o077:
-        return f"its mode is {stat.filemode(st.st_mode)}, not drwx------"
+    if st.st_mode & (0o022 if readable else 0o077):
+        return f"its mode is {stat.filemode(st.st_mode)}, not {'drwxr-xr-x' if readable else 'drwx------'}"
     return None
 
 
@@ -497,12 +511,16 @@ def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
             os.close(fin)
 
 
-def read_bytes(path: Path, *, limit: int, beneath: Path | None = None, own: bool = False) -> bytes:
+def read_bytes(path: Path, *, limit: int, beneath: Path | None = None, own: bool = False, tail: bool = False) -> bytes:
     """The bytes of the regular file path, at most `limit` of them: a link is not followed, a
-    FIFO or device (/dev/zero) is refused at once, a bigger file is refused, not read; `own`:
-    only this user's file that nobody else may write. extforge.shared_read reads through this."""
+    FIFO or device (/dev/zero) is refused at once, a bigger file is refused, not read (with
+    `tail`: its last `limit` bytes, seeked to); `own`: only this user's file that nobody else
+    may write. extforge.shared_read reads through this."""
     with folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open_to_read(path, dfd, own=own), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
+        if size > limit and tail:
+            fh.seek(size - limit)
+            return fh.read(limit)
         if size > limit:
             raise Refused(path, f"it holds {size} bytes, more than the {limit} it may")
         data = fh.read(limit + 1)

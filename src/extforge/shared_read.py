@@ -43,13 +43,13 @@ UNIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}(@[0-9]{1,4})?")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
-def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> bytes:
+def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None, tail: bool = False) -> bytes:
     """The bytes of the regular file `path`, at most `limit` (safe_files.read_bytes); `own`: this
     user's, writable by nobody else; `beneath`: an anchor below which no folder is reached through
-    a link. A missing file raises FileNotFoundError; anything else that keeps it from being read,
-    Refused."""
+    a link; `tail`: the last `limit` bytes of a bigger file (a log), not a refusal. A missing file
+    raises FileNotFoundError; anything else that keeps it from being read, Refused."""
     try:
-        return safe_files.read_bytes(path, limit=limit, beneath=beneath, own=own)
+        return safe_files.read_bytes(path, limit=limit, beneath=beneath, own=own, tail=tail)
     except (FileNotFoundError, Refused):
         raise
     except ExtforgeError as exc:  # a folder below the anchor that is a link
@@ -58,9 +58,9 @@ def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | Non
         raise Refused(path, exc.strerror or str(exc)) from None
 
 
-def read_text(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None) -> str:
+def read_text(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None, tail: bool = False) -> str:
     """read_bytes as text (undecodable bytes replaced: a log's torn last line is no failure)."""
-    return read_bytes(path, limit=limit, own=own, beneath=beneath).decode(errors="replace")
+    return read_bytes(path, limit=limit, own=own, beneath=beneath, tail=tail).decode(errors="replace")
 
 
 def parse_json(text: str | bytes, where: str) -> object:

@@ -82,3 +82,22 @@ def test_a_channel_index_others_planted_is_read_bounded_and_typed(tmp_path: Path
     proc = subprocess.run([sys.executable, "-c", code, str(fifo), str(odd)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["['b']", "False"]
+
+
+def test_a_planted_record_whose_depends_is_no_list_never_decides_a_wheels_pin(tmp_path: Path) -> None:
+    """`extforge build --wheel` pins a requirement on a package built per torch to the versions the
+    build's channels and output folder (which others may write) hold for its torch
+    (requirements.built_for_rows). A record there whose `depends` was a number: main raised
+    TypeError ("failed unexpectedly" after the whole build); a string was read letter by letter.
+    Now such an entry is no record: left out, the well-formed one still counts."""
+    out = tmp_path / "out"
+    (out / "linux-64").mkdir(parents=True)
+    pin = ["pytorch ==2.14.1 cuda130_py312_h0_0"]
+    (out / "linux-64" / "repodata.json").write_text(json.dumps({"packages.conda": {
+        "causal-conv1d-9.9.9-0.conda": {"name": "causal-conv1d", "version": "9.9.9", "build": "0", "depends": 5},
+        "causal-conv1d-9.9.8-0.conda": {"name": "causal-conv1d", "version": "9.9.8", "build": "0", "depends": "abc"},
+        "causal-conv1d-1.5.0-0.conda": {"name": "causal-conv1d", "version": "1.5.0", "build": "0", "depends": pin}}}))
+    from extforge.channel_ref import all_records
+    from extforge.wheel.requirements import built_for_rows
+
+    assert built_for_rows(all_records([out])) == {"torch2.14.1-cu130": {"causal-conv1d": ["1.5.0"]}}

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,30 @@ def test_the_nvcc_wrapper_passes_only_a_number_of_parts_to_split_unit(tmp_path: 
         assert proc.returncode == 0, proc.stderr
         assert (tmp_path / "called").read_text().startswith("-c conv.cu -o conv.o")  # compiled whole
     assert "split:" not in (tmp_path / "rewrites.log").read_text()
+
+
+def test_a_build_log_is_never_written_through_a_link_planted_in_a_shared_output_folder(peer_site, tmp_path: Path) -> None:
+    """The build log's name is the recipe's and the second it starts (`logs/NAME-YYYYmmdd-HHMMSS.log`):
+    a member of the output folder's group (2775) links the names of the next minutes to a file of
+    root's. main opened the log with `open("w")` and truncated that file, writing the build's
+    log into it. Now the log is created exclusively below the output folder, no link followed:
+    exit 2 naming the link; root's file is as it was."""
+    attacker = peer_site.peers[1]
+    out = peer_site.shared_folder("log-out")
+    victim = tmp_path / "precious.txt"
+    victim.write_text("root's data\n")
+    upstream = tmp_path / "upstream"
+    for sub in ("noarch", "linux-64"):
+        (upstream / sub).mkdir(parents=True)
+        (upstream / sub / "repodata.json").write_text(json.dumps({"info": {"subdir": sub}, "packages": {}}))
+    recipe = Path(__file__).resolve().parents[1] / "slurm" / "data" / "failing"
+    _as(attacker, "mkdir", str(out / "logs"))
+    start = time.time()
+    _as(attacker, "sh", "-c", "for s in $(seq 0 300); do ln -s \"$1\" \"$2/failing-$(date -d @$(($3 + s)) +%Y%m%d-%H%M%S).log\"; done",
+        "_", str(victim), str(out / "logs"), str(int(start)))
+    res = _extforge("build", str(recipe), "--channel", upstream.as_uri(), "--output-dir", str(out), "--no-test",
+                    "--no-audit", env={"EXTFORGE_CACHE": str(peer_site.root / "root-cache")}, timeout=240)
+    assert time.time() - start < 300, "the build started after the planted names"
+    assert victim.read_text() == "root's data\n"
+    assert res.returncode == 2, res.output
+    assert f"refusing to write {out}/logs/failing-" in res.stderr and "something is there already" in res.stderr

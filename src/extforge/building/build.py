@@ -560,7 +560,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
     make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
     log_dir = output_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
+    safe_files.make_dirs(log_dir, beneath=output_dir)
     log_file = log_dir / f"{recipe_file.parent.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.info("build log: %s; variant files: %s; env: %s", log_file, [str(f) for f in files], env)
     built: list[BuiltPackage] = []
@@ -571,7 +571,8 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
         log.warning("%s compiles against torch without %s in its build requirements: its build may download, "
                     "compile other GPU archs than its variant's, or pick its own C++ standard; add the package "
                     "(every `extforge mirror` channel has it) to requirements.build", recipe_file, build_layer.LAYER_PACKAGE)
-    with log_file.open("w") as fh, environment(env), stopping.stoppable() as stop:
+    # The output folder may be a group's: a link planted at the log's name is refused, not written through.
+    with safe_files.new_text_file(log_file, beneath=output_dir) as fh, environment(env), stopping.stoppable() as stop:
         fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against

@@ -8,6 +8,8 @@ file, and the state is read in order: channel (published?), squeue, exit file, s
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -17,9 +19,18 @@ from ..channel_ref import listing as listing_of
 from ..channel_ref import local_folder
 from ..errors import ExtforgeError
 from ..safe_files import make_dirs, write_atomic
+from ..shared_read import Refused, read_json, read_text, shown, text
+from .script import JobFiles
 
 STATE_NAME = "state.json"
 SCHEMA = 1
+STATE_LIMIT = 16 << 20
+MAX_JOBS = 100_000
+# A variant's id names its job's files (JobFiles.under): `<name>-<version>-<build>`, no folder.
+VARIANT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]{0,254}")
+_JOB_ID = re.compile(r"[0-9]{1,20}")  # sbatch --parsable's
+_OUTPUT = re.compile(r"[a-z0-9_]+(-[a-z0-9_]+)?/[A-Za-z0-9_][A-Za-z0-9_.+!-]{0,254}")
+_ANY = re.compile(r"[^\x00-\x1f\x7f]{0,4096}", re.S)
 
 # Slurm job states that mean the job may still do something.
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
@@ -49,10 +60,27 @@ class BuildState:
         return {"schema": SCHEMA, "recipe": self.recipe, "channel": self.channel, "jobs": {k: asdict(v) for k, v in self.jobs.items()}}
 
     @classmethod
-    def from_json(cls, data: dict) -> BuildState:
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"unknown state schema {data.get('schema')!r}")
-        return cls(data["recipe"], data["channel"], {k: JobRecord(**v) for k, v in data["jobs"].items()})
+    def from_json(cls, data: object, root: Path) -> BuildState:
+        """The state file's values, typed (shared_read): an output folder may be one others write.
+        A job's script, log and exit file are where its variant's are below `root`
+        (JobFiles.under), whatever paths the file names: status reads and shows them."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError(f"unknown state schema {shown(data.get('schema') if isinstance(data, dict) else data)}")
+        jobs = data["jobs"]
+        if not isinstance(jobs, dict) or len(jobs) > MAX_JOBS:
+            raise ValueError(f"its jobs are no mapping of at most {MAX_JOBS} variants")
+        return cls(text(data["recipe"], "recipe", _ANY), text(data["channel"], "channel", _ANY),
+                   {text(k, "a variant", VARIANT_ID): _job(k, v, root) for k, v in jobs.items()})
+
+
+def _job(variant_id: str, v: object, root: Path) -> JobRecord:
+    if not isinstance(v, dict) or not isinstance(v.get("values"), dict) or not isinstance(v.get("outputs"), list):
+        raise ValueError(f"the job of {shown(variant_id)} is no record of its values and outputs")
+    files = JobFiles.under(root, variant_id)
+    return JobRecord(variant_id, text(v["job_id"], "a job id", _JOB_ID),
+                     {text(k, "a variant key", _ANY): text(val, "a variant value", _ANY) for k, val in v["values"].items()},
+                     [text(o, "an output", _OUTPUT) for o in v["outputs"]],
+                     str(files.log), str(files.exit_file), str(files.script), text(v["submitted"], "submitted", _ANY))
 
 
 def state_path(root: Path) -> Path:
@@ -61,16 +89,16 @@ def state_path(root: Path) -> Path:
 
 def load_state(root: Path) -> BuildState | None:
     path = state_path(root)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        return BuildState.from_json(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
+        return read_json(path, lambda data: BuildState.from_json(data, root.absolute()), limit=STATE_LIMIT, beneath=root)
+    except Refused as exc:
         raise ExtforgeError(
             f"the Slurm state file {path} is unreadable",
-            str(exc),
+            exc.reason,
             "move it away: the next `extforge build --slurm` re-submits what is not in the channel",
-        ) from exc
+        ) from None
 
 
 def save_state(root: Path, state: BuildState) -> None:
@@ -178,9 +206,10 @@ class VariantStatus:
 
 
 def read_exit_code(path: Path) -> int | None:
+    """What the job's exit trap wrote (a FIFO or link planted in its place is none)."""
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        return int(read_text(path, limit=64, beneath=path.parents[1]).strip())
+    except (OSError, ValueError, Refused):
         return None
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import stat
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -19,7 +21,8 @@ from ..machine import Machine, parse_memory
 from ..planning import cost_store
 from ..planning.plan import plan_build, slurm_request
 from ..recipes.variants import resolve
-from ..safe_files import make_dirs, remove, write_atomic
+from ..safe_files import make_dirs, make_private_dir, remove, write_atomic
+from ..shared_read import Refused, read_text
 from .config import SlurmConfig
 from .matrix import Variant, expand
 from .nodes import build_node_type, partition_nodes
@@ -129,6 +132,25 @@ def make_job(req: BuildRequest, variant: Variant, channels: list[str], machine: 
     )
 
 
+def own_job_folders(root: Path, files: JobFiles) -> None:
+    """The folders a job writes into by name (its script, Slurm's --output log, the exit trap's
+    redirect, the build's output folder), each this user's and writable by nobody else, in a
+    folder nobody else can rename them out of: a link another user planted there, or a folder of
+    theirs in place of one, would have the job write as this user wherever it leads."""
+    make_dirs(root.parent)
+    st = root.parent.stat()
+    if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise ExtforgeError(
+            f"cannot submit jobs from {root.parent}: others may write it (owner uid {st.st_uid}, "
+            f"{stat.filemode(st.st_mode)})",
+            f"each job writes its log, exit status and packages by name below {root}; whoever can write "
+            f"{root.parent} can put a folder of their own there, with links to your files",
+            "pass an --output-dir only you can write (the channel and wheel index the jobs publish to may stay shared)")
+    make_private_dir(root, readable=True)
+    for d in (files.script.parent, files.log.parent, files.exit_file.parent, files.output_dir.parent, files.output_dir):
+        make_private_dir(d, beneath=root, readable=True)
+
+
 def sbatch(script: Path) -> str:
     proc = run_slurm(["sbatch", "--parsable", str(script)])
     if proc.returncode != 0:
@@ -165,8 +187,7 @@ def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
         result.scripts[v.id] = render_build_script(replace(job, after_job="PARTS_JOB_ID") if parts_text else job, req.config)
         if dry_run:
             continue
-        for d in (job.files.script.parent, job.files.log.parent, job.files.exit_file.parent, job.files.output_dir):
-            make_dirs(d)
+        own_job_folders(req.root.resolve(), job.files)
         if parts_text:
             parts_script = job.files.script.with_name(f"{v.id}.parts.sbatch")
             write_atomic(parts_script, parts_text.encode())
@@ -195,14 +216,16 @@ def wait_for(root: Path, ids: list[str], timeout: float, poll: float = 2.0) -> l
 
 
 def read_log(path: str | None, limit: int = 256 * 1024) -> str:
-    """The end of a job log (the part that explains a failure), '' when missing."""
+    """The end of a job log (the part that explains a failure), '' when missing. It lies below
+    the build's slurm/ folder (JobFiles.under), which others may write: a link or FIFO planted
+    there is not followed or waited on, and what was refused is said instead."""
     if not path:
         return ""
+    log = Path(path)
     try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode(errors="replace")
+        return read_text(log, limit=limit, beneath=log.parents[1], tail=True)
+    except Refused as exc:
+        return f"extforge: the job log was not read: {exc.reason}"
     except OSError:
         return ""
 
