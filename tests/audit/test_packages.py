@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -295,6 +296,24 @@ def test_channels_holding_the_same_torch_share_one_audit_target(elfs, tmp_path, 
     assert (record.stat().st_ino, record.stat().st_mtime_ns) == (installed.st_ino, installed.st_mtime_ns)
     area = Path(report.against or "").parent
     assert [p.name for p in area.iterdir() if not p.name.endswith(".lock")] == [Path(report.against or "").name]
+
+
+def test_what_a_killed_install_of_an_audit_target_left_goes_with_the_next_install(elfs, tmp_path, monkeypatch):
+    """An audit killed while installing its target leaves `<key>.tmp<pid>` (a torch's ~5 GB of
+    links), which `extforge cache --prune` passes by as a running install's. The old code removed
+    only its own pid's folder, so the killed one's stayed for good; the next install of that
+    target (under its lock, where no other runs) removes it."""
+    channel = _torch_channel(elfs, tmp_path, monkeypatch)
+    (torch,) = (channel / "linux-64").glob("pytorch-*.conda")
+    key = hashlib.sha256(hashlib.sha256(torch.read_bytes()).hexdigest().encode()).hexdigest()[:16]
+    left = tmp_path / "cache" / "audit-targets" / f"{key}.tmp4242"
+    (left / "lib").mkdir(parents=True)
+    (left / "lib" / "libtorch.so").write_bytes(b"half installed")
+    report = audit_target(make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"]),
+                          channel=channel.as_uri())
+    assert report.ok, report.render()
+    assert Path(report.against or "").name == key
+    assert not left.exists()
 
 
 def test_a_channel_whose_torch_was_rebuilt_gets_a_target_of_the_new_torch(elfs, tmp_path, monkeypatch):

@@ -110,7 +110,10 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         # Below the cache root nothing is followed: a link planted at audit-targets/ leads nowhere.
         make_dirs(tmp.parent, beneath=cache_root())
-        remove_quietly(tmp, beneath=cache_root())
+        # Under the lock no install of this target runs: a .tmp of its name is what a killed one
+        # left (`cache --prune` passes .tmp folders by, as a running install's).
+        for left in tmp.parent.glob(f"{prefix.name}.tmp*"):
+            remove_quietly(left, beneath=cache_root())
         cache.make_room(cache_root(), f"installing {', '.join(specs)} to audit against")
         log.info("installing %d packages (%s) into the audit target %s", len(solved), ", ".join(specs), prefix)
         try:
