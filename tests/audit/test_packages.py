@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import zipfile
@@ -243,15 +245,8 @@ def test_cli_exit_codes_and_json(elfs, tmp_path, capsys):
 
 def _torch_channel(elfs, tmp_path: Path, monkeypatch) -> Path:
     """An indexed channel whose stand-in "pytorch" 1.0 holds the library the extension links against."""
-    from rattler.index import index_fs
-
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
-    channel = tmp_path / "channel"
-    (channel / "linux-64").mkdir(parents=True)
-    (channel / "noarch").mkdir()
-    make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
-    asyncio.run(index_fs(channel))
-    return channel
+    return _stand_in_torch_channel(tmp_path / "channel", elfs)
 
 
 def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monkeypatch):
@@ -261,6 +256,89 @@ def test_pinned_torch_from_a_channel_is_the_default_target(elfs, tmp_path, monke
     assert report.ok, report.render()
     assert report.against and "audit-targets" in report.against
     assert (Path(report.against) / "lib" / "libtarget.so").is_file()
+
+
+def _stand_in_torch_channel(folder: Path, elfs, lib: str = "v1", build: str = "0") -> Path:
+    """`folder` as a channel whose "pytorch" 1.0 (build `build`) holds the `lib` build of libtarget."""
+    from rattler.index import index_fs
+
+    (folder / "linux-64").mkdir(parents=True)
+    (folder / "noarch").mkdir()
+    make_conda(folder / "linux-64", "pytorch", {"lib/libtarget.so": (elfs[lib] / "libtarget.so").read_bytes()}, [],
+               build=build)
+    asyncio.run(index_fs(folder))
+    return folder
+
+
+def test_channels_holding_the_same_torch_share_one_audit_target(elfs, tmp_path, monkeypatch):
+    """Two channel folders (two checkouts' fixture channels, an output folder beside its mirror)
+    holding the very same torch package: the second audit installs nothing, it judges against the
+    first one's target. The old code keyed the target by the channel URLs and installed a second
+    copy of the torch (~5 GB for a real one) for the second folder."""
+    first = _torch_channel(elfs, tmp_path, monkeypatch)
+    second = tmp_path / "second"
+    (second / "linux-64").mkdir(parents=True)
+    (second / "noarch").mkdir()
+    (torch_file,) = (first / "linux-64").glob("pytorch-*.conda")
+    shutil.copy2(torch_file, second / "linux-64")
+    from rattler.index import index_fs
+
+    asyncio.run(index_fs(second))
+    pkg = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"])
+
+    report = audit_target(pkg, channel=first.as_uri())
+    assert report.ok, report.render()
+    record = Path(report.against or "") / "conda-meta" / "pytorch-1.0-0.json"
+    installed = record.stat()
+    again = audit_target(pkg, channel=str(second))
+    assert again.ok, again.render()
+    assert again.against == report.against
+    assert (record.stat().st_ino, record.stat().st_mtime_ns) == (installed.st_ino, installed.st_mtime_ns)
+    area = Path(report.against or "").parent
+    assert [p.name for p in area.iterdir() if not p.name.endswith(".lock")] == [Path(report.against or "").name]
+
+
+def test_what_a_killed_install_of_an_audit_target_left_goes_with_the_next_install(elfs, tmp_path, monkeypatch):
+    """An audit killed while installing its target leaves `<key>.tmp<pid>` (a torch's ~5 GB of
+    links), which `extforge cache --prune` passes by as a running install's. The old code removed
+    only its own pid's folder, so the killed one's stayed for good; the next install of that
+    target (under its lock, where no other runs) removes it."""
+    channel = _torch_channel(elfs, tmp_path, monkeypatch)
+    (torch,) = (channel / "linux-64").glob("pytorch-*.conda")
+    key = hashlib.sha256(hashlib.sha256(torch.read_bytes()).hexdigest().encode()).hexdigest()[:16]
+    left = tmp_path / "cache" / "audit-targets" / f"{key}.tmp4242"
+    (left / "lib").mkdir(parents=True)
+    (left / "lib" / "libtorch.so").write_bytes(b"half installed")
+    report = audit_target(make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0 0"]),
+                          channel=channel.as_uri())
+    assert report.ok, report.render()
+    assert Path(report.against or "").name == key
+    assert not left.exists()
+
+
+def test_a_channel_whose_torch_was_rebuilt_gets_a_target_of_the_new_torch(elfs, tmp_path, monkeypatch):
+    """The channel's torch was rebuilt (another build string, a library that gained a function)
+    and my package, pinned `pytorch ==1.0`, calls that function. The old code keyed the target by
+    the channel URL and the pin, both unchanged, and judged the package against the old torch's
+    target: a missing symbol, exit 1 for a package that works with the torch users get. Now the
+    new torch's packages name a target of their own, and the old one stays for the old torch."""
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "cache"))
+    channel = _stand_in_torch_channel(tmp_path / "channel", elfs)
+    plain = make_conda(tmp_path, "greeter", _ext_payload(elfs), ["pytorch ==1.0"])
+    old = audit_target(plain, channel=channel.as_uri())
+    assert old.ok, old.render()
+
+    shutil.rmtree(channel)
+    _stand_in_torch_channel(channel, elfs, lib="v2", build="1")
+    (tmp_path / "skewed").mkdir()
+    calls_v2 = make_conda(tmp_path / "skewed", "greeter", _ext_payload(elfs) | {
+        "lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["skew"].read_bytes()},
+        ["pytorch ==1.0"])
+    new = audit_target(calls_v2, channel=channel.as_uri())
+    assert new.ok, new.render()
+    assert new.against != old.against
+    assert (Path(new.against or "") / "conda-meta" / "pytorch-1.0-1.json").is_file()
+    assert (Path(old.against or "") / "conda-meta" / "pytorch-1.0-0.json").is_file()
 
 
 def test_build_env_is_the_target_when_it_holds_the_pinned_torch(elfs, tmp_path, monkeypatch):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_packages import _ext_payload, make_conda
 
-from extforge.channel_ref import channel_url
 from peers import peer_site  # noqa: F401  (the multi-user fixture)
 from security.test_install_own_state import _as
 
@@ -24,9 +23,10 @@ from security.test_install_own_state import _as
 def test_an_audit_target_another_user_planted_in_a_shared_cache_never_judges_my_package(elfs, peer_site, mode, who):  # noqa: F811
     """My package calls a function that the channel's pinned torch lacks (version skew): the audit
     must fail it. Another user of the shared cache root planted `audit-targets/<key>` (a hash of
-    the channel and the pin: anyone computes it) holding a library that has the function. The old
-    code took their folder as its installed target and passed the package (exit 0), a verdict it
-    is published on. Now the target is this user's own install, in a folder of its own: exit 1."""
+    the sha256 of the packages the pin solves to: anyone who reads the channel computes it) holding
+    a library that has the function. The old code took their folder as its installed target and
+    passed the package (exit 0), a verdict it is published on. Now the target is this user's own
+    install, under that very name in a folder of its own: exit 1."""
     from rattler.index import index_fs
 
     victim = peer_site.peers[0] if who == "peer" else None
@@ -35,7 +35,7 @@ def test_an_audit_target_another_user_planted_in_a_shared_cache_never_judges_my_
     channel = base / "channel"
     (channel / "linux-64").mkdir(parents=True)
     (channel / "noarch").mkdir()
-    make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
+    torch = make_conda(channel / "linux-64", "pytorch", {"lib/libtarget.so": (elfs["v1"] / "libtarget.so").read_bytes()}, [])
     asyncio.run(index_fs(channel))
     payload = _ext_payload(elfs) | {
         "lib/python3.11/site-packages/greeter/_C.cpython-311-x86_64-linux-gnu.so": elfs["skew"].read_bytes()}
@@ -50,7 +50,7 @@ def test_an_audit_target_another_user_planted_in_a_shared_cache_never_judges_my_
     os.chown(cache, 0, peer_site.gid)
     cache.chmod(mode)
 
-    key = hashlib.sha256("\n".join([channel_url(channel.as_uri()), "pytorch ==1.0 0"]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(hashlib.sha256(torch.read_bytes()).hexdigest().encode()).hexdigest()[:16]
     planted = cache / "audit-targets" / key
     _as(attacker, "sh", "-c", f"umask 000 && mkdir -p {planted}/conda-meta {planted}/lib "
                               f"&& cp {theirs} {planted}/lib/")
@@ -66,4 +66,4 @@ def test_an_audit_target_another_user_planted_in_a_shared_cache_never_judges_my_
     doc = json.loads(res.stdout)
     assert doc["verdict"] == "fail" and any(f.get("symbol") == "greeter::added_in_v2(int)" for f in doc["findings"]), doc
     uid = 0 if victim is None else victim.uid
-    assert Path(doc["against"]).parent == cache / f"audit-targets-{uid}", doc["against"]
+    assert Path(doc["against"]) == cache / f"audit-targets-{uid}" / key, doc["against"]

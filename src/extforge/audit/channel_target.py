@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import cache
 from ..channel_ref import channel_url, records, virtual_packages
@@ -16,6 +17,12 @@ from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, mark_used, own_area, rattler_pkgs_dir
 from ..safe_files import make_dirs, remove_quietly, rename
+from ..ui import log
+
+if TYPE_CHECKING:
+    from rattler import RepoDataRecord
+
+T = TypeVar("T")
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
 # A build host has no __cuda; the package's pytorch run-depends on it.
@@ -83,7 +90,6 @@ def admits(depends: list[str], torch: dict, channels: Sequence[str]) -> str | No
 
 def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Path:
     """A cached prefix holding the package's pinned pytorch, solved from `channels` in order."""
-    # One cache entry per torch whether a channel was named by path or URL (build, audit, publish).
     channels = [channel_url(c) for c in ([channels] if isinstance(channels, str) else channels)]
     specs = torch_specs(depends)
     if not specs:
@@ -92,8 +98,10 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
             f"its depends are: {', '.join(depends) or 'none'}",
             "pass --against PREFIX with the environment the package must run in",
         )
-    key = hashlib.sha256("\n".join([*channels, *sorted(specs)]).encode()).hexdigest()[:16]
-    prefix = own_area("audit-targets") / key
+    # Solved before the lock (tens of ms on a local channel, from the index the install needs
+    # anyway): the entry is named by what it installs, not by where that came from.
+    solved = _run_rattler(_solve(specs, channels), specs, channels)
+    prefix = own_area("audit-targets") / target_key(solved)
     # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
     with exclusive(prefix.with_name(prefix.name + ".lock")):
         if (prefix / "conda-meta").is_dir():
@@ -102,10 +110,14 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         # Below the cache root nothing is followed: a link planted at audit-targets/ leads nowhere.
         make_dirs(tmp.parent, beneath=cache_root())
-        remove_quietly(tmp, beneath=cache_root())
+        # Under the lock no install of this target runs: a .tmp of its name is what a killed one
+        # left (`cache --prune` passes .tmp folders by, as a running install's).
+        for left in tmp.parent.glob(f"{prefix.name}.tmp*"):
+            remove_quietly(left, beneath=cache_root())
         cache.make_room(cache_root(), f"installing {', '.join(specs)} to audit against")
+        log.info("installing %d packages (%s) into the audit target %s", len(solved), ", ".join(specs), prefix)
         try:
-            asyncio.run(_solve_install(specs, channels, tmp))
+            _run_rattler(_install(solved, tmp), specs, channels)
         except ExtforgeError:
             remove_quietly(tmp, beneath=cache_root())
             raise
@@ -113,12 +125,30 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
     return prefix
 
 
-async def _solve_install(specs: list[str], channels: list[str], prefix: Path) -> None:
-    from rattler import install, solve
+def target_key(solved: Sequence[RepoDataRecord]) -> str:
+    """The name of the audit target that installs `solved`: the packages' sha256, so every channel
+    that resolves the pin to the same files (each checkout's copy of a mirror channel, an admin's
+    output folder beside the mirror it was built from) shares one ~5 GB target, and one whose torch
+    differs by a build gets its own. A record whose index gives no sha256 counts by its URL."""
+    ids = sorted(r.sha256.hex() if r.sha256 else r.url for r in solved)
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
+
+async def _solve(specs: list[str], channels: list[str]) -> list[RepoDataRecord]:
+    from rattler import solve
+
+    return await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=_node_virtual_packages())
+
+
+async def _install(solved: list[RepoDataRecord], prefix: Path) -> None:
+    from rattler import install
+
+    await install(solved, target_prefix=prefix, cache_dir=rattler_pkgs_dir(), show_progress=False)
+
+
+def _run_rattler(step: Coroutine[Any, Any, T], specs: list[str], channels: list[str]) -> T:
     try:
-        records = await solve(channels, specs, platforms=["linux-64", "noarch"], virtual_packages=_node_virtual_packages())
-        await install(records, target_prefix=prefix, cache_dir=rattler_pkgs_dir(), show_progress=False)
+        return asyncio.run(step)
     except Exception as exc:  # rattler's SolverError / FetchRepoDataError / InstallerError
         raise ExtforgeError(
             f"cannot install the package's pinned torch from {', '.join(channels)}",
