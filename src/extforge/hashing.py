@@ -62,6 +62,25 @@ def file_key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode, st.st_dev]
 
 
+def stable_key(st: os.stat_result) -> list[int]:
+    """file_key, the ctime left out (0) for a file of this user's that nobody else may write:
+    every hard link made to it (an install's store, a channel's copy) moves its ctime, and only its
+    owner or root could keep its mtime through an edit."""
+    key = file_key(st)
+    if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+        key[2] = 0
+    return key
+
+
+def memo_key(st: os.stat_result, taken_ns: int) -> list[int] | None:
+    """The stable_key a record of the file's bytes, read from `taken_ns` on, may be bound to; None
+    where its ctime falls within the timestamp tick of the read: a write in that tick would
+    leave the key as it was."""
+    key = stable_key(st)
+    window = RACY_FINE_NS if st.st_ctime_ns % 10**9 else RACY_NS
+    return key if key[2] == 0 or st.st_ctime_ns < taken_ns - window else None
+
+
 def default_threads() -> int:
     return max(2, min(32, 2 * len(os.sched_getaffinity(0))))
 

@@ -16,8 +16,9 @@ from ..channel_ref import channel_url, records, virtual_packages
 from ..errors import ExtforgeError
 from ..locking import exclusive
 from ..paths import cache_root, mark_used, own_area, rattler_pkgs_dir
-from ..safe_files import make_dirs, remove_quietly, rename
+from ..safe_files import make_dirs, remove_quietly, rename, write_atomic
 from ..ui import log
+from . import local_archives
 
 if TYPE_CHECKING:
     from rattler import RepoDataRecord
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 TORCH_NAMES = ("pytorch", "libtorch", "pytorch-gpu", "pytorch-cpu")
+# In a target installed from archives checked against their sha256 (local_archives): one
+# installed before may hold another channel's files under the sha256s its name hashes.
+CHECKED = ".extforge-archives-checked"
 # A build host has no __cuda; the package's pytorch run-depends on it.
 DEFAULT_CUDA = "13.0"
 
@@ -101,26 +105,33 @@ def pinned_torch_prefix(depends: list[str], channels: str | Sequence[str]) -> Pa
     # Solved before the lock (tens of ms on a local channel, from the index the install needs
     # anyway): the entry is named by what it installs, not by where that came from.
     solved = _run_rattler(_solve(specs, channels), specs, channels)
+    # Before the target is looked up: its name takes the sha256 the indexes claim.
+    claims = local_archives.claims_of(solved)
+    local_archives.check(claims)
     prefix = own_area("audit-targets") / target_key(solved)
     # Parallel builds (Slurm jobs on a shared cache) audit against the same torch at once.
     with exclusive(prefix.with_name(prefix.name + ".lock")):
-        if (prefix / "conda-meta").is_dir():
+        if (prefix / CHECKED).is_file():
             mark_used(prefix)
             return prefix
         tmp = prefix.with_name(prefix.name + f".tmp{os.getpid()}")
         # Below the cache root nothing is followed: a link planted at audit-targets/ leads nowhere.
         make_dirs(tmp.parent, beneath=cache_root())
         # Under the lock no install of this target runs: a .tmp of its name is what a killed one
-        # left (`cache --prune` passes .tmp folders by, as a running install's).
-        for left in tmp.parent.glob(f"{prefix.name}.tmp*"):
+        # left (`cache --prune` passes .tmp folders by, as a running install's), and a target
+        # without CHECKED was installed before its archives were checked.
+        for left in [prefix, *tmp.parent.glob(f"{prefix.name}.tmp*")]:
             remove_quietly(left, beneath=cache_root())
         cache.make_room(cache_root(), f"installing {', '.join(specs)} to audit against")
         log.info("installing %d packages (%s) into the audit target %s", len(solved), ", ".join(specs), prefix)
+        local_archives.vouch_entries(claims, rattler_pkgs_dir())
         try:
             _run_rattler(_install(solved, tmp), specs, channels)
         except ExtforgeError:
             remove_quietly(tmp, beneath=cache_root())
             raise
+        local_archives.vouch_extracted(claims, rattler_pkgs_dir())
+        write_atomic(tmp / CHECKED, b"", beneath=cache_root())
         rename(tmp, prefix, beneath=cache_root())
     return prefix
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from .. import compile_cache, engine, machine, paths, safe_files, shared_read
 from ..archive import check_package
-from ..audit import audit_package
+from ..audit import audit_package, local_archives
 from ..cache import make_room
-from ..channel_ref import all_records, channel_url, local_folder, package_names, records, repodata_mentions
+from ..channel_ref import SUBDIRS, all_records, channel_url, local_folder, package_names, records, repodata_mentions
 from ..cuda_rule import missing_toolkit
 from ..doctor.explain import explain_text
 from ..engine import environment
@@ -558,6 +558,10 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     verdicts = parts_state if part else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
+    # rattler-build extracts local packages unhashed, the output folder's too (it re-indexes only new files).
+    claims = local_archives.channel_claims([output_dir.as_uri(), *urls], SUBDIRS)
+    local_archives.check(claims)
+    local_archives.vouch_entries(claims, paths.rattler_pkgs_dir())
     make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
     log_dir = output_dir / "logs"
     safe_files.make_dirs(log_dir, beneath=output_dir)
@@ -649,5 +653,6 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 for work in [*work_dirs, *(set(rattler_test_envs(output_dir)) - tests_before)]:
                     shutil.rmtree(work, ignore_errors=True)
             built += packages
+    local_archives.vouch_extracted(claims, paths.rattler_pkgs_dir())
     index_channel(output_dir)
     return built

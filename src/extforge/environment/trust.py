@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple
 from .. import archive as archive_rules
 from ..archive import check_package, package_tars
 from ..errors import ExtforgeError
-from ..hashing import RACY_FINE_NS, RACY_NS, default_threads, digests_file, file_key
+from ..hashing import default_threads, digests_file, file_key, memo_key, stable_key
 from ..paths import private_dir
 from ..safe_files import read_bytes
 from .mirrors import Mirrors
@@ -189,16 +189,9 @@ class ArchiveDigests:
     def _path(sha256: str) -> Path:
         return trust_dir() / "archives" / f"{sha256}.json"
 
-    @staticmethod
-    def _key(st: os.stat_result) -> list[int]:
-        key = file_key(st)
-        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
-            key[2] = 0  # the ctime
-        return key
-
     def recall(self, path: Path, st: os.stat_result, sha256: str) -> dict[str, str] | None:
         body = read_signed(self._path(sha256))
-        if body is None or body.get("path") != str(path) or body.get("key") != self._key(st):
+        if body is None or body.get("path") != str(path) or body.get("key") != stable_key(st):
             return None
         digests = body.get("digests")
         if not isinstance(digests, dict) or digests.get("sha256") != sha256:
@@ -206,9 +199,8 @@ class ArchiveDigests:
         return {str(k): str(v) for k, v in digests.items()}
 
     def remember(self, path: Path, st: os.stat_result, taken_ns: int, digests: dict[str, str]) -> None:
-        key = self._key(st)
-        window = RACY_FINE_NS if st.st_ctime_ns % 10**9 else RACY_NS
-        if key[2] == 0 or st.st_ctime_ns < taken_ns - window:
+        key = memo_key(st, taken_ns)
+        if key is not None:
             write_signed(self._path(digests["sha256"]), {"path": str(path), "key": key, "digests": digests})
 
 
