@@ -76,7 +76,8 @@ def claims_of(records: Iterable[Any]) -> list[Claim]:
         path = local_folder(url)
         assert path is not None
         sha = r.sha256.hex() if r.sha256 else None
-        out.append(Claim(str(r.channel or path.parent.parent), r.file_name, path, sha, r.size or None))
+        channel = local_folder(r.channel) if r.channel and str(r.channel).startswith("file://") else None
+        out.append(Claim(str(channel or r.channel or path.parent), r.file_name, path, sha, r.size or None))
     return out
 
 
