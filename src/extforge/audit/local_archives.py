@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from ..archive import MAX_METADATA_BYTES, package_tars
+from ..cache import Entry, remove
 from ..channel_ref import REPODATA_LIMIT, local_folder
 from ..errors import ExtforgeError
 from ..hashing import hash_many, memo_key, stable_key
 from ..paths import private_dir
-from ..safe_files import make_dirs, remove_quietly, write_atomic
-from ..shared_read import Refused, read_bytes, read_json
+from ..safe_files import make_dirs, write_atomic
+from ..shared_read import Refused, parse_json, read_bytes, read_json
 
 _HEX = frozenset("0123456789abcdef")
 # What rattler reads from an entry to link it, besides the files paths.json lists.
@@ -147,6 +148,13 @@ def _difference(claim: Claim, st: os.stat_result, sha256: str | None) -> str | N
     return None
 
 
+def _unchanged(path: Path, before: os.stat_result) -> bool:
+    try:
+        return stable_key(os.lstat(path)) == stable_key(before)
+    except OSError:
+        return False
+
+
 def check(claims: Sequence[Claim]) -> None:
     """Raise (exit 1) naming every claim whose archive does not hash, or size, as its index says.
     A missing archive is left to rattler, which cannot extract it either."""
@@ -165,12 +173,12 @@ def check(claims: Sequence[Claim]) -> None:
             bad.append(f"{claim.file_name} of {claim.channel} {why}")
     for path, got in hash_many(todo).items():
         claim, before = todo[path]
-        sha = got if isinstance(got, str) else None
-        why = _difference(claim, before, sha) if sha is not None else f"cannot be read ({got})"
-        if why is not None:
+        if isinstance(got, OSError):
+            bad.append(f"{claim.file_name} of {claim.channel} cannot be read ({got.strerror})")
+        elif (why := _difference(claim, before, got)) is not None:
             bad.append(f"{claim.file_name} of {claim.channel} {why}")
-        elif stable_key(os.lstat(path)) == stable_key(before):
-            _remember(before, taken_ns, claim.sha256 or "")
+        elif _unchanged(path, before):
+            _remember(before, taken_ns, got)
     if bad:
         raise ExtforgeError(
             f"a local channel's index claims other bytes than its package holds: {'; '.join(sorted(bad))}",
@@ -236,8 +244,16 @@ def _holds(entry: Path, archive: Path) -> bool:
             return False
         if here != info.get(name):
             return False
-    rows = json.loads(info.get("info/paths.json", b"{}")).get("paths", [])
-    want = {entry / row["_path"]: row["sha256"] for row in rows if isinstance(row, dict) and row.get("sha256")}
+    try:
+        data = parse_json(info.get("info/paths.json", b"{}"), "info/paths.json")
+    except ValueError:
+        return False
+    rows = data.get("paths") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        return False
+    want = {entry / row["_path"]: row["sha256"] for row in rows if isinstance(row, dict)
+            and isinstance(row.get("_path"), str) and isinstance(row.get("sha256"), str)
+            and not row["_path"].startswith("/") and ".." not in row["_path"].split("/")}
     got = hash_many(want)
     return all(got.get(path) == sha for path, sha in want.items())
 
@@ -259,7 +275,8 @@ def vouch_entries(claims: Sequence[Claim], cache: Path) -> None:
         if source is not None and _holds(cache / name, source.path):
             register[name] = key
         else:
-            remove_quietly(cache / name, beneath=cache)
+            # Renamed away first, as a prune does: an install linking from it sees it whole or not at all.
+            remove(Entry("rattler", cache / name, 0.0, 0, cache, os.geteuid()))
             register.pop(name, None)
         changed = True
     if changed:
