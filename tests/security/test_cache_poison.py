@@ -38,22 +38,32 @@ def _channel(folder: Path, name: str, files: dict[str, bytes], version: str = "1
     return folder
 
 
-def _forge(theirs: Path, ours: Path, file_name: str, subdir: str = "linux-64") -> None:
-    """`theirs`'s index claims `ours`'s sha256, md5 and size for its own archive named `file_name`."""
+def _forge(theirs: Path, ours: Path, file_name: str, claim: str = "ours") -> None:
+    """`theirs`'s index claims `ours`'s sha256, md5 and size for its own archive named `file_name`
+    (claim "ours"), or no digest at all (claim "none": rattler then records none, which any later
+    sha256 takes)."""
+    subdir = "linux-64"
     claimed = json.loads((ours / subdir / "repodata.json").read_text())["packages.conda"][file_name]
     index = theirs / subdir / "repodata.json"
     data = json.loads(index.read_text())
-    data["packages.conda"][file_name] |= {k: claimed[k] for k in ("sha256", "md5", "size")}
+    record = data["packages.conda"][file_name]
+    if claim == "ours":
+        record |= {k: claimed[k] for k in ("sha256", "md5", "size")}
+    else:
+        del record["sha256"], record["md5"]
     index.write_text(json.dumps(data))
 
 
-def _channels(root: Path) -> tuple[Path, Path]:
+def _channels(root: Path, claim: str = "ours") -> tuple[Path, Path]:
     """(A, B): A holds pytorch 1.0 0 with OURS, B the same name, version and build with THEIRS,
-    its index claiming A's archive."""
+    its index claiming A's archive (or no digest, see _forge)."""
     ours = _channel(root / "A", "pytorch", {"lib/libtarget.so": OURS})
     theirs = _channel(root / "B", "pytorch", {"lib/libtarget.so": THEIRS})
-    _forge(theirs, ours, "pytorch-1.0-0.conda")
+    _forge(theirs, ours, "pytorch-1.0-0.conda", claim)
     return ours, theirs
+
+
+CLAIMS = pytest.mark.parametrize("claim", ["ours", "none"], ids=["claims-my-sha256", "claims-no-sha256"])
 
 
 @pytest.fixture
@@ -63,15 +73,18 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_an_audit_target_from_my_channel_never_holds_the_files_a_forged_channel_claimed_as_its_own(tmp_path, own_cache):
+@CLAIMS
+def test_an_audit_target_from_my_channel_never_holds_the_files_a_forged_channel_claimed_as_its_own(tmp_path, own_cache,
+                                                                                                   claim):
     """The old code installed B's pinned torch as audit target without a word (rattler took B's
     archive as the sha256 its index claims) and so put B's files into the package cache entry of
     A's torch: the audit target then installed from A held B's library, and A's packages were
-    judged against it. Now B's archive is hashed first: exit 1 naming B and the package, nothing
-    extracted; A's target holds A's library."""
+    judged against it. The same where B's index claims no sha256: rattler records none, and any
+    later sha256 takes the entry. Now B's archive is hashed first (one without a sha256 is
+    refused): exit 1 naming B and the package, nothing extracted; A's target holds A's library."""
     from extforge.audit.channel_target import pinned_torch_prefix
 
-    ours, theirs = _channels(tmp_path)
+    ours, theirs = _channels(tmp_path, claim)
     with pytest.raises(ExtforgeError) as refused:
         pinned_torch_prefix(["pytorch ==1.0 0"], theirs.as_uri())
     assert refused.value.exit_code == 1
@@ -83,17 +96,19 @@ def test_an_audit_target_from_my_channel_never_holds_the_files_a_forged_channel_
     assert (target / "lib" / "libtarget.so").read_bytes() == OURS
 
 
-def test_a_cache_entry_a_forged_channel_filled_before_the_check_is_extracted_again(tmp_path, own_cache):
+@CLAIMS
+def test_a_cache_entry_a_forged_channel_filled_before_the_check_is_extracted_again(tmp_path, own_cache, claim):
     """What an earlier extforge (or any rattler install from B) left: the cache entry of A's torch,
-    recorded under A's sha256, holding B's files. The old code linked them into the audit target
-    installed from A (rattler checks an entry only against its own paths.json). Now an entry not
-    vouched for is compared once with A's checked archive and, differing, extracted again."""
+    recorded under A's sha256 (or under none), holding B's files. The old code linked them into the
+    audit target installed from A (rattler checks an entry only against its own paths.json). Now
+    an entry not vouched for is compared once with A's checked archive and, differing (or recorded
+    under no sha256), extracted again."""
     from rattler import Channel, RepoData, install
 
     from extforge.audit.channel_target import pinned_torch_prefix
     from extforge.paths import rattler_pkgs_dir
 
-    ours, theirs = _channels(tmp_path)
+    ours, theirs = _channels(tmp_path, claim)
     records = RepoData.from_path(theirs / "linux-64" / "repodata.json").into_repo_data(Channel(theirs.as_uri()))
     asyncio.run(install(records, target_prefix=tmp_path / "their-env", cache_dir=rattler_pkgs_dir(), show_progress=False))
     assert (rattler_pkgs_dir() / "pytorch-1.0-0" / "lib" / "libtarget.so").read_bytes() == THEIRS
