@@ -43,6 +43,7 @@ from ..hashing import hash_many, memo_key, stable_key
 from ..paths import private_dir
 from ..safe_files import make_dirs, write_atomic
 from ..shared_read import Refused, parse_json, read_bytes, read_json
+from ..ui import log
 
 _HEX = frozenset("0123456789abcdef")
 # What rattler reads from an entry to link it, besides the files paths.json lists.
@@ -263,23 +264,24 @@ def vouch_entries(claims: Sequence[Claim], cache: Path) -> None:
     for is compared with the archive whose sha256 it is recorded under, and removed where it
     differs (rattler then extracts it again). An entry recorded under no sha256 is removed."""
     register = _register(cache)
-    changed = False
     by_sha = {(c.entry, c.sha256): c for c in claims}
+    todo = []
     for name in sorted({c.entry for c in claims}):
         key = _entry_key(cache, name)
-        if key is None or register.get(name) == key:
-            continue
+        # One recorded under another sha256 is extracted again by rattler for any of these claims.
+        if key is not None and register.get(name) != key and (key[4] is None or (name, key[4]) in by_sha):
+            todo.append((name, key))
+    if todo:
+        log.info("comparing %d package cache entries not vouched for with their checked archives (once)", len(todo))
+    for name, key in todo:
         source = by_sha.get((name, key[4]))
-        if key[4] is not None and source is None:
-            continue  # rattler extracts it again for any of these claims: their sha256 differs
         if source is not None and _holds(cache / name, source.path):
             register[name] = key
         else:
             # Renamed away first, as a prune does: an install linking from it sees it whole or not at all.
             remove(Entry("rattler", cache / name, 0.0, 0, cache, os.geteuid()))
             register.pop(name, None)
-        changed = True
-    if changed:
+    if todo:
         _save(cache, register)
 
 
