@@ -170,7 +170,7 @@ def test_a_build_never_takes_a_package_a_forged_channel_put_first(sandbox, mirro
     assert not list(out.glob("*/*.conda"))
 
 
-def test_checked_archives_are_not_read_again(tmp_path, own_cache):
+def test_checked_archives_are_not_read_again(tmp_path, own_cache, monkeypatch):
     """A warm check stats each archive and reads none: the digest is remembered per file
     (device, inode, size, mtime, ctime); a file rewritten in place is hashed again."""
     from extforge import hashing
@@ -181,23 +181,19 @@ def test_checked_archives_are_not_read_again(tmp_path, own_cache):
     assert [c.file_name for c in claims] == ["pytorch-1.0-0.conda"]
     local_archives.check(claims)
     read: list[Path] = []
-    real = hashing.hash_many
 
     def counting(paths, **kw):  # type: ignore[no-untyped-def]
         paths = list(paths)
         read.extend(paths)
-        return real(paths, **kw)
+        return hashing.hash_many(paths, **kw)
 
-    local_archives.hash_many = counting  # type: ignore[assignment]
-    try:
-        local_archives.check(claims)
-        assert read == []
-        archive = claims[0].path
-        archive.write_bytes(archive.read_bytes())  # the same bytes, another ctime
-        local_archives.check(claims)
-        assert read == [archive]
-    finally:
-        local_archives.hash_many = real  # type: ignore[assignment]
+    monkeypatch.setattr(local_archives, "hash_many", counting)
+    local_archives.check(claims)
+    assert read == []
+    archive = claims[0].path
+    archive.write_bytes(archive.read_bytes())  # the same bytes, another ctime
+    local_archives.check(claims)
+    assert read == [archive]
 
 
 def test_the_cli_names_the_forged_package_in_one_line(tmp_path):
