@@ -172,7 +172,8 @@ def test_a_build_never_takes_a_package_a_forged_channel_put_first(sandbox, mirro
 
 def test_checked_archives_are_not_read_again(tmp_path, own_cache, monkeypatch):
     """A warm check stats each archive and reads none: the digest is remembered per file
-    (device, inode, size, mtime, ctime); a file rewritten in place is hashed again."""
+    (device, inode, size, mtime and, for a file others could write, ctime); one rewritten in place is
+    hashed again."""
     from extforge import hashing
     from extforge.audit import local_archives
 
@@ -191,7 +192,7 @@ def test_checked_archives_are_not_read_again(tmp_path, own_cache, monkeypatch):
     local_archives.check(claims)
     assert read == []
     archive = claims[0].path
-    archive.write_bytes(archive.read_bytes())  # the same bytes, another ctime
+    archive.write_bytes(archive.read_bytes())  # rewritten in place: the same bytes, another mtime
     local_archives.check(claims)
     assert read == [archive]
 
