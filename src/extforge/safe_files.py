@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -391,6 +392,29 @@ def rename(src: Path, dst: Path, *, beneath: Path | None = None) -> None:
         os.rename(src.name, dst.name, src_dir_fd=sfd, dst_dir_fd=dfd)
 
 
+def move_in(src: Path, dest: Path, *, beneath: Path, mode: int = READABLE) -> None:
+    """Move the regular file src, in a folder only this user can reach, to dest below `beneath`
+    (a folder others may write), mode `mode`, over whatever is at dest (a link planted there is
+    replaced, never followed): renamed where both lie on one file system, else copied through an
+    exclusively created temporary and renamed into place, then src removed."""
+    with folder(src.parent) as sfd:
+        fd = _open_to_read(src, sfd)
+        try:
+            os.fchmod(fd, mode)
+            try:
+                with folder(dest.parent, beneath=beneath) as dfd:
+                    os.rename(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+            with atomic_writer(dest, mode=mode, beneath=beneath) as out, open(fd, "rb", closefd=False) as fin:
+                shutil.copyfileobj(fin, out, 4 << 20)
+        finally:
+            os.close(fd)
+        os.unlink(src.name, dir_fd=sfd)
+
+
 def touch(path: Path, *, beneath: Path | None = None) -> None:
     """Set path's times to now, never a link's target."""
     with folder(path.parent, beneath=beneath) as dfd:
@@ -509,6 +533,24 @@ def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
                 os.close(fout)
         finally:
             os.close(fin)
+
+
+def sha256(path: Path, *, limit: int, beneath: Path | None = None) -> str:
+    """The hex sha256 of the regular file path, streamed, read as read_bytes reads (no link
+    followed, a FIFO or device refused at once, more than `limit` bytes refused, from its size
+    or once it grew past them while read). extforge.shared_read hashes through this."""
+    digest = hashlib.sha256()
+    with folder(path.parent, beneath=beneath) as dfd, os.fdopen(_open_to_read(path, dfd), "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise Refused(path, f"it holds {size} bytes, more than the {limit} it may")
+        read = 0
+        while chunk := fh.read(min(4 << 20, limit + 1 - read)):
+            read += len(chunk)
+            digest.update(chunk)
+    if read > limit:
+        raise Refused(path, f"it grew past the {limit} bytes it may hold while it was read")
+    return digest.hexdigest()
 
 
 def read_bytes(path: Path, *, limit: int, beneath: Path | None = None, own: bool = False, tail: bool = False) -> bytes:

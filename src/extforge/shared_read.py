@@ -16,7 +16,7 @@ through here and takes, in this order,
 A refusal is `Refused`: one line naming the file, why, and what to do. tests/test_shared_reads.py
 fails when a module of the planning and build path reads a file another way.
 
-Public API: Refused, read_bytes, read_text, read_json, parse_json, shown, unit_name, integer, number, text.
+Public API: Refused, read_bytes, read_text, sha256, read_json, parse_json, shown, unit_name, integer, number, text.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import TypeVar
@@ -43,19 +44,33 @@ UNIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}(@[0-9]{1,4})?")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
-def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None, tail: bool = False) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` (safe_files.read_bytes); `own`: this
-    user's, writable by nobody else; `beneath`: an anchor below which no folder is reached through
-    a link; `tail`: the last `limit` bytes of a bigger file (a log), not a refusal. A missing file
-    raises FileNotFoundError; anything else that keeps it from being read, Refused."""
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A missing file stays FileNotFoundError; anything else that keeps it from being read is Refused."""
     try:
-        return safe_files.read_bytes(path, limit=limit, beneath=beneath, own=own, tail=tail)
+        yield
     except (FileNotFoundError, Refused):
         raise
     except ExtforgeError as exc:  # a folder below the anchor that is a link
         raise Refused(path, exc.what) from None
     except OSError as exc:
         raise Refused(path, exc.strerror or str(exc)) from None
+
+
+def read_bytes(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None, tail: bool = False) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` (safe_files.read_bytes); `own`: this
+    user's, writable by nobody else; `beneath`: an anchor below which no folder is reached through
+    a link; `tail`: the last `limit` bytes of a bigger file (a log), not a refusal. A missing file
+    raises FileNotFoundError; anything else that keeps it from being read, Refused."""
+    with _reading(path):
+        return safe_files.read_bytes(path, limit=limit, beneath=beneath, own=own, tail=tail)
+
+
+def sha256(path: Path, *, limit: int, beneath: Path | None = None) -> str:
+    """The sha256 of the regular file `path`, streamed, read as read_bytes reads (at most `limit`
+    bytes: a huge sparse file is refused from its size, a FIFO at once)."""
+    with _reading(path):
+        return safe_files.sha256(path, limit=limit, beneath=beneath)
 
 
 def read_text(path: Path, *, limit: int, own: bool = False, beneath: Path | None = None, tail: bool = False) -> str:

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -82,6 +83,23 @@ def test_a_wheel_name_published_with_other_bytes_is_refused_and_nothing_changes(
         publish_wheels([(other, "pass")], index)
     assert err.value.exit_code == 1 and "already in" in err.value.what and "with other bytes" in err.value.what
     assert _listing(index) == before
+
+
+def test_a_huge_sparse_file_planted_at_a_wheels_name_is_refused_unread(tmp_path: Path) -> None:
+    """Someone who can write the index plants a 64 GiB sparse file at the wheel's name. main hashed
+    whatever lay there by path after an lstat (sha256_file): a minute of zeros read under the
+    index's lock (and a FIFO swapped in after the lstat hung it). Now it is read by the one
+    reader, bounded by the wheel's own size: refused from its size at once, as other bytes."""
+    wheel = _wheel(tmp_path, "a")
+    project = tmp_path / "index" / ROW / "simple" / "demo-x"
+    project.mkdir(parents=True)
+    with (project / wheel.path.name).open("wb") as planted:
+        planted.truncate(1 << 36)
+    start = time.monotonic()
+    with pytest.raises(ExtforgeError) as err:
+        publish_wheels([(wheel, "pass")], tmp_path / "index")
+    assert time.monotonic() - start < 10
+    assert "with other bytes" in err.value.what and "no regular file of its size" in err.value.why
 
 
 def test_a_link_planted_in_the_index_is_not_followed(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from .. import shared_read
 from ..errors import ExtforgeError
-from ..hashing import sha256_file
 from ..locking import exclusive
 from ..safe_files import append, atomic_writer, make_dir, make_dirs, names, read_bytes, remove_quietly, truncate, write_atomic
 from .make import Wheel
@@ -100,6 +100,16 @@ def served_versions(index: Path) -> dict[str, dict[str, list[str]]]:
                 and _regular(root.joinpath(*parts)) is not None):
             served.setdefault(parts[0], {}).setdefault(parts[2], []).append(version)
     return served
+
+
+def _digest(root: Path, path: Path, size: int) -> str | None:
+    """The sha256 of the file at path in the index tree, read by the one reader (no link followed,
+    a FIFO never waited on); None where it is no regular file of at most `size` bytes (then not
+    the file of that size it is compared with)."""
+    try:
+        return shared_read.sha256(path, limit=size, beneath=root)
+    except (FileNotFoundError, shared_read.Refused):
+        return None
 
 
 def _regular(path: Path) -> os.stat_result | None:
@@ -193,8 +203,7 @@ def _write_metadata(root: Path, dest: Path, wheel: Wheel, copied: list[Path]) ->
     bytes (a wheel published before the index had them gets its own); its sha256."""
     path = dest.with_name(dest.name + METADATA_SUFFIX)
     digest = hashlib.sha256(wheel.metadata).hexdigest()
-    st = _regular(path)
-    if st is not None and st.st_size == len(wheel.metadata) and sha256_file(path) == digest:
+    if _digest(root, path, len(wheel.metadata)) == digest:
         return digest
     if not os.path.lexists(path):
         copied.append(path)
@@ -214,15 +223,16 @@ def publish_wheels(wheels: list[tuple[Wheel, str]], index: Path) -> WheelPublish
         planned: list[tuple[Wheel, str, str, bool]] = []  # wheel, rel, verdict, already there
         for wheel, verdict in wheels:
             rel = f"{wheel.torch.row}/simple/{project_name(wheel.project)}/{wheel.path.name}"
-            there = _regular(root / rel) is not None or os.path.lexists(root / rel)
+            there = os.path.lexists(root / rel)
             if there:
-                digest = sha256_file(root / rel) if _regular(root / rel) else "(not a file)"
+                digest = _digest(root, root / rel, wheel.path.stat().st_size)
                 if digest != wheel.sha256:
                     by = published.get(rel, {})
+                    seen = f"sha256 {digest[:12]}…" if digest else "no regular file of its size"
                     raise ExtforgeError(
                         f"{rel} is already in {root} with other bytes",
                         f"a wheel's file name is its identity: pip, uv and every lock that saw the old bytes "
-                        f"(sha256 {digest[:12]}…, published by {by.get('user', '?')} at {by.get('time', '?')}) would break",
+                        f"({seen}, published by {by.get('user', '?')} at {by.get('time', '?')}) would break",
                         "bump the build number (recipe build.number) and rebuild", exit_code=1)
             if any(rel == r for _, r, _, _ in planned):
                 continue
@@ -243,7 +253,7 @@ def publish_wheels(wheels: list[tuple[Wheel, str]], index: Path) -> WheelPublish
                     with atomic_writer(dest, beneath=root, tmp_prefix=TEMP_PREFIX) as out, wheel.path.open("rb") as src:
                         while chunk := src.read(1 << 20):
                             out.write(chunk)
-                    if sha256_file(dest) != wheel.sha256:
+                    if _digest(root, dest, wheel.path.stat().st_size) != wheel.sha256:
                         raise ExtforgeError(f"{wheel.path} changed while it was copied into {root}", "",
                                             "publish it again", exit_code=1)
                 metadata_sha256 = _write_metadata(root, dest, wheel, copied)
