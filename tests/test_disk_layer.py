@@ -39,7 +39,6 @@ ALLOWED: dict[str, str] = {
     "wheel/make.py::_relink": SCRATCH + " (the package's files extracted there, made writable for patchelf)",
     "stamp.py::_stamp_conda": "writes members of a zip stream, not files",
     "stamp.py::stamp_package": "writes tar members into the stream safe_files.atomic_writer opened",
-    "building/build.py::_build_recipe": OTHERS + "the build's own output and work folders (building/build.py is changed by another branch)",
     "recipes/sources.py::_from_folders": OTHERS + "recipes/sources.py is changed by another branch",
     "recipes/sources.py::fetch": OTHERS + "recipes/sources.py is changed by another branch",
     "mirror/__init__.py::build_mirror": MIRROR,

@@ -51,6 +51,8 @@ AREAS = (
     Area("sources", "sources/sha256", "recipe sources, by sha256"),
     Area("test-fixtures", "test-fixtures", "the test suite's channels and builds, one folder per checkout"),
     Area("mirror-work", "mirror*/work", "rattler-build work folders of mirror packages being built (or interrupted)"),
+    # A running build marks its own used as it reports progress (building/build.py's work_folder).
+    Area("build-work", "builds*", "rattler-build work folders of `extforge build` (a failed build's, kept to look at)"),
     Area("unit-costs", "unit-costs", "compile costs learned from this machine's builds, per recipe and version (the planner's)"),
     CHANNELS,
     Area("audit-torch", "audit-torch", "unpacked torch wheels the test suite and the audit bench audit against"),

@@ -145,8 +145,10 @@ def test_a_unit_name_with_shell_metacharacters_never_reaches_the_split_launcher(
     text = " ".join(res.stderr.split())
     assert f"ignoring the build-cost entry {entry}: unit 'beta\\ta[$(touch${{IFS}}" in text, res.stderr
     assert "part 1 of 2:" in res.output
-    (assignment,) = (out / "bld").glob("extforge-split-*/assignment.tsv")
-    assert assignment.read_text() == ""  # no cost data left: every unit goes by its name's hash
+    # No cost data left: every unit goes by its name's hash (the part's unit notes, kept beside its log).
+    (units,) = (out / "logs").glob("*.units")
+    assert sorted(line.split()[1] for line in units.read_text().splitlines() if line.startswith("compiled")) == \
+        sorted(u for u in ("alpha", "beta", "gamma", "delta") if owner(u, 2) == 1)
 
 
 def test_a_build_whose_cost_entry_is_a_fifo_builds_and_learns(peer_site, ccache: str) -> None:

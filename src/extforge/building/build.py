@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -229,9 +230,19 @@ def solve_failure(log_lines: Sequence[str], channels: Sequence[str], log_file: P
     )
 
 
-def rattler_test_envs(output_dir: Path) -> list[Path]:
-    """The environments rattler-build creates to test a package (`<output>/test/test_<name>*`)."""
-    return sorted((output_dir / "test").glob("test_*"))
+def rattler_test_envs(work_root: Path) -> list[Path]:
+    """The environments rattler-build creates to test a package (`<its output>/test/test_<name>*`)."""
+    return sorted((work_root / "test").glob("test_*"))
+
+
+BROKEN_DIR = "broken"
+
+
+def set_aside_broken(work_root: Path, output_dir: Path) -> None:
+    """The packages whose tests failed (rattler-build moves them to its output's broken/) into the
+    output folder's broken/, beside its channel, never in it."""
+    for package in (work_root / BROKEN_DIR).glob("*.conda"):
+        place(package, output_dir / BROKEN_DIR, output_dir)
 
 
 # Below this much free space a failed build is a full disk first: rattler-build says only
@@ -254,13 +265,14 @@ def failed_solve(exc: BaseException) -> bool:
 
 
 def untestable(exc: BaseException, urls: Sequence[str], recipe_file: Path, log_file: Path,
-               output_dir: Path) -> ExtforgeError | None:
+               work_root: Path, output_dir: Path) -> ExtforgeError | None:
     """A package built, then refused by its tests because their env cannot be solved: a run
     requirement no channel has (mamba-ssm without causal-conv1d). rattler-build says only "Test
-    failed" and moves the package to OUTPUT/broken/; its index names the requirements."""
+    failed" and moves the package to broken/ of its output (the build's work root, whence
+    set_aside_broken moves it to OUTPUT/broken/); its index names the requirements."""
     if "Test failed" not in engine.engine_message(exc):
         return None
-    broken = sorted((output_dir / "broken").glob("*.conda"), key=lambda f: f.stat().st_mtime)
+    broken = sorted((work_root / BROKEN_DIR).glob("*.conda"), key=lambda f: f.stat().st_mtime)
     if not broken:
         return None
     try:
@@ -268,29 +280,30 @@ def untestable(exc: BaseException, urls: Sequence[str], recipe_file: Path, log_f
     except ExtforgeError:
         return None
     depends = [str(d) for d in meta.index.get("depends", [])]
-    channels = [*urls, str(output_dir)]
-    missing = missing_names(depends, package_names(channels, meta.subdir or "linux-64"))
-    unmet, have = channel_versions(depends, channels)
+    missing = missing_names(depends, package_names(urls, meta.subdir or "linux-64"))
+    unmet, have = channel_versions(depends, urls)
     if not (missing or unmet):
         return None
     absent = ", ".join(missing or unmet)
     return ExtforgeError(
         f"building {recipe_file.parent.name} failed: its tests could not start: the channels have no package for {absent}",
         f"rattler-build tests a package in a new env of it and its run requirements ({', '.join(depends)}), solved "
-        f"against {', '.join(urls)} and the output folder" + (f" (they have {'; '.join(have)})" if have else "")
-        + f"; it says only \"Test failed\". The package itself built: {broken[-1]} (not in any channel)",
+        f"against {', '.join(urls)}" + (f" (they have {'; '.join(have)})" if have else "")
+        + f"; it says only \"Test failed\". The package itself built: {output_dir / BROKEN_DIR / broken[-1].name} "
+        "(not in any channel)",
         f"build and publish {absent} first and pass its channel with -c (a PyPI package: `extforge mirror --extra NAME`), "
         f"or build with --no-test (the audit still runs); log: {log_file}",
     )
 
 
 def build_failure(exc: BaseException, lines: Sequence[str], urls: Sequence[str], recipe_file: Path, log_file: Path,
-                  work_dirs: Sequence[Path], output_dir: Path | None = None) -> ExtforgeError:
+                  work_dirs: Sequence[Path], folders: tuple[Path, Path] | None = None) -> ExtforgeError:
+    """What a failed build says; `folders`: the build's work root and its output folder."""
     if parse_error := recipe_yaml_error(exc, recipe_file):
         return parse_error
-    if output_dir is not None and (cannot_test := untestable(exc, urls, recipe_file, log_file, output_dir)):
+    if folders is not None and (cannot_test := untestable(exc, urls, recipe_file, log_file, *folders)):
         return cannot_test
-    full = low_disk([log_file.parent, paths.rattler_cache_dir(create=False)])
+    full = low_disk([log_file.parent, *(folders or ())[:1], paths.rattler_cache_dir(create=False)])
     if full:
         lines = [*lines, full]
     elif failed_solve(exc):
@@ -321,40 +334,50 @@ WHEELS_DIR = "wheels"
 
 
 def after_build(packages: list[BuiltPackage], channels: Sequence[str], build_env: Path | None = None, *,
-                wheel: bool = False, manylinux: tuple[int, int] | None = None) -> None:
+                output: Path | None = None, wheel: bool = False, manylinux: tuple[int, int] | None = None) -> None:
     """Audit and stamp every built package against the host env its build used (`build_env`)
     where that holds the torch it pins, else the channel's; the glibc and CUDA driver the audit
-    found it needs become run requirements. A package that fails is moved to the output folder's
-    `rejected/` (kept for `extforge audit`, not served). With `wheel`, each package that passes
-    also becomes a wheel in the output folder's `wheels/`, its search paths taken from the torch
-    it was audited against."""
+    found it needs become run requirements. Then each goes into the output folder `output`
+    (default: the one it is in, `<output>/<subdir>/`): one that passes into its subdir, one that
+    fails into `rejected/` (kept for `extforge audit`, not served). With `wheel`, each package
+    that passes also becomes a wheel in the output folder's `wheels/`, its search paths taken
+    from the torch it was audited against. Audited, stamped and made a wheel of where it was
+    built (the build's own work folder): the output folder may be a group's, whose members
+    could change a package there between its audit and its stamp."""
     # What a wheel of a package built per torch (mamba-ssm's causal-conv1d) may require: the packages
     # built for the same torch in the channels and the output folder.
-    outputs = {str(p.path.parent.parent) for p in packages}
+    outputs = {str(output or p.path.parent.parent) for p in packages}
     served = built_for_rows(all_records([*channels, *outputs])) if wheel else {}
     for pkg in packages:
+        into = output or pkg.path.parent.parent
         report = audit_package(pkg.path, channel=channels[0] if channels else None, build_env=build_env)
         record = report.to_stamp(pkg.path)
         stamp_package(pkg.path, record, requires=run_requirements(record, pkg.cuda_toolkit))
         pkg.audit_verdict = report.verdict
         if wheel and report.ok and report.against:
-            output = pkg.path.parent.parent
             try:
-                pkg.wheel = wheel_from_conda(pkg.path, output / WHEELS_DIR, Path(report.against), manylinux=manylinux,
-                                             beneath=output, served=served).path
+                pkg.wheel = wheel_from_conda(pkg.path, into / WHEELS_DIR, Path(report.against), manylinux=manylinux,
+                                             beneath=into, served=served).path
             except ExtforgeError as exc:
                 pkg.wheel_refused = f"{exc.what} ({exc.fix})" if exc.fix else exc.what
+        pkg.path = place(pkg.path, into / (pkg.path.parent.name if report.ok else REJECTED_DIR), into)
         if not report.ok:
-            output = pkg.path.parent.parent
-            aside = output / REJECTED_DIR
-            safe_files.make_dirs(aside, beneath=output)
-            safe_files.rename(pkg.path, aside / pkg.path.name, beneath=output)
-            pkg.path = aside / pkg.path.name
+            aside = pkg.path.parent
             first = next((f for f in report.findings if f.severity == "error"), None)
             against = f" --channel {shlex.quote(channels[0])}" if channels else ""
             log.warning("audit of %s: %s%s; kept aside in %s, not in the channel (every finding: `extforge audit %s%s`)",
                         pkg.path.name, report.verdict, f": {first.message} (fix: {first.fix})" if first else "", aside,
                         shlex.quote(str(pkg.path)), against)
+
+
+def place(package: Path, folder: Path, output: Path) -> Path:
+    """`package` moved into `folder` below the output folder `output` (no link followed there,
+    whatever lies at its name replaced), mode 0644; where it is now."""
+    if package.parent == folder:
+        return package
+    safe_files.make_dirs(folder, beneath=output)
+    safe_files.move_in(package, folder / package.name, beneath=output)
+    return folder / package.name
 
 
 def ninja_log_in(work_dirs: Sequence[Path]) -> Path | None:
@@ -403,6 +426,8 @@ def progress_reports(sink: engine.LogSink, bld: Path, before: set[Path], planned
             if m := NINJA_STATUS.match(line):
                 status = (int(m[1]), int(m[2]))
         seen = len(sink.lines)
+        # A running build's work root is in use: room-making (cache.make_room) leaves it alone.
+        paths.mark_used(bld.parent)
         # Looked for until found: the variant's work folder appears once its build has started.
         log = log or ninja_log_in(sorted(set(bld.glob("rattler-build_*")) - before))
         # ninja creates its log when it starts and appends a line as each unit ends; a report
@@ -457,26 +482,26 @@ def cache_hit_units(state_dir: Path) -> set[str]:
 
 
 def finish_part(part: parts.Part, state_dir: Path, work_dirs: Sequence[Path], packages: Sequence[BuiltPackage],
-                fh: Any, notes: list[str]) -> None:
+                fh: Any, notes: list[str], work_root: Path) -> None:
     """A part is done: its objects are in the compile cache; what it built around them (placeholder
     objects and links, maybe a package of them) is removed, never packaged or indexed. Its ninja
     log (the units it compiled: their real seconds) and unit notes stay beside its build log."""
     note_outcome(part, state_dir, fh, notes)
-    output_dir = keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")])
+    keep_beside_log(Path(fh.name), [(ninja_log_in(work_dirs), ".ninja_log"), (state_dir / "units", ".units")], work_root)
     for path in [*work_dirs, *(p.path for p in packages)]:
-        safe_files.remove_quietly(path, beneath=output_dir)
+        safe_files.remove_quietly(path, beneath=work_root)
 
 
-def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]]) -> Path:
-    """Copies of a build's files beside its build log, named like it (`<log>.ninja_log`: the
-    units' real seconds, for `extforge plan --compare` or a look at the schedule); the output folder."""
+def keep_beside_log(log_file: Path, files: Sequence[tuple[Path | None, str]], work_root: Path) -> None:
+    """Copies of a build's files (below its work root) beside its build log in the output folder,
+    named like it (`<log>.ninja_log`: the units' real seconds, for `extforge plan --compare` or a
+    look at the schedule)."""
     output_dir = log_file.parent.parent
     for src, suffix in files:
         with contextlib.suppress(OSError, ExtforgeError):
             if src is not None:
-                data = shared_read.read_bytes(src, limit=cost_store.LOG_LIMIT, beneath=output_dir)
+                data = shared_read.read_bytes(src, limit=cost_store.LOG_LIMIT, beneath=work_root)
                 safe_files.write_atomic(log_file.with_suffix(suffix), data, beneath=output_dir)
-    return output_dir
 
 
 def note_outcome(part: parts.Part, state_dir: Path, fh: Any, notes: list[str]) -> parts.Outcome:
@@ -507,13 +532,50 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     how far each compile has come goes to `on_progress` (else `on_step`, as a line).
     Planned from the site's costs for the recipe, else those its folder ships."""
     recipe_file = engine.find_recipe(options.recipe)
-    with cost_store.recipe_costs(recipe_file.parent), tempfile.TemporaryDirectory(prefix="extforge-build-") as private:
-        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes, on_progress, Path(private))
+    with cost_store.recipe_costs(recipe_file.parent), tempfile.TemporaryDirectory(prefix="extforge-build-") as private, \
+            work_folder(recipe_file.parent.name) as work_root:
+        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes, on_progress, Path(private),
+                             work_root)
+
+
+# Where rattler-build works (its output folder): a new folder of this user's alone for every build,
+# in its own area of the cache (paths.own_area). Never the output folder: a group may share that
+# (docs/site-admin.md), and what rattler-build makes there with the builder's umask (its work
+# folders' sources, build.ninja, host and build prefixes, the layer's settings and order files,
+# the packages before their audit) a member could change while the build runs, or own outright
+# by making `bld/` first. Only the audited packages, the logs and the wheels go there.
+WORK_AREA = "builds"
+
+
+def no_space(path: Path, what: str, fix: str) -> None:
+    if re.search(r"\s", str(path)):
+        raise ExtforgeError(
+            f"cannot build {what} {path}: its path holds a space",
+            "build scripts split the paths of the build's environments on spaces (a recipe's "
+            "`${{ PYTHON }} -m pip install .` ran '/first/word' and failed with 127)", fix)
+
+
+@contextlib.contextmanager
+def work_folder(name: str) -> Iterator[Path]:
+    """A new folder only this user can reach (0700, made by this run), for rattler-build's
+    output. Removed at the end unless a failed build keeps a work folder or test environment in
+    it to look at (its error names that)."""
+    area = paths.own_area(WORK_AREA)
+    no_space(area, "in", "point EXTFORGE_CACHE at a folder whose path has no spaces")
+    safe_files.make_dirs(area.parent)
+    safe_files.make_private_dir(area)
+    root = area / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:40]}-{secrets.token_hex(6)}"
+    safe_files.make_private_dir(root, beneath=area, exist_ok=False)
+    try:
+        yield root
+    finally:
+        if not any((root / "bld").glob("rattler-build_*")) and not rattler_test_envs(root):
+            safe_files.remove_quietly(root, beneath=area)
 
 
 def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[str], None] | None,
                   notes: list[str], on_progress: Callable[[plan.BuildProgress], None] | None,
-                  private: Path) -> list[BuiltPackage]:
+                  private: Path, work_root: Path) -> list[BuiltPackage]:
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
     # 25-minute compile the working directory may be gone, so it is imported before the build.
     import rattler  # noqa: F401
@@ -526,14 +588,8 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
             "pass --channel DIR_OR_URL, e.g. the folder `extforge mirror` wrote",
         )
     output_dir = options.output_dir.resolve()
-    if re.search(r"\s", str(output_dir)):
-        raise ExtforgeError(
-            f"cannot build into {output_dir}: its path holds a space",
-            "the build's environments live under the output folder, and build scripts split their paths "
-            "on spaces (a recipe's `${{ PYTHON }} -m pip install .` ran '/first/word' and failed with 127)",
-            "pass an --output-dir whose path has no spaces",
-        )
-    output_dir.mkdir(parents=True, exist_ok=True)
+    no_space(output_dir, "into", "pass an --output-dir whose path has no spaces")
+    safe_files.make_dirs(output_dir)
     engine.prepare_environment()
     matrix = resolve_variants(recipe_file, urls, options.variant_configs, options.variants)
     merged, files = matrix.values, matrix.files
@@ -546,7 +602,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     local_sources = sources.for_build(recipe_file, matrix.config(), source_root)
     units = next((n for spec, path in local_sources if spec.is_sdist and (n := scaffold.sdist_units(path))), None)
     planned = Planned(profile, merged, cost_store.recipe_version(recipe_text), units)
-    bld = output_dir / "bld"
+    bld = work_root / "bld"
     part, parts_state = options.part, parts.state_dir(bld)
     env = build_environment(recipe_text, urls, merged, profile, part, units)
     if part:
@@ -583,14 +639,14 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
         # the host env that built them, then deleted (a large recipe's holds GBs of objects).
         for variant in rendered:
             before = set(bld.glob("rattler-build_*"))
-            tests_before = set(rattler_test_envs(output_dir))
+            tests_before = set(rattler_test_envs(work_root))
             if uses_layer:
-                build_layer.write_settings(output_dir, layer_settings)
+                build_layer.write_settings(work_root, layer_settings)
             parts.clear_notes(verdicts)
             try:
                 with progress_reports(sink, bld, before, planned, on_progress), stop.engine():
                     # A part's module is placeholders: nothing to test.
-                    result = engine.build_variant(variant, output_dir, urls, sink, keep_build=True,
+                    result = engine.build_variant(variant, work_root, urls, sink, keep_build=True,
                                                   test=options.test and not (part and not part.is_link))
             except BaseException as exc:
                 if not engine.engine_failure(exc):
@@ -599,36 +655,35 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 if stop.signal:
                     # Not a failure to diagnose: the compilers died because they were told to.
                     for work in kept:
-                        shutil.rmtree(work, ignore_errors=True)
+                        safe_files.remove_quietly(work, beneath=work_root)
                     fh.write(f"extforge: build stopped by {stop.name}; its work folders were removed\n")
                     fh.flush()
                     stop.check()
                 if part and not part.is_link and parts.part_reached_link(parts_state):
                     # What fails after a part's placeholder links (an import test, a relink) is expected.
-                    finish_part(part, parts_state, kept, [], fh, notes)
+                    finish_part(part, parts_state, kept, [], fh, notes, work_root)
                     continue
                 if failed_solve(exc):
                     # Nothing ran yet: the work folder holds only a copy of the sources.
                     for work in kept:
-                        shutil.rmtree(work, ignore_errors=True)
+                        safe_files.remove_quietly(work, beneath=work_root)
                     kept = []
-                failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept, output_dir)
+                failure = build_failure(exc, sink.lines, urls, recipe_file, log_file, kept, (work_root, output_dir))
+                set_aside_broken(work_root, output_dir)
                 # The log ends with what the console said, so `extforge explain --file LOG` sees it too.
                 fh.write(f"error: {engine.engine_message(exc)}\n{failure.render()}\n")
                 fh.flush()
                 raise failure from exc
             finally:
                 # Read once, by this variant's activation: nothing of the build stays behind.
-                safe_files.remove_quietly(bld / build_layer.SETTINGS_FILE, beneath=output_dir)
+                safe_files.remove_quietly(bld / build_layer.SETTINGS_FILE, beneath=work_root)
             toolkit = str(variant.variant.get("cuda_compiler_version", ""))
             packages = [BuiltPackage(Path(p), result.name, result.version, result.build_string, result.platform,
                                      cuda_toolkit=toolkit if toolkit[:1].isdigit() else None)
                         for p in result.packages]
-            for pkg in packages:
-                pkg.path.chmod(0o644)
             work_dirs = sorted(set(bld.glob("rattler-build_*")) - before)
             if part and not part.is_link:
-                finish_part(part, parts_state, work_dirs, packages, fh, notes)
+                finish_part(part, parts_state, work_dirs, packages, fh, notes, work_root)
                 continue
             split_log = split_log_in(work_dirs)
             cached = cache_hit_units(verdicts)
@@ -640,18 +695,21 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                 ninja_log = ninja_log_in(work_dirs)
                 cost_store.learn_from_build(profile, result.version, ninja_log,
                                             variant_archs(merged) or plan.DEFAULT_ARCHS, env, split_log, cached)
-                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log, ".split.log")])
+                keep_beside_log(Path(fh.name), [(ninja_log, ".ninja_log"), (split_log, ".split.log")], work_root)
             for pkg in packages:
                 pkg.node_speed = speed
             try:
                 if options.audit:
                     after_build(packages, urls, next(filter(None, map(engine.host_env, work_dirs)), None),
-                                wheel=options.wheel, manylinux=options.manylinux)
+                                output=output_dir, wheel=options.wheel, manylinux=options.manylinux)
+                else:
+                    for pkg in packages:
+                        pkg.path = place(pkg.path, output_dir / pkg.path.parent.name, output_dir)
             finally:
                 # The tests passed: their environments (a torch env is ~5 GB, copied, not linked)
                 # have nothing left to show. A failed test keeps its own, like a failed build.
-                for work in [*work_dirs, *(set(rattler_test_envs(output_dir)) - tests_before)]:
-                    shutil.rmtree(work, ignore_errors=True)
+                for work in [*work_dirs, *(set(rattler_test_envs(work_root)) - tests_before)]:
+                    safe_files.remove_quietly(work, beneath=work_root)
             built += packages
     local_archives.vouch_extracted(claims, paths.rattler_pkgs_dir())
     index_channel(output_dir)
