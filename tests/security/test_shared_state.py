@@ -19,6 +19,7 @@ from extforge.building import parts
 from extforge.building.build import part_environment
 from extforge.building.parts import owner
 from extforge.errors import ExtforgeError
+from package_files import package_member
 
 from .conftest import Result, assert_no_crash
 
@@ -35,9 +36,9 @@ def _plant(peer, path: Path, text: str) -> None:
     _as(peer, "sh", "-c", 'cat > "$1"', "_", str(path), input=text)
 
 
-def _extforge(*args: str, env: dict[str, str], timeout: float = 120) -> Result:
+def _extforge(*args: str, env: dict[str, str], timeout: float = 120, umask: int = 0o022) -> Result:
     proc = subprocess.run([sys.executable, "-m", "extforge", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "300", **env})
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "300", **env}, preexec_fn=lambda: os.umask(umask))
     res = Result(tuple(args), proc.returncode, proc.stdout, proc.stderr)
     assert_no_crash(res)
     return res
@@ -275,3 +276,84 @@ def test_a_build_log_is_never_written_through_a_link_planted_in_a_shared_output_
     assert victim.read_text() == "root's data\n"
     assert res.returncode == 2, res.output
     assert f"refusing to write {out}/logs/failing-" in res.stderr and "something is there already" in res.stderr
+
+
+# split-demo with a pause between writing its build.ninja and running ninja, as a real build has
+# (its configure step, minutes of compiles while later edges wait): time for a member to act.
+SLOW_DEMO = (SPLIT_DEMO / "recipe.yaml").read_text().replace('      ninja -j "$MAX_JOBS"', '      sleep 3\n      ninja -j "$MAX_JOBS"')
+UNITS = (b"f_alpha", b"f_beta", b"f_gamma", b"f_delta")
+
+
+def _build_while(peer_site, name: str, attack: str, umask: int, plant=lambda attacker, out: None) -> tuple[Result, Path]:
+    """`extforge build` of SLOW_DEMO as root into a group's output folder (2775) with `umask`,
+    after a member planted what `plant(attacker, out)` does, while they run the shell loop
+    `attack` ($1: the output folder) until the build ends; the result and the output folder."""
+    if shutil.which("ninja") is None or shutil.which("gcc") is None:
+        pytest.skip("ninja and gcc are needed")
+    attacker = peer_site.peers[1]
+    out = peer_site.shared_folder(f"{name}-out")
+    plant(attacker, out)
+    base = peer_site.root / name
+    (base / "channel" / "noarch").mkdir(parents=True)
+    (base / "split-demo").mkdir()
+    (base / "split-demo" / "recipe.yaml").write_text(SLOW_DEMO)
+    loop = subprocess.Popen(["setpriv", f"--reuid={attacker.uid}", f"--regid={attacker.gid}", "--init-groups", "--inh-caps=-all",
+                             "--", "sh", "-c", f"while :; do {attack}; sleep 0.05; done", "_", str(out)],
+                            cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        res = _extforge("build", str(base / "split-demo"), "--channel", str(base / "channel"), "--output-dir", str(out),
+                        "--no-test", "--no-audit", umask=umask, env={"EXTFORGE_CACHE": str(base / "cache")})
+    finally:
+        loop.kill()
+        loop.wait()
+    return res, out
+
+
+def _built_from_the_builders_bytes(res: Result, out: Path) -> None:
+    assert res.returncode == 0, res.output
+    (package,) = (out / "noarch").glob("split-demo-*.conda")
+    library = package_member(package, "lib/libsplit.so")
+    assert all(unit in library for unit in UNITS) and b"f_planted" not in library
+
+
+def test_a_member_rewriting_a_running_builds_work_tree_never_runs_code_as_the_builder(peer_site, tmp_path: Path) -> None:
+    """Several admins build into one group output folder (2775), root with umask 002. A member
+    loops over the folder appending a ninja edge that writes MARKER (in a folder only root can
+    reach) to every build.ninja it can open, and a function of theirs to a C source. main
+    ran rattler-build with the output folder as its own: its work tree under `OUT/bld/` was the
+    group's to write (2775 folders, 664 files), so ninja ran the member's edge as root and
+    their function went into root's package. Now rattler-build works in a folder of root's
+    alone (0700, in root's cache): MARKER stays absent and the package holds root's units only."""
+    marker = tmp_path / "MARKER"
+    append_edge = (f"find \"$1\" -name build.ninja -writable | while read -r f; do grep -q planted \"$f\" || "
+                   f"printf '\\nrule planted\\n  command = id -u > {marker}\\nbuild planted: planted\\n' >> \"$f\"; done; "
+                   "find \"$1\" -name alpha.c -writable | while read -r f; do grep -q f_planted \"$f\" || "
+                   "echo 'int f_planted(int x) { return x; }' >> \"$f\"; done")
+    res, out = _build_while(peer_site, "rewrite", append_edge, umask=0o002)
+    assert not marker.exists(), "a member's ninja edge ran as the builder"
+    _built_from_the_builders_bytes(res, out)
+
+
+def test_folders_a_member_made_first_in_the_output_folder_never_hold_the_build(peer_site, tmp_path: Path) -> None:
+    """A member of the output folder's group (2775) makes the folders rattler-build makes under
+    its output folder before root builds there (`bld/`, `src_cache/`, `test/`, `broken/`,
+    `.tmp/`) and a link at its log `rattler-build-log.txt` to a file of root's; root builds with
+    umask 022. main built in the member's `bld/`: they swapped root's running work folder for a
+    copy of their own (the host prefix's header declaring a function of theirs), and root's
+    package was built from it; rattler-build wrote its log through the link. Now none of these
+    is used: root's file is as it was, the package holds root's units only."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("root's data\n")
+    swap = ("for d in \"$1\"/bld/rattler-build_*; do case $d in *.old|*.mine) continue;; esac; "
+            "[ -f \"$d/work/build.ninja\" ] || continue; cp -r \"$d\" \"$d.mine\" && "
+            "for h in \"$d.mine\"/host_env_*/include/split_demo.h; do echo '__attribute__((weak)) int f_planted(int x) { return x; }' >> \"$h\"; done && "
+            "mv \"$d\" \"$d.old\" && mv \"$d.mine\" \"$d\"; done")
+
+    def precreate(attacker, out: Path) -> None:
+        for name in ("bld", "src_cache", "test", "broken", ".tmp"):
+            _as(attacker, "mkdir", "-m", "2777", str(out / name))
+        _as(attacker, "ln", "-s", str(victim), str(out / "rattler-build-log.txt"))
+
+    res, out = _build_while(peer_site, "precreated", swap, umask=0o022, plant=precreate)
+    assert victim.read_text() == "root's data\n"
+    _built_from_the_builders_bytes(res, out)
