@@ -558,18 +558,22 @@ def no_space(path: Path, what: str, fix: str) -> None:
 @contextlib.contextmanager
 def work_folder(name: str) -> Iterator[Path]:
     """A new folder only this user can reach (0700, made by this run), for rattler-build's
-    output. Removed at the end unless a failed build keeps a work folder or test environment in
-    it to look at (its error names that)."""
+    output. Removed at the end unless the error a build failed with names it (a work folder kept
+    to look at)."""
     area = paths.own_area(WORK_AREA)
     no_space(area, "in", "point EXTFORGE_CACHE at a folder whose path has no spaces")
     safe_files.make_dirs(area.parent)
     safe_files.make_private_dir(area)
     root = area / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:40]}-{secrets.token_hex(6)}"
     safe_files.make_private_dir(root, beneath=area, exist_ok=False)
+    named = False
     try:
         yield root
+    except ExtforgeError as exc:
+        named = str(root) in exc.render()
+        raise
     finally:
-        if not any((root / "bld").glob("rattler-build_*")) and not rattler_test_envs(root):
+        if not named:
             safe_files.remove_quietly(root, beneath=area)
 
 
