@@ -346,7 +346,7 @@ def test_sigterm_stops_a_running_build_at_once_and_says_stopped(tmp_path: Path) 
         f"    - touch {marker}\n    - sleep 299.5\n")
     proc = subprocess.Popen([sys.executable, "-m", "extforge", "build", str(folder), "-c", str(channel), "-o",
                              str(tmp_path / "out"), "--no-audit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, "EXTFORGE_CACHE": str(tmp_path / "cache")})
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -359,6 +359,8 @@ def test_sigterm_stops_a_running_build_at_once_and_says_stopped(tmp_path: Path) 
     assert "build stopped by SIGTERM" in err and "stopped after" in err
     assert "out of memory" not in err and "failed" not in err
     assert not subprocess.run(["pgrep", "-f", "sleep 299.5"], capture_output=True).stdout
+    # Its work folder (in the cache's builds area, the builder's alone) went with it.
+    assert not list((tmp_path / "cache").glob("builds*/*"))
 
 
 def test_tests_that_cannot_start_name_the_missing_run_requirement(tmp_path: Path) -> None:

@@ -36,8 +36,9 @@ SHARE = "share/extforge-torch-build"
 BUILD_STRING = ("cuda${{ cuda_compiler_version | version_to_buildstring }}_torch${{ pytorch | version_to_buildstring }}"
                 "_py${{ python | version_to_buildstring }}_${{ cxx_abi | default(\"cxx11\") }}_h${{ hash }}_${{ build_number }}")
 VARIANTS = "variants.yaml"
-# Beside rattler-build's work folders (<output>/bld/rattler-build_<name>_<time>): the activation
-# reads $BUILD_DIR/../ this file.
+# Beside rattler-build's work folders (<its output folder>/bld/rattler-build_<name>_<time>, a
+# folder of the builder's alone: building/build.py's work_folder): the activation reads
+# $BUILD_DIR/../ this file.
 SETTINGS_FILE = "extforge-build-settings.sh"
 
 
