@@ -291,7 +291,8 @@ def untestable(exc: BaseException, urls: Sequence[str], recipe_file: Path, log_f
         f"against {', '.join(urls)}" + (f" (they have {'; '.join(have)})" if have else "")
         + f"; it says only \"Test failed\". The package itself built: {output_dir / BROKEN_DIR / broken[-1].name} "
         "(not in any channel)",
-        f"build and publish {absent} first and pass its channel with -c (a PyPI package: `extforge mirror --extra NAME`), "
+        f"build and publish {absent} first and pass its channel with -c (one built into this output folder: "
+        f"-c {shlex.quote(str(output_dir))}; a PyPI package: `extforge mirror --extra NAME`), "
         f"or build with --no-test (the audit still runs); log: {log_file}",
     )
 
