@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from extforge.errors import ExtforgeError
 from extforge.locking import exclusive, exclusive_or_busy
-from extforge.safe_files import append, make_dir, open_lock, write_atomic
+from extforge.safe_files import append, make_dir, move_in, open_lock, write_atomic
 
 
 @pytest.fixture
@@ -54,6 +56,33 @@ def test_write_atomic_replaces_a_symlink_instead_of_its_target(tmp_path: Path, v
     assert (tmp_path / "pixi.lock").read_bytes() == b"new"
     assert stat.S_IMODE((tmp_path / "pixi.lock").stat().st_mode) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pixi.lock", "victim"]
+
+
+@pytest.mark.parametrize("disk", ["same", "other"])
+def test_move_in_replaces_a_link_at_the_name_on_one_disk_or_across_two(tmp_path: Path, victim: Path, disk: str) -> None:
+    """A built package goes from the build's own folder into the output folder, where a member
+    linked its name to a file of the builder's: renamed on one file system, copied through a
+    temporary across two (a cache on another disk, here /dev/shm); the link replaced, its
+    target as it was, the package 0644 whatever the umask, nothing left behind."""
+    if disk == "other" and (not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == tmp_path.stat().st_dev):
+        pytest.skip("no second file system at /dev/shm")
+    own = Path(tempfile.mkdtemp(dir="/dev/shm" if disk == "other" else tmp_path))
+    try:
+        (own / "pkg.conda").write_bytes(b"package")
+        out = tmp_path / "out"
+        (out / "noarch").mkdir(parents=True)
+        (out / "noarch" / "pkg.conda").symlink_to(victim)
+        old = os.umask(0o077)
+        try:
+            move_in(own / "pkg.conda", out / "noarch" / "pkg.conda", beneath=out)
+        finally:
+            os.umask(old)
+        placed = out / "noarch" / "pkg.conda"
+        assert victim.read_text() == "precious\n" and not placed.is_symlink() and placed.read_bytes() == b"package"
+        assert stat.S_IMODE(placed.stat().st_mode) == 0o644
+        assert os.listdir(own) == [] and os.listdir(out / "noarch") == ["pkg.conda"]
+    finally:
+        shutil.rmtree(own)
 
 
 def test_a_fifo_or_folder_is_refused_without_blocking(tmp_path: Path) -> None:
