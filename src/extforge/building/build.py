@@ -619,8 +619,9 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     verdicts = parts_state if part else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
-    # rattler-build extracts local packages unhashed, the output folder's too (it re-indexes only new files).
-    claims = local_archives.channel_claims([output_dir.as_uri(), *urls], SUBDIRS)
+    # rattler-build extracts local packages unhashed (its own output, the new work root, holds
+    # only what this build makes; the output folder is a channel only where -c names it).
+    claims = local_archives.channel_claims(urls, SUBDIRS)
     local_archives.check(claims)
     local_archives.vouch_entries(claims, paths.rattler_pkgs_dir())
     make_room(paths.cache_root(), f"building {recipe_file.parent.name}")
