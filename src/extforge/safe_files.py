@@ -494,12 +494,6 @@ def symlinks(dest: Path, links: Iterable[tuple[str, str]], *, beneath: Path) -> 
                 os.symlink(points_to, name, dir_fd=dfd)
 
 
-def symlink(target: str, path: Path, *, beneath: Path | None = None) -> None:
-    """Create the symbolic link path -> target (never over an existing entry)."""
-    with folder(path.parent, beneath=beneath) as dfd:
-        os.symlink(target, path.name, dir_fd=dfd)
-
-
 def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
     """Copy the regular file src to the new file dest. copy_file_range: the kernel clones where
     the filesystem can (btrfs, XFS) and NFS 4.2 copies on the server; a plain copy where
