@@ -23,8 +23,9 @@ goes through safe_files, anchored at P.
 The python package's interpreter runs once, as the installing user, to byte-compile the
 modules (as conda and pixi do), isolated and without site processing, from a folder install
 places itself (P/.extforge/staging-N/.extforge/python): hard links of the python package's own
-files, checked against its manifest, and nothing of the other packages, so no library, module or
-`.pth` file another package puts into the environment is in its reach. A lock where another
+files, checked against its manifest (a link to each staged folder that holds its files alone),
+and nothing of the other packages, so no library, module or `.pth` file another package puts
+into the environment is in its reach. A lock where another
 package ships a path of python's interpreter (its executable, libpython, the standard library)
 is refused before anything is linked: rattler could keep that package's copy in place.
 """
