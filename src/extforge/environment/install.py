@@ -655,5 +655,7 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]], local: dict
             d["url"], d["channel"] = originals[d["fn"]]
             text = json.dumps(d) + "\n"
         # 0644: rattler writes them 0600, and every job's user reads them to verify. Not synced:
-        # a crash throws the staging folder away (rattler syncs none of its files).
+        # a crash throws the staging folder away (rattler syncs none of its files). Removed first:
+        # a rename over it made ext4 (auto_da_alloc) start writing the new file out at once.
+        safe_files.remove(f)
         safe_files.write_atomic(f, text.encode(), mode=0o644, sync=False)
