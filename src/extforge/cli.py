@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from . import __version__, safe_files
+from . import __version__, safe_files, ui
 from .errors import EXIT_BROKEN_PIPE, EXIT_CANNOT_RUN, ExtforgeError, from_os_error
 from .paths import cache_root, own_area
-from .ui import console, emit_json, setup_logging
+from .ui import emit_json, setup_logging
 
 # Order is the order `extforge --help` lists them in: the pipeline first, diagnostics last.
 COMMANDS = (
@@ -156,7 +156,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     except ExtforgeError as exc:
         return _report(exc, args.json)
     except KeyboardInterrupt:
-        console.print("interrupted")
+        ui.console.print("interrupted")
         return 130
     except BrokenPipeError:
         raise  # the reader went away: _run's to say, not a crash
@@ -166,7 +166,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
         if isinstance(exc, OSError) and (known := from_os_error(exc)) is not None:
             return _report(known, args.json)
         where = _crash_log(argv, exc)
-        console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
+        ui.console.print(f"error: extforge {args.command} failed unexpectedly: {type(exc).__name__}: {exc}; "
                       f"details in {where}", markup=False, soft_wrap=True)
         if args.json:
             emit_json({"error": f"{type(exc).__name__}: {exc}", "why": "unexpected failure", "fix": f"report it with {where}"})
@@ -175,7 +175,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _report(exc: ExtforgeError, as_json: bool) -> int:
     # stderr first: where stdout's reader went away, the person still reads why.
-    console.print(exc.render(), markup=False)
+    ui.console.print(exc.render(), markup=False)
     if as_json:
         emit_json(exc.to_json())
     return exc.exit_code

@@ -486,26 +486,36 @@ def hard_link(src: Path, dest: Path, *, follow: bool = False) -> None:
         os.link(src.name, dest.name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=follow)
 
 
+def _by_folder(entries: Iterable[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """(relative path, value) pairs grouped by the path's folder: {folder: [(name, value)]}."""
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for rel, value in entries:
+        parent, _, name = rel.rpartition("/")
+        grouped.setdefault(parent, []).append((name, value))
+    return grouped
+
+
 def hard_links(src: Path, dest: Path, files: Iterable[str], *, beneath: Path) -> None:
     """hard_link of src/rel as dest/rel for each relative path, dest's folders made as make_dirs
     does (none followed below `beneath`): each folder is opened once, not once per file (an
     interpreter's 2,000 files at every install)."""
-    by_folder: dict[str, list[str]] = {}
-    for rel in files:
-        parent, _, name = rel.rpartition("/")
-        by_folder.setdefault(parent, []).append(name)
-    for parent, names in by_folder.items():
+    for parent, names in _by_folder((rel, rel) for rel in files).items():
         target = dest / parent if parent else dest
         make_dirs(target, beneath=beneath)
         with folder(src / parent if parent else src) as sfd, folder(target, beneath=beneath) as dfd:
-            for name in names:
+            for name, _ in names:
                 os.link(name, name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
 
 
-def symlink(target: str, path: Path, *, beneath: Path | None = None) -> None:
-    """Create the symbolic link path -> target (never over an existing entry)."""
-    with folder(path.parent, beneath=beneath) as dfd:
-        os.symlink(target, path.name, dir_fd=dfd)
+def symlinks(dest: Path, links: Iterable[tuple[str, str]], *, beneath: Path) -> None:
+    """symlink(target, dest/rel) for each (relative path, target), dest's folders made as
+    make_dirs does (none followed below `beneath`), each opened once."""
+    for parent, names in _by_folder(links).items():
+        target = dest / parent if parent else dest
+        make_dirs(target, beneath=beneath)
+        with folder(target, beneath=beneath) as dfd:
+            for name, points_to in names:
+                os.symlink(points_to, name, dir_fd=dfd)
 
 
 def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:

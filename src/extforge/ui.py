@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -14,11 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
     from rich.text import Text
+
+    # Made at its first use (the module's __getattr__): rich's import is 20 ms of a command that
+    # prints nothing but JSON (a warm install takes 1 s).
+    console: Console
 
 # Colours (SGR) in a compiler's log: dropped, they only style the text.
 _COLOUR = re.compile(r"\x1b\[[0-9;:]*m")
@@ -37,24 +41,52 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
-class _Console(Console):
-    """A rich console that prints every string through `printable`: one place for all of it."""
-
-    def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(printable(text), **kwargs)
-
-
 class _PrintableFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))
 
 
-# Lines are never broken by rich: piped through `tee` or into a file it would wrap at 80 columns
-# inside paths and package names, and a copied path would be broken; a terminal wraps long
-# lines itself and copies them whole.
-console = _Console(stderr=True, highlight=False, soft_wrap=True)
-if not console.is_terminal:
-    console.width = 4096  # tables (status, verify --slurm) keep their natural width: no cell wraps
+def _make_console() -> Console:
+    """A rich console on stderr that prints every string through `printable`: one place for all of it."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Text:
+            return super().render_str(printable(text), **kwargs)
+
+    # Lines are never broken by rich: piped through `tee` or into a file it would wrap at 80 columns
+    # inside paths and package names, and a copied path would be broken; a terminal wraps long
+    # lines itself and copies them whole.
+    made = _Console(stderr=True, highlight=False, soft_wrap=True)
+    if not made.is_terminal:
+        made.width = 4096  # tables (status, verify --slurm) keep their natural width: no cell wraps
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    if name == "console":
+        made = globals()["console"] = _make_console()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _console() -> Console:
+    made: Console | None = globals().get("console")
+    return made if made is not None else __getattr__("console")
+
+
+def _stderr_is_terminal() -> bool:
+    """The console's is_terminal, without making it where stderr is plainly no terminal (rich's
+    TTY_COMPATIBLE and FORCE_COLOR unset, no tty): rich says the same there."""
+    if "TTY_COMPATIBLE" not in os.environ and "FORCE_COLOR" not in os.environ:
+        try:
+            if not sys.stderr.isatty():
+                return False
+        except ValueError:  # a closed stream, as rich takes it
+            return False
+    return _console().is_terminal
+
+
 log = logging.getLogger("extforge")
 
 
@@ -68,17 +100,17 @@ class PlainHandler(logging.Handler):
             self.handleError(record)
             return
         prefix = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        console.print(prefix + line, markup=False, highlight=False, soft_wrap=True)
+        _console().print(prefix + line, markup=False, highlight=False, soft_wrap=True)
 
 
 def setup_logging(verbosity: int) -> None:
     """0 = warnings and step lines only, 1 = info (-v), 2+ = debug (-vv)."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler: logging.Handler = PlainHandler()
-    if console.is_terminal:  # rich's handler and progress display: imported where a terminal shows them
+    if _stderr_is_terminal():  # rich's handler and progress display: imported where a terminal shows them
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+        handler = RichHandler(console=_console(), show_time=False, show_path=False, markup=False)
     # RichHandler renders a record's text itself, past the console's render_str.
     handler.setFormatter(_PrintableFormatter("%(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
@@ -98,7 +130,7 @@ def step(title: str, *, quiet: bool = False) -> Iterator[dict[str, float]]:
     timing: dict[str, float] = {}
     start = time.monotonic()
     if not quiet:
-        console.print(f"[bold]→[/bold] {title} …")
+        _console().print(f"[bold]→[/bold] {title} …")
     try:
         yield timing
     except BaseException as exc:
@@ -106,11 +138,11 @@ def step(title: str, *, quiet: bool = False) -> Iterator[dict[str, float]]:
         if not quiet:
             # A stop signal's error exits 128 + the signal: the step was stopped, it did not fail.
             verb = "stopped" if getattr(exc, "exit_code", 0) > 128 or isinstance(exc, KeyboardInterrupt) else "failed"
-            console.print(f"[red]✗[/red] {title} {verb} after {timing['seconds']:.1f} s")
+            _console().print(f"[red]✗[/red] {title} {verb} after {timing['seconds']:.1f} s")
         raise
     timing["seconds"] = time.monotonic() - start
     if not quiet:
-        console.print(f"[green]✓[/green] {title} ({timing['seconds']:.1f} s)")
+        _console().print(f"[green]✓[/green] {title} ({timing['seconds']:.1f} s)")
 
 
 def progress(transient: bool = True) -> Progress:
@@ -123,9 +155,9 @@ def progress(transient: bool = True) -> Progress:
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
-        console=console,
+        console=_console(),
         transient=transient,
-        disable=not console.is_terminal,
+        disable=not _console().is_terminal,
     )
 
 
@@ -144,7 +176,7 @@ class LiveLine:
         self._last = ""
 
     def __enter__(self) -> LiveLine:
-        if not self.quiet and console.is_terminal:
+        if not self.quiet and _console().is_terminal:
             self._bar = progress()
             self._bar.__enter__()
             self._task = self._bar.add_task(self.title, total=None)
@@ -165,5 +197,5 @@ class LiveLine:
             return
         now = time.monotonic()
         if self._printed is None or key != self._key or now - self._printed >= self.plain_every:
-            console.print(message, markup=False, highlight=False, soft_wrap=True)
+            _console().print(message, markup=False, highlight=False, soft_wrap=True)
             self._key, self._printed, self._last = key, now, message

@@ -10,6 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from extforge.publishing.index import reindex
 
 from .crafted import craft_package, member
@@ -45,19 +47,24 @@ def test_a_package_shipping_the_interpreters_path_is_refused_and_never_run(sandb
     assert not prefix.exists()
 
 
-def test_a_standard_module_another_package_shadows_never_runs_at_install(sandbox, mirror_python):
+@pytest.mark.parametrize("shadow", ["py_compile/__init__.py", "encodings/aliases/__init__.py"])
+def test_a_standard_module_another_package_shadows_never_runs_at_install(sandbox, mirror_python, shadow):
     """A package may put any file beside the standard library (no file of python's is touched):
-    `lib/python3.X/py_compile/__init__.py`, a package that Python imports before py_compile.py.
-    The old install ran the env's own interpreter, which imported it while byte-compiling."""
+    `lib/python3.X/py_compile/__init__.py`, a package that Python imports before py_compile.py, or
+    `encodings/aliases/__init__.py`, imported in place of encodings/aliases.py as Python starts.
+    The old install ran the env's own interpreter, which imported the first while byte-compiling.
+    The second lies in a folder otherwise python's alone: install links such a folder whole into
+    the interpreter's place (not a hard link per file), and one linked without looking for other
+    packages' files in it would run it."""
     marker = sandbox.root / "shadow-ran"
-    shadow = f"lib/python{MINOR}/py_compile/__init__.py"
-    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n".encode()
-    lock = sandbox.lock(_channel(sandbox, mirror_python, [member(shadow, code)]), "evil")
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\naliases = {{}}\n".encode()
+    lock = sandbox.lock(_channel(sandbox, mirror_python, [member(f"lib/python{MINOR}/{shadow}", code)]), "evil")
     prefix = sandbox.root / "envs" / "p"
     sandbox.run("install", "default", "--prefix", str(prefix), "--lock", str(lock), expect=0)
     assert not marker.exists()
     record = json.loads((prefix.parent / f".{prefix.name}.extforge-install.json").read_text())
-    assert f"lib/python{MINOR}/py_compile/__pycache__/__init__.cpython-{MINOR.replace('.', '')}.pyc" in record["written"]
+    folder = shadow.removesuffix("/__init__.py")
+    assert f"lib/python{MINOR}/{folder}/__pycache__/__init__.cpython-{MINOR.replace('.', '')}.pyc" in record["written"]
     assert not (prefix / ".extforge").exists()  # the interpreter's folder went with the staging folder
     sandbox.run("verify", str(prefix), "--rehash", expect=0)
 

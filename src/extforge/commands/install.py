@@ -29,11 +29,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import ui
     from ..environment.install import install_env
     from ..environment.lock import require_current
     from ..environment.manifest import read_manifest
     from ..environment.mirrors import site_mirrors
-    from ..ui import console, emit_json, step
+    from ..ui import emit_json, step
 
     lock_path = args.lock.resolve()
     manifest_path = args.manifest or lock_path.parent / "pixi.toml"
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result.to_json() | {"pylocks": [str(p) for p in pylocks]})
     else:
+        console = ui.console  # rich, imported where a human reads the output
         for f in result.cache_mismatches:
             console.print(f"  repaired {f}: the cache's copy differed from the package the lock names", markup=False, style="yellow")
         console.print(f"  {result.status}: {result.packages} packages in {result.prefix}", markup=False)

@@ -23,8 +23,9 @@ goes through safe_files, anchored at P.
 The python package's interpreter runs once, as the installing user, to byte-compile the
 modules (as conda and pixi do), isolated and without site processing, from a folder install
 places itself (P/.extforge/staging-N/.extforge/python): hard links of the python package's own
-files, checked against its manifest, and nothing of the other packages, so no library, module or
-`.pth` file another package puts into the environment is in its reach. A lock where another
+files, checked against its manifest (a link to each staged folder that holds its files alone),
+and nothing of the other packages, so no library, module or `.pth` file another package puts
+into the environment is in its reach. A lock where another
 package ships a path of python's interpreter (its executable, libpython, the standard library)
 is refused before anything is linked: rattler could keep that package's copy in place.
 """
@@ -36,6 +37,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -360,7 +362,8 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], pytho
     body = manifests.get(PYTHON)
     if body is None:
         return {}, 0
-    sources = sorted(p for p in owned_paths(manifests) if p.startswith("lib/python3") and p.endswith(".py"))
+    owned = owned_paths(manifests)
+    sources = sorted(p for p in owned if p.startswith("lib/python3") and p.endswith(".py"))
     tag, known = ("", set()) if rehash else extracted.recall_bytecode(python_sha256)
     keys = extracted.bytecode_keys(sources, tag, staged) if tag else {}
     own = staging / WORK
@@ -373,7 +376,7 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], pytho
                             exit_code=EXIT_FINDINGS) from None
     send = [s for s in sources if keys.get(s) not in known]
     try:
-        python = _place_interpreter(staging, own / PYTHON, body, prefix)
+        python = _place_interpreter(staging, own / PYTHON, manifests, owned, prefix)
         done = compile_bytecode(staging, prefix, send, python) if python else None
     finally:
         safe_files.remove(own, beneath=prefix)
@@ -386,19 +389,47 @@ def _byte_compile(staging: Path, prefix: Path, manifests: dict[str, dict], pytho
     return done.written, len(send)
 
 
-def _place_interpreter(staging: Path, root: Path, body: dict, prefix: Path) -> Path | None:
-    """The python package's interpreter under root: hard links of its files in staging, whose bytes
-    _link_and_check found to be the package's (no other package ships them), and its symbolic links
-    as its payload gives them. Its executable, None if the package has none."""
-    rows = [row for row in body["paths"] if interpreter_path(row[0])]
-    safe_files.hard_links(staging, root, [row[0] for row in rows if row[1] == "hardlink"], beneath=prefix)
-    for path, kind, _sha, _placeholder, _file_mode, _mode, target in rows:
-        if kind == "softlink" and target:
-            dest = root / path
-            safe_files.make_dirs(dest.parent, beneath=prefix)
-            safe_files.symlink(target, dest, beneath=prefix)
+def _place_interpreter(staging: Path, root: Path, manifests: dict[str, dict], owned: set[str], prefix: Path) -> Path | None:
+    """The python package's interpreter under root, of staging's files, whose bytes _link_and_check
+    found to be the package's (no other package ships them): its symbolic links as its payload gives
+    them, hard links of its files, and for each folder of python's interpreter alone (the standard
+    library's packages, lib-dynload: no path of another package's, nor python's site-packages, lies
+    under it: `owned` holds every package's paths) a symbolic link to staging's folder, in which
+    _link_and_check found no file that no package owns. Its executable, None if the package has none. A hard link of each of its 1,932
+    files, placed and removed at every install, was most of the byte-compile step's time."""
+    rows = [row for row in manifests[PYTHON]["paths"] if interpreter_path(row[0])]
+    interpreter = {row[0] for row in rows}
+    shared: set[str] = set()  # the folders that hold a path of another package's (or site-packages)
+    for folder in {path.rpartition("/")[0] for path in owned - interpreter}:
+        while folder and folder not in shared:
+            shared.add(folder)
+            folder = folder.rpartition("/")[0]
+    alone: dict[str, str | None] = {}  # a row's folder: its outermost folder of python's alone, if any
+    for path in interpreter:
+        folder = path.rpartition("/")[0]
+        if folder not in alone:
+            alone[folder] = _outermost_alone(staging, folder, shared)
+    whole = {f for f in alone.values() if f is not None}
+    placed = [row for row in rows if alone[row[0].rpartition("/")[0]] is None]
+    safe_files.hard_links(staging, root, [row[0] for row in placed if row[1] == "hardlink"], beneath=prefix)
+    safe_files.symlinks(root, [*((f, str(staging / f)) for f in sorted(whole)),
+                               *((row[0], row[6]) for row in placed if row[1] == "softlink" and row[6])], beneath=prefix)
     python = root / "bin" / "python"
     return python if os.path.lexists(python) else None
+
+
+def _outermost_alone(staging: Path, folder: str, shared: set[str]) -> str | None:
+    """The outermost of folder and the folders above it that no other package's path lies under
+    and that is a folder in staging (not a link), None if there is none."""
+    parts = folder.split("/") if folder else []
+    for depth in range(1, len(parts) + 1):
+        outer = "/".join(parts[:depth])
+        if outer not in shared:
+            try:
+                return outer if stat.S_ISDIR(os.lstat(staging / outer).st_mode) else None
+            except OSError:
+                return None
+    return None
 
 
 def _move_into(staging: Path, prefix: Path) -> None:
@@ -624,5 +655,7 @@ def _restore_urls(meta: Path, originals: dict[str, tuple[str, str]], local: dict
             d["url"], d["channel"] = originals[d["fn"]]
             text = json.dumps(d) + "\n"
         # 0644: rattler writes them 0600, and every job's user reads them to verify. Not synced:
-        # a crash throws the staging folder away (rattler syncs none of its files).
+        # a crash throws the staging folder away (rattler syncs none of its files). Removed first:
+        # a rename over it made ext4 (auto_da_alloc) start writing the new file out at once.
+        safe_files.remove(f)
         safe_files.write_atomic(f, text.encode(), mode=0o644, sync=False)
