@@ -56,7 +56,8 @@ def first_compile(out: Path, proc: subprocess.Popen[str], deadline: float) -> tu
                            .split("\0") if "=" in e)
             except OSError:
                 continue
-            if env.get("EXTFORGE_REWRITES_LOG", "").startswith(str(out)):
+            # This build's: its work folder lies in the cache's builds area (start_build's EXTFORGE_CACHE).
+            if env.get("EXTFORGE_REWRITES_LOG", "").startswith(str(out.parent / "cache")):
                 return env, argv
         time.sleep(1)
     raise AssertionError(f"no nvcc of the build ran (build exit code {proc.poll()}); log: "
