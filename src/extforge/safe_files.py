@@ -595,8 +595,10 @@ def _copy_folder(sfd: int, dfd: int | None, src: Path, rel: Path, vet: Callable[
                     os.close(made)
             finally:
                 os.close(child)
-        else:
+        elif stat.S_ISREG(st.st_mode):
             _copy_file(sfd, dfd, path, vet, left)
+        else:
+            raise Refused(path, "it is not a regular file, a folder or a link (a FIFO, a socket or a device)")
 
 
 def _copy_file(sfd: int, dfd: int | None, path: Path, vet: Callable[[Path, os.stat_result], None], left: list[int]) -> None:

@@ -44,6 +44,11 @@ def checked(recipe_file: Path, into: Path | None = None) -> Path:
                             "extforge builds a copy of the recipe folder, of its regular files and folders, "
                             "and of links that stay inside it",
                             f"replace {exc.path} by what it stands for") from None
+    except OSError as exc:
+        raise ExtforgeError(f"cannot copy the recipe {folder}: {exc.filename or folder}: {exc.strerror}",
+                            "a build reads a copy of the recipe folder, made in its private work folder as it is "
+                            "checked", "make the recipe's files readable to you, or free space where the build "
+                            "works (the cache root)") from None
     return (copy or folder) / recipe_file.name
 
 
