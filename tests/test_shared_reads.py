@@ -21,6 +21,8 @@ MODULES = ("planning/cost_store.py", "planning/unit_costs.py", "planning/plan.py
 PACKAGE_DATA = "extforge's own package data (importlib.resources), installed with extforge: no other user writes it"
 RECIPE = ("the recipe the user names to build or plan: its build script runs as them anyway; the data a recipe folder "
           "ships (build-costs.json) is read through shared_read")
+CHECKED_COPY = ("the build's copy of the recipe folder in its private work folder, made as recipes.trust checked that "
+                "nobody but the builder and root may write the folder, what is in it and above it")
 ALLOWED: dict[str, str] = {
     "planning/plan.py::default_profile": PACKAGE_DATA,
     "recipes/build_layer.py::_data": PACKAGE_DATA,
@@ -28,7 +30,7 @@ ALLOWED: dict[str, str] = {
     "recipes/build_layer.py::layer_files": PACKAGE_DATA,
     "planning/cost_store.py::_literal": RECIPE,
     "planning/cost_store.py::_recipe_text": RECIPE,
-    "building/build.py::_build_recipe": RECIPE,
+    "building/build.py::_build_recipe": CHECKED_COPY,
     "commands/plan.py::recipe_facts": RECIPE,
     "commands/plan.py::recipe_name": RECIPE,
     "compile_cache.py::_umask": "/proc/self/status: the kernel's account of this process, which no user writes",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
+import pwd
 import secrets
 import socket
 import stat
@@ -11,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 from .errors import ExtforgeError
@@ -133,6 +136,55 @@ def _others_may_write(st: os.stat_result) -> bool:
     """Whether another user may have written what `st` describes: not this user's, or writable
     by its group or by anyone."""
     return st.st_uid != os.geteuid() or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def who_else_may_write(st: os.stat_result, *, sticky_folder_ok: bool = False) -> str | None:
+    """Who besides this user and root may change what `st` describes (a file, or which entries a
+    folder holds), said for an error; None when nobody may. OpenSSH's StrictModes with Debian's
+    user-group-modes: owned by this user or root; writable by its group only where the group is
+    this user's own (no other member, nobody else's primary group: a user private group, umask
+    002); by nobody else. POSIX ACLs granting a named user write show in the group bits (the mask).
+    With `sticky_folder_ok`, a sticky folder (/tmp) passes whoever may add entries to it: none
+    of them may rename or remove an entry they do not own."""
+    mode = st.st_mode
+    said = f"(owner uid {st.st_uid}, {stat.filemode(mode)}, group {_group_name(st.st_gid)})"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"its owner, uid {st.st_uid}{_user_name(st.st_uid)}, may write it {said}"
+    if sticky_folder_ok and stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
+        return f"anyone may write it {said}"
+    if mode & stat.S_IWGRP:
+        members = _group_members(st.st_gid)
+        me = _user_name(os.geteuid()).strip(" ()")
+        if members != {me}:
+            others = ", ".join(sorted(members - {me})) or "nobody known to this machine"
+            return f"the members of its group may write it {said}; its members besides you: {others}"
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f" ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return ""
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+@cache
+def _group_members(gid: int) -> frozenset[str]:
+    """The users of group gid: those it names, and those whose primary group it is."""
+    try:
+        named = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        named = set()
+    return frozenset(named | {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid})
 
 
 def rattler_cache_dir(*, create: bool = True) -> Path:

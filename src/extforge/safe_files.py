@@ -25,7 +25,7 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -543,6 +543,86 @@ def clone(src: Path, dest: Path, *, mode: int = READABLE) -> None:
                 os.close(fout)
         finally:
             os.close(fin)
+
+
+def copy_tree(src: Path, dest: Path | None, *, vet: Callable[[Path, os.stat_result], None], limit: int) -> None:
+    """Copy the folder src (followed as given) to the new folder dest, each folder and file of it
+    opened without following a link and handed to `vet` (its path below src and fstat) before
+    anything of it is copied: the copy holds the bytes of what was vetted, whatever is swapped in
+    at src meanwhile. A relative link that stays inside src is copied as a link; another link, a
+    FIFO, socket or device is refused, as is more than `limit` bytes of files in all. With no
+    dest, everything is vetted and nothing copied."""
+    sfd = os.open(src, _DIR)
+    try:
+        if dest is None:
+            _copy_folder(sfd, None, src, Path(), vet, [limit])
+            return
+        with folder(dest.parent) as parent:
+            os.mkdir(dest.name, 0o700, dir_fd=parent)
+            dfd = os.open(dest.name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
+        try:
+            _copy_folder(sfd, dfd, src, Path(), vet, [limit])
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _copy_folder(sfd: int, dfd: int | None, src: Path, rel: Path, vet: Callable[[Path, os.stat_result], None],
+                 left: list[int]) -> None:
+    vet(src / rel, os.fstat(sfd))
+    for name in sorted(os.listdir(sfd)):
+        path = src / rel / name
+        st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=sfd)
+            if os.path.isabs(target) or os.path.normpath(rel / target).split(os.sep)[0] == os.pardir:
+                raise Refused(path, f"it is a link to {target}, out of {src}")
+            if dfd is not None:
+                os.symlink(target, name, dir_fd=dfd)
+        elif stat.S_ISDIR(st.st_mode):
+            child = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=sfd)
+            try:
+                if dfd is None:
+                    _copy_folder(child, None, src, rel / name, vet, left)
+                    continue
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                made = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=dfd)
+                try:
+                    _copy_folder(child, made, src, rel / name, vet, left)
+                    os.fchmod(made, 0o755)
+                finally:
+                    os.close(made)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(st.st_mode):
+            _copy_file(sfd, dfd, path, vet, left)
+        else:
+            raise Refused(path, "it is not a regular file, a folder or a link (a FIFO, a socket or a device)")
+
+
+def _copy_file(sfd: int, dfd: int | None, path: Path, vet: Callable[[Path, os.stat_result], None], left: list[int]) -> None:
+    fin = _open_to_read(path, sfd)
+    try:
+        st = os.fstat(fin)
+        vet(path, st)
+        left[0] -= st.st_size
+        if left[0] < 0:
+            raise Refused(path, "the folder holds more bytes than a copy of it may")
+        if dfd is None:
+            return
+        mode = 0o755 if st.st_mode & 0o111 else READABLE
+        fout = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode, dir_fd=dfd)
+        with open(fout, "wb") as out:
+            os.fchmod(fout, mode)
+            size = st.st_size
+            while size and (chunk := os.read(fin, min(4 << 20, size))):
+                out.write(chunk)
+                size -= len(chunk)
+            if os.read(fin, 1):
+                raise Refused(path, "it grew while it was copied")
+    finally:
+        os.close(fin)
 
 
 def sha256(path: Path, *, limit: int, beneath: Path | None = None) -> str:

@@ -95,3 +95,29 @@ def test_jobs_never_write_into_folders_another_user_can_replace(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"cannot submit jobs from {out}: others may write it" in proc.stderr
     assert not os.path.lexists(out / "slurm" / "state.json")
+
+
+def test_a_recipe_a_member_can_write_is_refused_before_any_job_is_queued(
+        peer_site: PeerSite, slurm_cluster, tmp_path: Path) -> None:  # noqa: F811
+    """root submits a recipe kept in a group's folder (2775, umask 002: its recipe.yaml 664), whose
+    `script:` a member can rewrite until the job runs it as root on a node. main queued the job
+    (its state.json written). Now the submit is refused before anything is queued (exit 2),
+    naming the folder and the members who may write it."""
+    site = peer_site
+    recipe = site.shared_folder("recipe-slurm")
+    old = os.umask(0o002)
+    try:
+        (recipe / "recipe.yaml").write_text((DATA / "failing" / "recipe.yaml").read_text())
+    finally:
+        os.umask(old)
+    out, upstream = tmp_path / "out", tmp_path / "upstream"
+    for sub in ("noarch", "linux-64"):
+        (upstream / sub).mkdir(parents=True)
+        (upstream / sub / "repodata.json").write_text(json.dumps({"info": {"subdir": sub}, "packages": {}}))
+    proc = run_extforge("build", str(recipe), "--slurm", "--partition", "debug", "--channel", upstream.as_uri(),
+                        "--output-dir", str(out), "--publish-to", str(tmp_path / "channel"), "--json", "--no-audit",
+                        timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"refusing to run the recipe {recipe}: {recipe}: the members of its group may write it" in proc.stderr
+    assert "extforge-peer, extforge-peer2" in proc.stderr
+    assert not os.path.lexists(out / "slurm" / "state.json")

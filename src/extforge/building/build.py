@@ -30,7 +30,7 @@ from ..engine import environment
 from ..errors import ExtforgeError
 from ..planning import cost_store, plan, unit_costs
 from ..publishing.index import index_channel
-from ..recipes import build_layer, scaffold, sources
+from ..recipes import build_layer, scaffold, sources, trust
 from ..recipes.variants import Matrix, recipe_yaml_error
 from ..recipes.variants import archs as variant_archs
 from ..recipes.variants import render as render_variants
@@ -533,10 +533,20 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     how far each compile has come goes to `on_progress` (else `on_step`, as a line).
     Planned from the site's costs for the recipe, else those its folder ships."""
     recipe_file = engine.find_recipe(options.recipe)
+    folder = recipe_file.parent.resolve()
     with cost_store.recipe_costs(recipe_file.parent), tempfile.TemporaryDirectory(prefix="extforge-build-") as private, \
-            work_folder(recipe_file.parent.name) as work_root:
-        return _build_recipe(options, recipe_file, on_step, [] if notes is None else notes, on_progress, Path(private),
-                             work_root)
+            work_folder(folder.name) as work_root:
+        # rattler-build reads the copy checked as it was made (recipes.trust), never the folder again.
+        copies = work_root / RECIPE_COPY
+        safe_files.make_private_dir(copies, beneath=work_root)
+        copy = trust.checked(recipe_file, copies)
+        try:
+            return _build_recipe(options, copy, on_step, [] if notes is None else notes, on_progress, Path(private),
+                                 work_root)
+        except ExtforgeError as exc:
+            # What the user fixes is their recipe, not its copy.
+            exc.what, exc.why, exc.fix = (t.replace(str(copy.parent), str(folder)) for t in (exc.what, exc.why, exc.fix))
+            raise
 
 
 # Where rattler-build works (its output folder): a new folder of this user's alone for every build,
@@ -546,6 +556,8 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
 # the packages before their audit) a member could change while the build runs, or own outright
 # by making `bld/` first. Only the audited packages, the logs and the wheels go there.
 WORK_AREA = "builds"
+# The recipe's folder copied into the work folder (below it under its own name).
+RECIPE_COPY = "recipe"
 
 
 def no_space(path: Path, what: str, fix: str) -> None:
@@ -619,6 +631,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     verdicts = parts_state if part else private
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
+    trust.outside_sources(rendered, recipe_file)
     # rattler-build extracts local packages unhashed (its own output, the new work root, holds
     # only what this build makes; the output folder is a channel only where -c names it).
     claims = local_archives.channel_claims(urls, SUBDIRS)
@@ -639,7 +652,7 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
                     "(every `extforge mirror` channel has it) to requirements.build", recipe_file, build_layer.LAYER_PACKAGE)
     # The output folder may be a group's: a link planted at the log's name is refused, not written through.
     with safe_files.new_text_file(log_file, beneath=output_dir) as fh, environment(env), stopping.stoppable() as stop:
-        fh.write(f"# recipe {recipe_file}\n# channels {urls}\n# variants {merged}\n# env {env}\n")
+        fh.write(f"# recipe {options.recipe} (a copy: {recipe_file})\n# channels {urls}\n# variants {merged}\n# env {env}\n")
         sink = engine.LogSink(fh, on_step)
         # One variant at a time, each work folder kept until its packages are audited against
         # the host env that built them, then deleted (a large recipe's holds GBs of objects).

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import stat
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -20,6 +18,7 @@ from ..errors import ExtforgeError
 from ..machine import Machine, parse_memory
 from ..planning import cost_store
 from ..planning.plan import plan_build, slurm_request
+from ..recipes import trust
 from ..recipes.variants import resolve
 from ..safe_files import make_dirs, make_private_dir, remove, write_atomic
 from ..shared_read import Refused, read_text
@@ -138,11 +137,9 @@ def own_job_folders(root: Path, files: JobFiles) -> None:
     folder nobody else can rename them out of: a link another user planted there, or a folder of
     theirs in place of one, would have the job write as this user wherever it leads."""
     make_dirs(root.parent)
-    st = root.parent.stat()
-    if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+    if who := paths.who_else_may_write(root.parent.stat(), sticky_folder_ok=True):
         raise ExtforgeError(
-            f"cannot submit jobs from {root.parent}: others may write it (owner uid {st.st_uid}, "
-            f"{stat.filemode(st.st_mode)})",
+            f"cannot submit jobs from {root.parent}: others may write it: {who}",
             f"each job writes its log, exit status and packages by name below {root}; whoever can write "
             f"{root.parent} can put a folder of their own there, with links to your files",
             "pass an --output-dir only you can write (the channel and wheel index the jobs publish to may stay shared)")
@@ -164,7 +161,8 @@ def sbatch(script: Path) -> str:
 def submit_matrix(req: BuildRequest, *, dry_run: bool = False) -> SubmitResult:
     """Submit every variant that is neither published, in flight nor already built."""
 
-    recipe = find_recipe(req.options.recipe).resolve()
+    # Refused here too, not only by the job's build, before anything is queued.
+    recipe = trust.checked(find_recipe(req.options.recipe)).resolve()
     channels = [channel_url(c) for c in req.options.channels]
     # The same variant files `extforge build` will read on the node, so both render alike.
     variants = expand(recipe, resolve(recipe, channels, req.options.variant_configs, req.options.variants))
