@@ -15,11 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from extforge import paths
+from extforge.building.build import WORK_AREA
 from extforge.locking import exclusive
 from extforge.planning import cost_store
 from fixture_keys import build_key
@@ -61,6 +63,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # (cache.make_room) removes only entries unused for half an hour.
     if _fixtures_dir().is_dir():
         paths.mark_used(_fixtures_dir())
+
+
+@pytest.fixture(autouse=True)
+def no_work_folder_left() -> Iterator[None]:
+    """A failed build keeps its work folder in the cache's builds area for its user to look at
+    (its error names it): a test's failing builds must not leave theirs in this machine's cache
+    (a build env is several GB). What was there before the test stays."""
+    area = paths.own_area(WORK_AREA, create=False)
+    before = set(area.iterdir()) if area.is_dir() else set()
+    yield
+    if area.is_dir():
+        for entry in set(area.iterdir()) - before:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
