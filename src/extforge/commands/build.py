@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="URL_OR_DIR",
         help="channel to solve from (repeatable, in priority order); never an implicit conda-forge",
     )
-    parser.add_argument("--output-dir", "-o", type=Path, default=Path("output"), help="channel folder for the packages")
+    parser.add_argument("--output-dir", "-o", type=Path, default=Path("output"), help="channel folder the audited packages, logs and wheels go to (the build solves from it only when -c names it too)")
     parser.add_argument(
         "--variant-config", "-m", action="append", default=[], type=Path, metavar="FILE",
         help="variant file (repeatable, later files win); given, it REPLACES the recipe's own variants.yaml "
