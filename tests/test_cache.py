@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.mirror.builder import lookup
@@ -289,9 +290,17 @@ def test_the_trust_folder_is_found_once_a_process_and_checked_again_at_each_use(
     (tmp_path / "site-cache").mkdir()
     monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "site-cache"))
     calls = {"listdir": 0, "statvfs": 0}
-    for name in calls:
+
+    def counted(name: str):
         real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name, **k: calls.__setitem__(_name, calls[_name] + 1) or _real(*a, **k))
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(os, name, counted(name))
     signed = trust.sign({"n": 1})
     for _ in range(30):
         assert trust.verify_signed(signed) == {"n": 1}
