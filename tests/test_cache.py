@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from cli_run import run_extforge
 from extforge import cache, paths
 from extforge.mirror.builder import lookup
@@ -274,3 +276,46 @@ def test_a_prune_of_nan_or_infinite_days_is_refused(tmp_path: Path):
         assert proc.returncode == 2 and f"--prune {bad} is not a number of days" in proc.stderr, proc.stderr
         assert "pass --prune 0" in proc.stderr and "Traceback" not in proc.stderr
     assert t["old_pkg"].exists()
+
+
+def test_the_trust_folder_is_found_once_a_process_and_checked_again_at_each_use(tmp_path: Path, monkeypatch):
+    """An install signs or reads a record of the trust folder several hundred times (61 packages:
+    about 550). The old code listed the cache root, stat'ed its file system (statfs: a round trip
+    on a network file system, the node's /tmp) and read the secret at every one of them: 30
+    lookups here made 30 listings and 30 statfs calls. Now one of each; a folder that is no
+    longer the one found (removed, made again) or no longer private is not believed from memory."""
+    from extforge.environment import trust
+    from extforge.errors import ExtforgeError
+
+    (tmp_path / "site-cache").mkdir()
+    monkeypatch.setenv("EXTFORGE_CACHE", str(tmp_path / "site-cache"))
+    calls = {"listdir": 0, "statvfs": 0}
+
+    def counted(name: str):
+        real = getattr(os, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(os, name, counted(name))
+    signed = trust.sign({"n": 1})
+    for _ in range(30):
+        assert trust.verify_signed(signed) == {"n": 1}
+    assert calls == {"listdir": 1, "statvfs": 1}
+
+    found = trust.trust_dir()
+    found.chmod(0o770)
+    with pytest.raises(ExtforgeError, match="not drwx------"):
+        trust.trust_dir()
+    found.chmod(0o700)
+    assert trust.verify_signed(signed) == {"n": 1}
+
+    # Made again: a new secret, and what the old one signed is not believed.
+    for child in found.iterdir():
+        child.unlink()
+    found.rmdir()
+    assert trust.verify_signed(signed) is None
+    assert trust.trust_dir() == found and trust.verify_signed(trust.sign({"n": 2})) == {"n": 2}

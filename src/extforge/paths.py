@@ -20,9 +20,12 @@ from .errors import ExtforgeError
 from .safe_files import folder, make_dirs, make_private_dir, not_private_why, remove_quietly, touch
 
 
+@cache
 def _stores_no_files(path: Path) -> bool:
     """Whether path (or its nearest existing folder) is on a kernel interface such as /proc or
-    /sys, a file system of no blocks that takes no new files."""
+    /sys, a file system of no blocks that takes no new files. Asked once a process: cache_root
+    is called for every record an install reads, and a statfs on a network file system is a
+    round trip to its servers."""
     here = path
     while not here.exists() and here != here.parent:
         here = here.parent
@@ -69,9 +72,38 @@ def private_dir(name: str, *, create: bool = True) -> Path:
     name first, and in a sticky folder (as /tmp is) nobody but its owner can remove it: then a
     folder `<name>-<uid>.<random>` of this user's is used instead (a warning names the squatted
     name once), and found again by every later run, so what is kept there (a secret) stays. A
-    folder of this user's that others may write is refused: `chmod 700` is its owner's to run."""
+    folder of this user's that others may write is refused: `chmod 700` is its owner's to run.
+
+    The folder found is remembered for the process and returned again while it is still the same
+    folder (device and inode) and private: an install asks for the trust folder for every record
+    it reads (about 600 times for 60 packages), each a listing of the cache root (and, with
+    $EXTFORGE_CACHE set, a statfs of its file system)."""
     root = cache_root()
     uid = os.geteuid()
+    known = _found_private.get((root, name, uid))
+    if known is not None:
+        try:
+            st = os.lstat(known[0])
+        except OSError:
+            pass
+        else:
+            if (st.st_dev, st.st_ino) == known[1] and not_private_why(st) is None:
+                return known[0]
+    found_dir = _private_dir(root, name, uid, create)
+    try:
+        st = os.lstat(found_dir)
+    except OSError:
+        return found_dir  # create=False, none there yet
+    if not_private_why(st) is None:
+        _found_private[(root, name, uid)] = (found_dir, (st.st_dev, st.st_ino))
+    return found_dir
+
+
+# (cache root, name, euid) -> the private_dir found, with its (st_dev, st_ino).
+_found_private: dict[tuple[Path, str, int], tuple[Path, tuple[int, int]]] = {}
+
+
+def _private_dir(root: Path, name: str, uid: int, create: bool) -> Path:
     first = root / f"{name}-{uid}"
     try:
         with folder(root) as dfd:

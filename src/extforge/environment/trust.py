@@ -67,9 +67,20 @@ def trust_dir() -> Path:
     return private_dir("trust")
 
 
+# The secret's bytes by the stat of its file (device, inode, size, mtime): every signed record
+# read or written needs it, an install several hundred times.
+_secrets: dict[tuple[int, int, int, int], bytes] = {}
+
+
 def _secret(d: Path) -> bytes:
     path = d / "secret"
-    if not path.exists():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and (known := _secrets.get((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))) is not None:
+        return known
+    if st is None:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".secret-")
         with os.fdopen(fd, "wb") as fh:
             fh.write(os.urandom(32))
@@ -79,7 +90,10 @@ def _secret(d: Path) -> bytes:
             pass
         finally:
             os.unlink(tmp)
-    return path.read_bytes()
+    with open(path, "rb") as fh:
+        st, secret = os.fstat(fh.fileno()), fh.read()
+    _secrets[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = secret
+    return secret
 
 
 def sign(body: dict) -> bytes:
