@@ -12,7 +12,6 @@ import re
 import secrets
 import shlex
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -534,15 +533,13 @@ def build_recipe(options: BuildOptions, on_step: Callable[[str], None] | None = 
     Planned from the site's costs for the recipe, else those its folder ships."""
     recipe_file = engine.find_recipe(options.recipe)
     folder = recipe_file.parent.resolve()
-    with cost_store.recipe_costs(recipe_file.parent), tempfile.TemporaryDirectory(prefix="extforge-build-") as private, \
-            work_folder(folder.name) as work_root:
+    with cost_store.recipe_costs(recipe_file.parent), work_folder(folder.name) as work_root:
         # rattler-build reads the copy checked as it was made (recipes.trust), never the folder again.
         copies = work_root / RECIPE_COPY
         safe_files.make_private_dir(copies, beneath=work_root)
         copy = trust.checked(recipe_file, copies)
         try:
-            return _build_recipe(options, copy, on_step, [] if notes is None else notes, on_progress, Path(private),
-                                 work_root)
+            return _build_recipe(options, copy, on_step, [] if notes is None else notes, on_progress, work_root)
         except ExtforgeError as exc:
             # What the user fixes is their recipe, not its copy.
             exc.what, exc.why, exc.fix = (t.replace(str(copy.parent), str(folder)) for t in (exc.what, exc.why, exc.fix))
@@ -592,7 +589,7 @@ def work_folder(name: str) -> Iterator[Path]:
 
 def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[str], None] | None,
                   notes: list[str], on_progress: Callable[[plan.BuildProgress], None] | None,
-                  private: Path, work_root: Path) -> list[BuiltPackage]:
+                  work_root: Path) -> list[BuiltPackage]:
     # rattler reads os.getcwd() when first imported (ChannelConfig's default root_dir); after a
     # 25-minute compile the working directory may be gone, so it is imported before the build.
     import rattler  # noqa: F401
@@ -625,10 +622,10 @@ def _build_recipe(options: BuildOptions, recipe_file: Path, on_step: Callable[[s
     if part:
         env |= part_environment(env, part, profile, cost_store.recipe_version(recipe_text), merged, parts_state)
     elif "CCACHE_DIR" in env:
-        # ccache's verdict on every compile (the launcher of a build in parts sets its own), in a folder
-        # of this build alone: the planner learns only the units compiled, never a cache hit's copy.
-        env["CCACHE_STATSLOG"] = str(private / parts.STATS_LOG)
-    verdicts = parts_state if part else private
+        # ccache's verdict on every compile (the launcher of a build in parts sets its own), in the
+        # build's own work folder: the planner learns only the units compiled, never a cache hit's copy.
+        env["CCACHE_STATSLOG"] = str(work_root / parts.STATS_LOG)
+    verdicts = parts_state if part else work_root
     # Rendered before the log opens: a variant problem is refused before anything is solved or compiled.
     rendered = render_in(env | {sources.ENV: str(source_root)}, recipe_file, matrix)
     trust.outside_sources(rendered, recipe_file)

@@ -395,8 +395,9 @@ def _place_interpreter(staging: Path, root: Path, manifests: dict[str, dict], ow
     them, hard links of its files, and for each folder of python's interpreter alone (the standard
     library's packages, lib-dynload: no path of another package's, nor python's site-packages, lies
     under it: `owned` holds every package's paths) a symbolic link to staging's folder, in which
-    _link_and_check found no file that no package owns. Its executable, None if the package has none. A hard link of each of its 1,932
-    files, placed and removed at every install, was most of the byte-compile step's time."""
+    _link_and_check found no file that no package owns. Its executable, None if the package has
+    none. A hard link of each of its 1,932 files, placed and removed at every install, was most of
+    the byte-compile step's time."""
     rows = [row for row in manifests[PYTHON]["paths"] if interpreter_path(row[0])]
     interpreter = {row[0] for row in rows}
     shared: set[str] = set()  # the folders that hold a path of another package's (or site-packages)
